@@ -1,0 +1,209 @@
+"""The ``specchat`` command: the GUI by default; ``generate``, ``bench`` and
+``models`` subcommands for the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _k_value(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("K must be 'auto' or a number from 1 to 32") from None
+    if not 1 <= k <= 32:
+        raise argparse.ArgumentTypeError("K must be 'auto' or a number from 1 to 32")
+    return k
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, help="new tokens at most (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+MODES = ["plain", "spec", "spec-k2", "spec-k4", "lookup", "mlx-lm-plain", "mlx-lm-spec-k2",
+         "mlx-lm-spec-k3", "mlx-lm-spec-k4", "mlx-lm-spec-k6"]
+
+
+def _add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="compare SpecChat and mlx-lm decoding on the same weights")
+    b.add_argument("--target", required=True)
+    b.add_argument("--draft", required=True)
+    b.add_argument("--prompts", required=True, help="JSONL file of prompts")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE")
+    b.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
+
+
+def _add_models(sub) -> None:
+    m = sub.add_parser("models", help="list, pull, import, remove and check models")
+    m.add_argument("--json", action="store_true", help="machine-readable output")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    msub.add_parser("list", help="installed models")
+    p = msub.add_parser("pull", help="download a model (hf:org/repo[@rev], catalog name, bundled:...)")
+    p.add_argument("ref")
+    i = msub.add_parser("import", help="import an MLX folder or a .gguf file")
+    i.add_argument("path")
+    i.add_argument("--name")
+    r = msub.add_parser("rm", help="remove an installed model")
+    r.add_argument("name")
+    c = msub.add_parser("check", help="can DRAFT speculate for TARGET?")
+    c.add_argument("target")
+    c.add_argument("draft")
+    msub.add_parser("where", help="where models are stored")
+    for sp in msub.choices.values():
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specchat",
+        description="Local LLM chat with speculative decoding. Without a subcommand, opens the app.",
+    )
+    parser.add_argument("--target", help="target model reference (opens the app with it selected)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--draft", help="draft model reference")
+    group.add_argument("--lookup", action="store_true", help="no draft model: prompt lookup")
+    sub = parser.add_subparsers(dest="command")
+
+    g = sub.add_parser("generate", help="generate one reply and stream it to stdout")
+    g.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--draft", help="draft model sharing the target's tokenizer")
+    mode.add_argument("--lookup", action="store_true", help="draftless prompt-lookup speculation")
+    g.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    g.add_argument("--no-lookup", action="store_true",
+                   help="with --draft: draft model only (default also uses prompt lookup)")
+    g.add_argument("--prompt", required=True, help="the user message")
+    g.add_argument("--system", help="system prompt")
+    _add_sampling(g)
+    g.add_argument("--k", type=_k_value, default=None, metavar="auto|N",
+                   help="draft length: auto (adaptive, default) or a fixed N")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--acceptance", choices=["rejection", "equality"], default="rejection",
+                   help=argparse.SUPPRESS)
+    g.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+    _add_bench(sub)
+    _add_models(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "bench":
+            from specchat.engine import bench
+
+            return bench.main(args)
+        if args.command == "models":
+            from specchat.library import commands
+
+            return commands.main(args)
+        from specchat.ui import app
+
+        return app.run(target=args.target, draft=args.draft, lookup=args.lookup)
+    except KeyboardInterrupt:
+        print("specchat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
+        from specchat.engine.errors import EngineError
+
+        if isinstance(exc, EngineError):
+            print(f"specchat: error: {exc}", file=sys.stderr)
+        else:
+            print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _request_from(args) -> tuple:
+    from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
+
+    if args.plain:
+        mode = "plain"
+    elif args.lookup:
+        mode = "lookup"
+    elif args.draft:
+        mode = "draft" if args.no_lookup else "hybrid"
+    else:
+        mode = "plain"
+    if not args.prompt.strip():
+        from specchat.engine.errors import EngineError
+
+        raise EngineError("The prompt is empty: pass --prompt with some text.")
+    messages = []
+    if args.system:
+        messages.append(Message("system", args.system))
+    messages.append(Message("user", args.prompt))
+    request = GenerateRequest(
+        messages=tuple(messages),
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
+        draft=DraftSettings(mode=mode, k=args.k, acceptance=args.acceptance),
+        stop_strings=tuple(args.stop),
+    )
+    return request, mode
+
+
+def cmd_generate(args) -> int:
+    from specchat.engine.client import EngineClient
+    from specchat.engine.errors import EngineError
+    from specchat.engine.events import LoadProgress, StepEvent
+    from specchat.engine.worker import JobDone, JobFailed
+    from specchat.library.refs import resolve
+
+    request, mode = _request_from(args)
+    if args.max_tokens < 1:
+        raise EngineError("--max-tokens must be at least 1")
+    client = EngineClient(resolver=resolve)
+    draft = args.draft if mode in ("draft", "hybrid") else None
+    pair = None
+    for ev in client.load(args.target, draft):
+        if isinstance(ev, LoadProgress) and not args.json:
+            print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
+        elif isinstance(ev, JobFailed):
+            raise EngineError(ev.message)
+        elif isinstance(ev, JobDone):
+            pair = ev.result
+    job = client.generate(request)
+    result = None
+    try:
+        for ev in job:
+            if isinstance(ev, StepEvent) and not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, JobFailed):
+                raise EngineError(ev.message)
+            elif isinstance(ev, JobDone):
+                result = ev.result
+    except KeyboardInterrupt:
+        job.cancel()
+        result = job.wait()
+    s = result.summary
+    if args.json:
+        out = result.to_json()
+        out["compute"] = {"device": pair.compute.device, "dtype": pair.compute.dtype,
+                          "blas": pair.compute.blas}
+        out["models"] = {"target": pair.target.name,
+                         "draft": pair.draft.name if pair.draft else None}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        rate = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+        print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
+              f"{s.tokens_per_step:.2f} tokens/step{rate}, first token {s.ttft_s:.2f}s, "
+              f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
+    client.close()
+    return 0

@@ -1,0 +1,78 @@
+"""The engine's public face for the CLI and the GUI.
+
+Every method submits work to the engine thread and returns a Job; nothing
+here touches MLX, so the caller's thread never does either. Model references
+are turned into folders by a resolver (the model library provides one that
+understands bundled:, hf:, .gguf and installed names); the default accepts
+folders only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from specchat.engine.events import GenerateRequest, LoadProgress
+from specchat.engine.worker import EngineThread, Job
+
+Resolver = Callable[[str, Callable[[str, float | None], None], object], Path]
+
+
+def folder_resolver(ref: str, progress, cancelled=None) -> Path:
+    return Path(ref)
+
+
+class EngineClient:
+    def __init__(self, resolver: Resolver | None = None):
+        self._thread = EngineThread()
+        self._resolver = resolver or folder_resolver
+        self._engine = None  # created on the engine thread
+
+    def _engine_here(self):
+        if self._engine is None:
+            from specchat.engine.session import Engine
+
+            self._engine = Engine()
+        return self._engine
+
+    def load(self, target: str, draft: str | None = None,
+             loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Resolve references (import/download if needed) and load the pair.
+        Emits LoadProgress; the result is a LoadedPair."""
+
+        def work(job: Job):
+            def progress(stage: str):
+                def cb(message: str, fraction: float | None = None):
+                    if job.cancelled.is_set():
+                        from specchat.engine.errors import EngineError
+
+                        raise EngineError("Loading cancelled.")
+                    job.emit(LoadProgress(stage, message, fraction))
+                return cb
+
+            t_path = self._resolver(target, progress("target"), job.cancelled)
+            d_path = self._resolver(draft, progress("draft"), job.cancelled) if draft else None
+            engine = self._engine_here()
+            return engine.load(t_path, d_path, lambda stage, msg: progress(stage)(msg))
+
+        return self._thread.submit(work, loop)
+
+    def generate(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Emits StepEvent per verify step; the result is a GenerationResult."""
+
+        def work(job: Job):
+            return self._engine_here().generate(request, job.cancelled, job.emit)
+
+        return self._thread.submit(work, loop)
+
+    def call(self, fn: Callable, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Run ``fn(engine)`` on the engine thread (for tools like the bench)."""
+        return self._thread.submit(lambda job: fn(self._engine_here()), loop)
+
+    def close(self) -> None:
+        self._thread.stop()
+
+    @property
+    def thread(self):
+        return self._thread.thread

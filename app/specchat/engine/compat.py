@@ -1,0 +1,105 @@
+"""Whether a draft can speculate for a target, and in words why not.
+
+Pure Python over tokenizer facts, so the model library can answer the same
+question for installed models without loading any weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What must match between a draft's and a target's tokenizers."""
+
+    vocab: dict[str, int]
+    special: dict[str, str | None]  # role (bos, eos, pad, unk) -> token text
+    added: dict[str, int] = field(default_factory=dict)  # added/special tokens -> id
+
+    @property
+    def size(self) -> int:
+        ids = list(self.vocab.values()) + list(self.added.values())
+        return (max(ids) + 1) if ids else 0
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(
+            {"vocab": sorted(self.vocab.items()), "added": sorted(self.added.items()),
+             "special": sorted((k, v or "") for k, v in self.special.items())},
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def facts_from_tokenizer(tokenizer) -> TokenizerFacts:
+    """Facts from a transformers tokenizer (or mlx-lm's TokenizerWrapper)."""
+    tok = getattr(tokenizer, "_tokenizer", tokenizer)
+    vocab = dict(tok.get_vocab())
+    added = {t: i for t, i in tok.get_added_vocab().items()} if hasattr(tok, "get_added_vocab") else {}
+    special = {
+        role: getattr(tok, f"{role}_token", None) for role in ("bos", "eos", "pad", "unk")
+    }
+    special = {k: (str(v) if v is not None else None) for k, v in special.items()}
+    return TokenizerFacts(vocab=vocab, special=special, added=added)
+
+
+def facts_from_tokenizer_json(folder) -> TokenizerFacts:
+    """Facts straight from tokenizer.json + tokenizer_config.json, without
+    importing transformers (used for the installed-model index)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = dict(data.get("model", {}).get("vocab", {}) or {})
+    if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+        vocab = {piece: i for i, (piece, _score) in enumerate(vocab)}
+    added = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
+    vocab.update(added)
+    special: dict[str, str | None] = {r: None for r in ("bos", "eos", "pad", "unk")}
+    cfg_path = folder / "tokenizer_config.json"
+    if cfg_path.exists():
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        for role in special:
+            v = cfg.get(f"{role}_token")
+            if isinstance(v, dict):
+                v = v.get("content")
+            special[role] = v
+    return TokenizerFacts(vocab=vocab, special=special, added=added)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    compatible: bool
+    reasons: tuple[str, ...]
+
+
+def compare_tokenizers(target: TokenizerFacts, draft: TokenizerFacts, limit: int = 3) -> list[str]:
+    """Every way the two tokenizers differ that breaks speculation, in words."""
+    reasons: list[str] = []
+    t_all = {**target.vocab, **target.added}
+    d_all = {**draft.vocab, **draft.added}
+    if len(t_all) != len(d_all):
+        reasons.append(
+            f"vocabulary size differs: target has {len(t_all):,} tokens, draft has {len(d_all):,}"
+        )
+    moved = [(t, i, d_all[t]) for t, i in t_all.items() if t in d_all and d_all[t] != i]
+    if moved:
+        moved.sort(key=lambda x: x[1])
+        ex = ", ".join(f"{t!r} is {i} in the target but {j} in the draft" for t, i, j in moved[:limit])
+        reasons.append(f"{len(moved):,} tokens have different ids ({ex})")
+    only_t = [t for t in t_all if t not in d_all]
+    if only_t and not reasons:
+        reasons.append(f"{len(only_t):,} target tokens are missing from the draft (e.g. {only_t[0]!r})")
+    for role in ("bos", "eos", "pad", "unk"):
+        a, b = target.special.get(role), draft.special.get(role)
+        if a != b:
+            reasons.append(f"different {role.upper()} token: target {a!r}, draft {b!r}")
+    specials_t = {t: i for t, i in target.added.items()}
+    specials_d = {t: i for t, i in draft.added.items()}
+    diff = sorted(set(specials_t.items()) ^ set(specials_d.items()), key=lambda x: x[1])
+    if diff and not any("different ids" in r for r in reasons):
+        names = ", ".join(repr(t) for t, _ in diff[:limit])
+        reasons.append(f"different special tokens ({names})")
+    return reasons

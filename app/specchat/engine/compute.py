@@ -1,0 +1,86 @@
+"""The compute policy: which device, which weight dtype, which BLAS.
+
+On Apple GPUs decoding is bandwidth-bound and MLX's 4-bit kernels are fast,
+so weights are quantized to 4 bits. On CPU, MLX's bf16/quantized kernels are
+slow while float32 goes through BLAS (OpenBLAS when present), so float32 is
+the fast path there. The choice is made at run time from what MLX reports;
+SPECCHAT_DTYPE (float32, float16, bfloat16, q4) overrides it for experiments.
+"""
+
+from __future__ import annotations
+
+import os
+
+from specchat.engine import blas
+from specchat.engine.events import ComputeInfo
+
+blas.preload()
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def gpu_available() -> bool:
+    try:
+        return bool(mx.metal.is_available())
+    except Exception:  # noqa: BLE001 - older MLX without mx.metal on Linux
+        return False
+
+
+def detect() -> ComputeInfo:
+    device = "gpu" if gpu_available() else "cpu"
+    override = os.environ.get("SPECCHAT_DTYPE", "").strip().lower()
+    if override:
+        if override not in (*_DTYPES, "q4"):
+            raise ValueError(f"SPECCHAT_DTYPE={override!r}: use float32, float16, bfloat16 or q4")
+        dtype = override
+    else:
+        dtype = "q4" if device == "gpu" else "float32"
+    st = blas.status()
+    return ComputeInfo(device=device, dtype=dtype, blas=st.name, note=st.note)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding) for m in model.modules())
+
+
+def apply(model: nn.Module, info: ComputeInfo) -> None:
+    """Bring a lazily loaded model to the policy's dtype, one tensor at a time.
+
+    Evaluating tensor by tensor keeps the peak near the final size instead of
+    holding the on-disk copy and the converted copy of every weight at once.
+    """
+    if info.dtype == "q4":
+        if not is_quantized(model):
+            _materialize(model, mx.float16)
+            nn.quantize(model, group_size=64, bits=4)
+        _materialize(model, None)
+        return
+    if is_quantized(model):
+        from mlx_lm.utils import dequantize_model
+
+        _materialize(model, None)
+        dequantize_model(model)
+    _materialize(model, _DTYPES[info.dtype])
+
+
+def _materialize(model: nn.Module, dtype) -> None:
+    for name, value in tree_flatten(model.parameters()):
+        if dtype is not None and mx.issubdtype(value.dtype, mx.floating) and value.dtype != dtype:
+            value = value.astype(dtype)
+        mx.eval(value)
+        # Swap it in at once so the source tensor can be freed before the next.
+        model.update(tree_unflatten([(name, value)]))
+
+
+def weight_dtype(model: nn.Module) -> str:
+    if is_quantized(model):
+        bits = {m.bits for m in model.modules() if isinstance(m, nn.QuantizedLinear)}
+        return "q" + "/".join(str(b) for b in sorted(bits))
+    for _, v in tree_flatten(model.parameters()):
+        if mx.issubdtype(v.dtype, mx.floating):
+            return str(v.dtype).replace("mlx.core.", "")
+    return "unknown"

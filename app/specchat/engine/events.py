@@ -1,0 +1,176 @@
+"""Plain values that leave the engine thread.
+
+Everything here is a frozen dataclass of ints, floats, strings and tuples, so
+the UI (and any thread) can hold them without touching MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Mode = Literal["plain", "draft", "lookup", "hybrid"]
+FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling settings; the *processed* distribution (top-p, then top-k,
+    then temperature, as in mlx-lm's sampler) is what acceptance compares."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """How speculation runs for one request.
+
+    mode: "plain" (target only), "draft" (draft model), "lookup" (prompt
+    lookup, no draft model) or "hybrid" (lookup when the context has a match,
+    the draft model otherwise). k: None for adaptive, or a fixed draft length.
+    """
+
+    mode: Mode = "hybrid"
+    k: int | None = None
+    acceptance: Literal["rejection", "equality"] = "rejection"
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One reply to produce. Either ``messages`` (rendered with the chat
+    template) or ``prompt_ids`` (used as they are)."""
+
+    messages: tuple[Message, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+    max_tokens: int = 512
+    sampling: SamplingParams = SamplingParams()
+    draft: DraftSettings = DraftSettings()
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One verify step: what the target kept and how the draft did.
+
+    origins has one entry per new token: "draft" for an accepted draft token,
+    "target" for the token the target itself chose (correction or bonus).
+    """
+
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    origins: tuple[str, ...]
+    drafted: int
+    accepted: int
+    k: int
+    drafter: str | None
+    step_s: float
+    elapsed_s: float
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    mode: str
+    finish_reason: str
+    new_tokens: int
+    steps: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    tokens_per_step: float
+    tokens_per_s: float
+    ttft_s: float
+    wall_s: float
+    prompt_tokens: int
+    reused_prompt_tokens: int
+    prefill_s: float
+    forward_s: float
+    overhead_s: float
+    drafted_by: dict = field(default_factory=dict)
+
+    def stats_dict(self) -> dict:
+        keys = (
+            "new_tokens",
+            "steps",
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+            "tokens_per_step",
+            "tokens_per_s",
+            "ttft_s",
+            "wall_s",
+        )
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: tuple[int, ...]
+    summary: Summary
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "mode": self.summary.mode,
+            "finish_reason": self.summary.finish_reason,
+            "stats": self.summary.stats_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the UI and CLI need to know about a loaded model."""
+
+    name: str
+    path: str
+    model_type: str
+    n_params: int
+    weight_bytes: int
+    dtype: str
+    vocab_size: int
+    trimmable: bool
+    untrimmable_reason: str | None
+
+
+@dataclass(frozen=True)
+class ComputeInfo:
+    device: str  # "gpu" or "cpu"
+    dtype: str  # "float32", "float16", "bfloat16" or "q4"
+    blas: str  # "openblas", "accelerate", "bundled"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    target: ModelInfo
+    draft: ModelInfo | None
+    compute: ComputeInfo
+    speculative_ok: bool
+    reason: str | None  # why speculative decoding with the draft is unavailable
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    stage: str  # "target", "draft"
+    message: str
+    fraction: float | None = None
+
+
+def as_dict(obj) -> dict:
+    return asdict(obj)

@@ -1,0 +1,148 @@
+"""Load an MLX model folder with mlx-lm and apply the compute policy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.engine import compute
+from specchat.engine.errors import EngineError
+from specchat.engine.events import ComputeInfo, ModelInfo
+
+import mlx.core as mx  # noqa: E402  (compute preloads BLAS first)
+import mlx.nn as nn  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache  # noqa: E402
+from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
+from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict
+    info: ModelInfo
+
+    @property
+    def max_context(self) -> int | None:
+        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+            v = self.config.get(key) or self.config.get("text_config", {}).get(key)
+            if isinstance(v, int) and v > 0:
+                return v
+        return None
+
+
+def untrimmable_reason(model: nn.Module) -> str | None:
+    """Why this model's KV cache cannot be rewound after rejected drafts, if so.
+
+    A fresh RotatingKVCache reports itself trimmable until it wraps, so this
+    looks at cache types: anything that drops or folds old tokens cannot be
+    rewound in general, and speculation needs rewinding after every step.
+    """
+    def kinds(caches):
+        for c in caches:
+            if isinstance(c, CacheList):
+                yield from kinds(c.caches)
+            else:
+                yield c
+
+    found = list(kinds(make_prompt_cache(model)))
+    if any(isinstance(c, RotatingKVCache) for c in found):
+        return ("it uses sliding-window attention, whose cache drops old tokens and "
+                "cannot be rewound after rejected draft tokens")
+    if any(isinstance(c, ArraysCache) for c in found):
+        return ("it has recurrent or linear-attention layers, whose state cannot be "
+                "rewound after rejected draft tokens")
+    bad = [type(c).__name__ for c in found if not c.is_trimmable()]
+    if bad:
+        return f"its cache ({', '.join(sorted(set(bad)))}) cannot be rewound"
+    return None
+
+
+def _check_folder(path: Path) -> dict:
+    if not path.exists():
+        raise EngineError(f"Model folder not found: {path}")
+    if not path.is_dir():
+        raise EngineError(f"Not a model folder: {path}")
+    cfg = path / "config.json"
+    if not cfg.exists():
+        raise EngineError(f"{path} is not an MLX model folder (config.json is missing)")
+    try:
+        config = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{cfg} is not valid JSON ({exc}); the model folder is damaged") from exc
+    if not list(path.glob("model*.safetensors")):
+        if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
+            raise EngineError(
+                f"{path} has only pickled PyTorch weights; SpecChat loads safetensors only"
+            )
+        raise EngineError(f"{path} has no weights (no model*.safetensors files)")
+    if not (path / "tokenizer.json").exists() and not (path / "tokenizer.model").exists():
+        raise EngineError(f"{path} has no tokenizer (tokenizer.json is missing)")
+    return config
+
+
+def load_folder(
+    path: str | Path,
+    policy: ComputeInfo,
+    progress: Callable[[str], None] | None = None,
+) -> LoadedModel:
+    """Load weights lazily, then convert tensor by tensor to the policy dtype."""
+    path = Path(path).expanduser().resolve()
+    say = progress or (lambda _m: None)
+    config = _check_folder(path)
+    say(f"reading {path.name}")
+    try:
+        model, config = load_model(path, lazy=True)
+    except ValueError as exc:
+        msg = str(exc)
+        if "not supported" in msg.lower():
+            raise EngineError(
+                f"{path.name}: model type {config.get('model_type')!r} is not supported by mlx-lm"
+            ) from exc
+        raise EngineError(f"{path.name}: the weights do not fit the config ({msg})") from exc
+    except Exception as exc:  # noqa: BLE001 - safetensors/MLX raise assorted types
+        raise EngineError(f"{path.name}: could not read the weights ({exc})") from exc
+    say(f"converting {path.name} to {policy.dtype}")
+    try:
+        compute.apply(model, policy)
+    except Exception as exc:  # noqa: BLE001 - a truncated file fails here, when read
+        raise EngineError(
+            f"{path.name}: the weights file is corrupt or incomplete ({exc}); "
+            "re-import or re-download the model"
+        ) from exc
+    say(f"loading the tokenizer of {path.name}")
+    try:
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except Exception as exc:  # noqa: BLE001
+        raise EngineError(f"{path.name}: could not load the tokenizer ({exc})") from exc
+    params = tree_flatten(model.parameters())
+    n_params = _count_params(model)
+    reason = untrimmable_reason(model)
+    info = ModelInfo(
+        name=path.name,
+        path=str(path),
+        model_type=str(config.get("model_type", "?")),
+        n_params=n_params,
+        weight_bytes=sum(v.nbytes for _, v in params),
+        dtype=compute.weight_dtype(model),
+        vocab_size=len(tokenizer),
+        trimmable=reason is None,
+        untrimmable_reason=reason,
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info)
+
+
+def _count_params(model: nn.Module) -> int:
+    """Logical parameter count, with quantized weights counted unpacked."""
+    total = 0
+    for m in model.modules():
+        quant = isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding)
+        for name, v in m.items():
+            if not isinstance(v, mx.array) or (quant and name in ("scales", "biases")):
+                continue
+            total += v.size * 32 // m.bits if (quant and name == "weight") else v.size
+    return total

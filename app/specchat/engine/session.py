@@ -1,0 +1,193 @@
+"""The engine proper: a loaded pair, its caches, and ``generate``.
+
+An Engine is owned by exactly one thread (see worker.py); nothing here is
+thread-safe, by design.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from specchat.engine import chat, compute
+from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
+from specchat.engine.decoding import decode
+from specchat.engine.draft_policy import DraftPolicy
+from specchat.engine.drafters import Drafter, HybridDrafter, LookupDrafter, ModelDrafter
+from specchat.engine.errors import EngineError
+from specchat.engine.events import (
+    ComputeInfo,
+    GenerateRequest,
+    GenerationResult,
+    LoadedPair,
+    StepEvent,
+)
+from specchat.engine.kv import CacheSlot
+from specchat.engine.loading import LoadedModel, load_folder
+from specchat.engine.runner import Runner
+
+import mlx.core as mx  # noqa: E402
+
+
+class Engine:
+    def __init__(self, compute_info: ComputeInfo | None = None):
+        self.compute = compute_info or compute.detect()
+        self.target: LoadedModel | None = None
+        self.draft: LoadedModel | None = None
+        self._slot: CacheSlot | None = None
+        self._eos: set[int] = set()
+        self._vocab = 0
+        self._model_drafter: ModelDrafter | None = None
+        self._lookup = LookupDrafter()
+        self._policies: dict[tuple, DraftPolicy] = {}
+        self._pair: LoadedPair | None = None
+
+    # -- loading ---------------------------------------------------------
+    def load(
+        self,
+        target: str | Path,
+        draft: str | Path | None = None,
+        progress: Callable[[str, str], None] | None = None,
+    ) -> LoadedPair:
+        """Load a target and an optional draft (folders). Reuses an already
+        loaded model of the same path. Refuses a draft whose tokenizer differs."""
+        say = progress or (lambda _stage, _msg: None)
+        target_path = str(Path(target).expanduser().resolve())
+        if self.target is None or self.target.info.path != target_path:
+            self._drop_target()
+            self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
+            runner = Runner(self.target.model, self.target.info.model_type)
+            self._slot = CacheSlot(runner)
+            self._eos = chat.end_token_ids(self.target.tokenizer)
+            w = runner.head_weight()
+            self._vocab = int(w.shape[0]) if w is not None else int(
+                self.target.config.get("vocab_size")
+                or self.target.config.get("text_config", {}).get("vocab_size"))
+            self._policies.clear()
+        draft_path = str(Path(draft).expanduser().resolve()) if draft else None
+        if draft_path is None:
+            self._drop_draft()
+        elif self.draft is None or self.draft.info.path != draft_path:
+            self._drop_draft()
+            loaded = load_folder(draft_path, self.compute, lambda m: say("draft", m))
+            reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
+                                         facts_from_tokenizer(loaded.tokenizer))
+            if reasons:
+                del loaded
+                gc.collect()
+                raise EngineError(
+                    f"{Path(draft_path).name} cannot draft for {self.target.info.name}: "
+                    + "; ".join(reasons))
+            self.draft = loaded
+            special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
+            self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+            self._policies.clear()
+        reason = None
+        if not self.target.info.trimmable:
+            reason = (f"Speculative decoding is not available for {self.target.info.name}: "
+                      f"{self.target.info.untrimmable_reason}. Plain decoding still works.")
+        elif self.draft is not None and not self.draft.info.trimmable:
+            reason = (f"{self.draft.info.name} cannot be used as a draft: "
+                      f"{self.draft.info.untrimmable_reason}.")
+        self._pair = LoadedPair(
+            target=self.target.info,
+            draft=self.draft.info if self.draft else None,
+            compute=self.compute,
+            speculative_ok=reason is None,
+            reason=reason,
+        )
+        return self._pair
+
+    def _drop_target(self) -> None:
+        self._drop_draft()
+        self.target = None
+        self._slot = None
+        self._lookup.reset()
+        gc.collect()
+        mx.clear_cache()
+
+    def _drop_draft(self) -> None:
+        if self.draft is not None:
+            self.draft = None
+            self._model_drafter = None
+            self._policies.clear()
+            gc.collect()
+            mx.clear_cache()
+
+    @property
+    def pair(self) -> LoadedPair | None:
+        return self._pair
+
+    def reset_cache(self) -> None:
+        """Forget cached prompts (they are reused only on an exact prefix match
+        anyway; this frees memory)."""
+        if self._slot is not None:
+            self._slot.reset()
+        if self._model_drafter is not None:
+            self._model_drafter.reset()
+        self._lookup.reset()
+
+    # -- generation ------------------------------------------------------
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if self.target is None:
+            raise EngineError("No model is loaded.")
+        if request.prompt_ids is not None:
+            ids = list(request.prompt_ids)
+            if not ids:
+                raise EngineError("The prompt is empty: write a message first.")
+        else:
+            ids = chat.render(self.target.tokenizer, request.messages)
+        limit = self.target.max_context
+        if limit is not None and len(ids) + 1 > limit:
+            raise EngineError(
+                f"The prompt is {len(ids):,} tokens, more than {self.target.info.name} can "
+                f"read ({limit:,}). Start a new conversation or shorten the message.")
+        return ids
+
+    def _drafter(self, request: GenerateRequest) -> tuple[Drafter | None, str]:
+        mode = request.draft.mode
+        if mode == "plain":
+            return None, "plain"
+        if not self._pair.speculative_ok and (
+                not self.target.info.trimmable or mode in ("draft", "hybrid")):
+            raise EngineError(self._pair.reason)
+        if mode == "lookup" or (mode == "hybrid" and self._model_drafter is None):
+            return self._lookup, "lookup"
+        if self._model_drafter is None:
+            raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
+        if mode == "draft":
+            return self._model_drafter, "draft"
+        return HybridDrafter(self._model_drafter, self._lookup), "hybrid"
+
+    def policy(self, mode: str, fixed_k: int | None) -> DraftPolicy:
+        key = (mode, fixed_k)
+        if key not in self._policies:
+            self._policies[key] = DraftPolicy(fixed_k)
+        return self._policies[key]
+
+    def generate(
+        self,
+        request: GenerateRequest,
+        cancelled: threading.Event | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+    ) -> GenerationResult:
+        if request.max_tokens < 1:
+            raise EngineError("max tokens must be at least 1")
+        if request.draft.k is not None and not 1 <= request.draft.k <= 32:
+            raise EngineError("draft length K must be between 1 and 32 (or auto)")
+        ids = self.prompt_ids(request)
+        limit = self.target.max_context
+        if limit is not None:
+            request = _cap_tokens(request, limit - len(ids))
+        drafter, mode = self._drafter(request)
+        policy = self.policy(mode, request.draft.k)
+        return decode(self._slot, self.target.tokenizer, self._eos, ids, request, drafter,
+                      policy, mode, self._vocab, cancelled, on_step)
+
+
+def _cap_tokens(request: GenerateRequest, room: int) -> GenerateRequest:
+    from dataclasses import replace
+
+    return replace(request, max_tokens=max(1, min(request.max_tokens, room)))

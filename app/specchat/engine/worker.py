@@ -1,0 +1,145 @@
+"""The engine thread: the only thread that touches MLX.
+
+MLX streams are per thread (since mlx 0.31.2), so arrays and models must not
+cross threads; mlx_lm.server's answer, used here too, is one dedicated
+thread that loads and runs every model. Callers submit jobs and receive
+plain Python values through a Job, which works from synchronous code
+(``for event in job``) and from asyncio (``async for event in job``, fed with
+``loop.call_soon_threadsafe``). ``mx.eval`` releases the GIL, so a Qt/asyncio
+thread stays responsive while the engine computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specchat.engine.errors import EngineError
+
+
+@dataclass(frozen=True)
+class JobDone:
+    result: Any
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    message: str
+    detail: str = ""
+
+
+class Job:
+    """A unit of engine work and its event stream.
+
+    Events are whatever the job emits, then exactly one JobDone or JobFailed.
+    ``cancel()`` sets a flag the engine checks between steps.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.cancelled = threading.Event()
+        self._loop = loop
+        self._aq: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
+        self._q: queue.Queue = queue.Queue()
+        self.outcome: JobDone | JobFailed | None = None
+        self._finished = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    # engine thread side
+    def emit(self, event: Any) -> None:
+        if isinstance(event, JobDone | JobFailed):
+            self.outcome = event
+            self._finished.set()
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aq.put_nowait, event)
+            except RuntimeError:  # loop closed: nobody is listening any more
+                pass
+        else:
+            self._q.put(event)
+
+    # consumer side
+    def __iter__(self):
+        if self._loop is not None:
+            raise RuntimeError("this job streams to an asyncio loop; use 'async for'")
+        while True:
+            ev = self._q.get()
+            yield ev
+            if isinstance(ev, JobDone | JobFailed):
+                return
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        if self._aq is None:
+            raise RuntimeError("this job was not created with an asyncio loop")
+        while True:
+            ev = await self._aq.get()
+            yield ev
+            if isinstance(ev, JobDone | JobFailed):
+                return
+
+    def wait(self, timeout: float | None = None):
+        """Block until done; return the result or raise EngineError."""
+        if self._loop is None:
+            for _ in self:
+                pass
+        elif not self._finished.wait(timeout):
+            raise TimeoutError("engine job did not finish in time")
+        if isinstance(self.outcome, JobFailed):
+            raise EngineError(self.outcome.message)
+        return self.outcome.result
+
+    async def result(self):
+        """Drain events (asyncio) and return the result or raise EngineError."""
+        async for _ in self:
+            pass
+        if isinstance(self.outcome, JobFailed):
+            raise EngineError(self.outcome.message)
+        return self.outcome.result
+
+
+class EngineThread:
+    """One daemon thread running jobs in order."""
+
+    def __init__(self, name: str = "specchat-engine"):
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def submit(self, fn: Callable[[Job], Any], loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Run ``fn(job)`` on the engine thread; its return value ends the job."""
+        job = Job(loop)
+        self._jobs.put((fn, job))
+        return job
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            fn, job = item
+            try:
+                job.emit(JobDone(fn(job)))
+            except EngineError as exc:
+                job.emit(JobFailed(str(exc)))
+            except MemoryError:
+                job.emit(JobFailed("Out of memory: the models do not fit. Choose smaller models "
+                                   "or close other apps."))
+            except Exception as exc:  # noqa: BLE001 - report, never kill the thread
+                job.emit(JobFailed(f"Internal error: {exc}", traceback.format_exc()))
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny real models built once per test session.
+
+Nothing here downloads anything: the tokenizer is trained in-process and the
+models are random mlx-lm models saved as ordinary MLX model folders.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import specchat.engine  # noqa: E402,F401  (loads OpenBLAS before anything imports MLX)
+from tinymodels import build_model, build_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir) -> Path:
+    return build_tokenizer(tiny_dir / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir, tiny_tokenizer) -> Path:
+    """llama-shaped target, 2 layers."""
+    return build_model(tiny_dir / "target-llama", tiny_tokenizer, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dir, tiny_tokenizer, tiny_target) -> Path:
+    """The target plus noise: agrees with it often, not always."""
+    return build_model(tiny_dir / "draft-noisy", tiny_tokenizer, noise_from=tiny_target,
+                       noise=0.05, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_target(tiny_dir, tiny_tokenizer) -> Path:
+    """qwen2-shaped target whose embedding is wider than the tokenizer (as
+    real models pad their vocabulary)."""
+    return build_model(tiny_dir / "target-qwen2", tiny_tokenizer, model_type="qwen2", seed=3,
+                       vocab=416)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_draft(tiny_dir, tiny_tokenizer) -> Path:
+    """A qwen2 draft with its own random weights and an unpadded vocabulary."""
+    return build_model(tiny_dir / "draft-qwen2", tiny_tokenizer, model_type="qwen2", seed=4,
+                       layers=1)
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer(tiny_dir) -> Path:
+    """A different vocabulary (trained with extra text and a larger size)."""
+    return build_tokenizer(tiny_dir / "tokenizer-other", vocab_size=460,
+                           corpus_extra="zebra quokka axolotl " * 20)
+
+
+@pytest.fixture(scope="session")
+def mismatched_draft(tiny_dir, other_tokenizer) -> Path:
+    return build_model(tiny_dir / "draft-other-vocab", other_tokenizer, seed=5)

@@ -1,0 +1,122 @@
+"""Tiny real models for tests: a byte-level BPE tokenizer trained here on a
+small corpus (with ChatML special tokens and template), and random
+llama/qwen2-shaped mlx-lm models saved as ordinary MLX model folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+CORPUS = """
+The quick brown fox jumps over the lazy dog. Speculative decoding lets a small
+draft model propose tokens that a large target model verifies in one pass.
+def fibonacci(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+class Stack:
+    def __init__(self):
+        self.items = []
+    def push(self, item):
+        self.items.append(item)
+    def pop(self):
+        return self.items.pop()
+Café, naïve, résumé, déjà vu. 日本語のテキスト。中文文本。 Emoji: 🙂🚀✨ and more.
+Please rewrite the following paragraph to be shorter and clearer.
+The system prompt tells the assistant how to behave. The user asks a question.
+for i in range(10):
+    print(i * i)
+import numpy as np
+x = np.arange(10)
+print(x.sum())
+Hello, world! How are you today? I am fine, thank you.
+""" * 3
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 400, chat_template: str = CHATML,
+                    specials: list[str] = SPECIALS, eos: str = "<|im_end|>",
+                    corpus_extra: str = "") -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS + corpus_extra], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=eos,
+        pad_token=specials[0],
+        chat_template=chat_template,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama", hidden: int = 64,
+                layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int | None = None,
+                seed: int = 0, logit_scale: float = 3.0, noise_from: Path | None = None,
+                noise: float = 0.0, extra_config: dict | None = None) -> Path:
+    """A random model. With ``noise_from``, copy that model's weights and add
+    relative Gaussian noise (a draft that agrees with its target often)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        if f.is_file():
+            (folder / f.name).write_bytes(f.read_bytes())
+    n_tok = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    config = {
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": vocab or n_tok,
+        # Untied: with a tied head a random model just repeats its input token.
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "eos_token_id": None,
+    }
+    config.update(extra_config or {})
+    config = {k: v for k, v in config.items() if v is not None}
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    if noise_from is not None:
+        src = mx.load(str(noise_from / "model.safetensors"))
+        params = {}
+        for k, v in src.items():
+            std = mx.std(v) if v.size > 1 else mx.array(0.0)
+            params[k] = v + noise * std * mx.random.normal(v.shape)
+    else:
+        head = "lm_head.weight" if "lm_head.weight" in params else "model.embed_tokens.weight"
+        params[head] = params[head] * logit_scale
+    model.update(tree_unflatten(list(params.items())))
+    mx.eval(model.parameters())
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
