@@ -1,0 +1,282 @@
+"""What the library needs to know about an MLX model folder, read from its
+small files only.
+
+Parameter counts come from the safetensors headers (a few KB per shard),
+the cache kind from config.json, the tokenizer fingerprint from
+tokenizer.json. Nothing here imports MLX or transformers, so listing,
+checking and suggesting stay fast and work before any weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specchat.library.errors import LibraryError
+
+# The engine's words (engine/loading.py:untrimmable_reason), so the library's
+# verdict and the engine's refusal read the same.
+SLIDING_REASON = ("it uses sliding-window attention, whose cache drops old tokens and "
+                  "cannot be rewound after rejected draft tokens")
+RECURRENT_REASON = ("it has recurrent or linear-attention layers, whose state cannot be "
+                    "rewound after rejected draft tokens")
+
+# mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
+# at least some layers.
+RECURRENT_TYPES = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "jamba", "falcon_h1", "granitemoehybrid", "lfm2",
+    "lfm2_moe", "nemotron_h", "plamo2", "qwen3_next", "qwen3_5", "recurrent_gemma", "rwkv7",
+    "kimi_linear", "baichuan_m1", "bailing_moe_linear", "bailing_hybrid", "olmo_hybrid", "zamba",
+    "zamba2", "bamba",
+})
+# mlx-lm model types that always build rotating (sliding-window) caches for
+# some layers, whatever the config says. Others (llama, ministral3, ...) do so
+# only when config.json lists "sliding_attention" in layer_types.
+SLIDING_TYPES = frozenset({
+    "gemma3", "gemma3_text", "gemma3n", "gemma4", "gemma4_text", "cohere2", "gpt_oss", "olmo3",
+    "exaone4", "afmoe", "mimo_v2_flash", "step3p5", "plamo3",
+})
+_RECURRENT_LAYER_WORDS = ("linear", "mamba", "conv", "recurrent", "ssm", "rwkv")
+
+_QUANT_LABELS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Facts about one model folder; everything is a plain value so it can be
+    stored in the index as JSON."""
+
+    model_type: str | None
+    params: int | None  # logical parameters (quantized weights counted unpacked)
+    quantization: str | None  # "q4", "q8", "bfloat16", "float16", "float32"
+    size_bytes: int  # bytes on disk of the model's files
+    tokenizer_fingerprint: str | None
+    vocab_size: int | None  # tokenizer size (what speculation compares)
+    attention: str  # "full", "sliding" or "recurrent"
+    untrimmable_reason: str | None
+    num_layers: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    max_context: int | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelFacts:
+        names = cls.__dataclass_fields__
+        return cls(**{k: data.get(k) for k in names})
+
+    @property
+    def trimmable(self) -> bool:
+        return self.untrimmable_reason is None
+
+    def kv_elements_per_token(self) -> int | None:
+        """Keys and values stored per token over all layers (None if unknown)."""
+        if not (self.num_layers and self.num_kv_heads and self.head_dim):
+            return None
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.exists():
+        raise LibraryError(f"{folder} is not an MLX model folder (config.json is missing)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LibraryError(f"{path} is not valid JSON ({exc}); the model folder is damaged") from exc
+    if not isinstance(config, dict):
+        raise LibraryError(f"{path} is not a model config (expected a JSON object)")
+    return config
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
+    return sorted(folder.glob("model*.safetensors"))
+
+
+def validate_folder(folder: Path) -> dict:
+    """Refuse what the engine would refuse, with the same kind of message,
+    before anything is copied or listed. Returns config.json."""
+    if not folder.exists():
+        raise LibraryError(f"Model folder not found: {folder}")
+    if not folder.is_dir():
+        raise LibraryError(f"Not a model folder: {folder}")
+    config = read_config(folder)
+    if not weight_files(folder):
+        pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
+        if pickled:
+            raise LibraryError(
+                f"{folder} has only pickled PyTorch weights ({pickled[0]}); SpecChat loads "
+                "safetensors only, because pickled files can run code when opened")
+        raise LibraryError(f"{folder} has no weights (no model*.safetensors files)")
+    if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer.model").exists():
+        raise LibraryError(f"{folder} has no tokenizer (tokenizer.json is missing)")
+    return config
+
+
+def text_config(config: dict) -> dict:
+    """Multimodal configs keep the language model's numbers in text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        return {**config, **inner}
+    return config
+
+
+def cache_kind(config: dict) -> tuple[str, str | None]:
+    """("full" | "sliding" | "recurrent", reason or None), predicted from
+    config.json the way mlx-lm will build the model's cache.
+
+    ``use_sliding_window: false`` (Qwen2.5, Qwen3) means full attention even
+    when ``sliding_window`` is set; ``layer_types`` names each layer's kind.
+    """
+    cfg = text_config(config)
+    model_type = str(config.get("model_type") or cfg.get("model_type") or "")
+    layer_types = [str(t).lower() for t in (cfg.get("layer_types") or []) if t is not None]
+    if model_type in RECURRENT_TYPES or any(
+            w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
+        return "recurrent", RECURRENT_REASON
+    if any("sliding" in t or "local" in t for t in layer_types):
+        return "sliding", SLIDING_REASON
+    if model_type in SLIDING_TYPES:
+        return "sliding", SLIDING_REASON
+    if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
+        window = cfg.get("sliding_window")
+        longest = cfg.get("max_position_embeddings")
+        if not (isinstance(window, int) and isinstance(longest, int) and window >= longest):
+            return "sliding", SLIDING_REASON
+    return "full", None
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (8-byte length, then JSON)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ValueError("file is shorter than its header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100_000_000:
+                raise ValueError("header length is implausible")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        raise LibraryError(f"{path.name} is not a valid safetensors file ({exc})") from exc
+    header.pop("__metadata__", None)
+    return header
+
+
+def count_params(folder: Path, config: dict) -> tuple[int, str | None]:
+    """(logical parameter count, storage label) from the safetensors headers.
+
+    Quantized weights (uint32 words with ``.scales``/``.biases`` beside them)
+    count as ``words * 32 / bits`` parameters; scales and biases are not
+    parameters of the model, just of its packing.
+    """
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    tensors: dict[str, dict] = {}
+    for shard in weight_files(folder):
+        tensors.update(safetensors_header(shard))
+    dtype_bytes: dict[str, int] = {}
+    total = 0
+    for name, info in tensors.items():
+        shape = info.get("shape") or []
+        n = 1
+        for s in shape:
+            n *= int(s)
+        base = name.rsplit(".", 1)[0]
+        if name.endswith((".scales", ".biases")) and f"{base}.weight" in tensors:
+            continue
+        if bits and info.get("dtype") == "U32" and f"{base}.scales" in tensors:
+            n = n * 32 // int(bits)
+        else:
+            dtype_bytes[info.get("dtype", "?")] = dtype_bytes.get(info.get("dtype", "?"), 0) + n
+        total += n
+    if bits:
+        label = f"q{int(bits)}"
+    elif dtype_bytes:
+        top = max(dtype_bytes, key=dtype_bytes.get)
+        label = _QUANT_LABELS.get(top, top.lower())
+    else:
+        label = None
+    return total, label
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the files in a model folder, following the Hub snapshot's
+    symlinks to the blobs they name."""
+    total = 0
+    for entry in folder.iterdir():
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def max_context(config: dict) -> int | None:
+    cfg = text_config(config)
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        v = cfg.get(key)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def kv_shape(config: dict) -> tuple[int | None, int | None, int | None]:
+    """(layers, kv heads, head dim) for the KV-cache estimate."""
+    cfg = text_config(config)
+    layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
+    heads = cfg.get("num_attention_heads") or cfg.get("n_head")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim")
+    hidden = cfg.get("hidden_size") or cfg.get("n_embd")
+    if not head_dim and hidden and heads:
+        head_dim = int(hidden) // int(heads)
+    return _pos_int(layers), _pos_int(kv_heads), _pos_int(head_dim)
+
+
+def _pos_int(v) -> int | None:
+    return int(v) if isinstance(v, int | float) and v else None
+
+
+def tokenizer_facts(folder: Path):
+    """TokenizerFacts from tokenizer.json, or None when the folder has only a
+    sentencepiece model (then compatibility cannot be checked without loading)."""
+    if not (folder / "tokenizer.json").exists():
+        return None
+    from specchat.engine.compat import facts_from_tokenizer_json
+
+    try:
+        return facts_from_tokenizer_json(folder)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LibraryError(f"{folder / 'tokenizer.json'} could not be read ({exc})") from exc
+
+
+def read_folder(folder: str | os.PathLike) -> ModelFacts:
+    """All facts about a valid MLX model folder."""
+    folder = Path(folder)
+    config = validate_folder(folder)
+    params, label = count_params(folder, config)
+    tok = tokenizer_facts(folder)
+    kind, reason = cache_kind(config)
+    layers, kv_heads, head_dim = kv_shape(config)
+    return ModelFacts(
+        model_type=str(config.get("model_type")) if config.get("model_type") else None,
+        params=params or None,
+        quantization=label,
+        size_bytes=folder_size(folder),
+        tokenizer_fingerprint=tok.fingerprint() if tok else None,
+        vocab_size=tok.size if tok else None,
+        attention=kind,
+        untrimmable_reason=reason,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_context=max_context(config),
+    )
