@@ -1,0 +1,2 @@
+"""Conversation history and app settings, stored in SQLite under the
+library's home folder. No Qt and no MLX here."""

@@ -1,0 +1,159 @@
+"""Conversations and their messages, in SQLite.
+
+Messages carry what the UI needs to redraw a reply exactly as it was: the
+text, the token-origin runs (for colouring accepted draft tokens) and the
+reply's summary. A reply is saved while it streams with ``complete=0``; if
+the app dies mid-reply, the partial text is still there on the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    target: str | None = None
+    draft: str | None = None
+
+
+@dataclass
+class StoredMessage:
+    id: int
+    role: str
+    content: str
+    runs: list[tuple[str, str]] = field(default_factory=list)
+    summary: dict | None = None
+    error: str | None = None
+    complete: bool = True
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"],
+                        row["target"], row["draft"])
+
+
+def _message(row: sqlite3.Row) -> StoredMessage:
+    runs = [tuple(r) for r in json.loads(row["runs"])] if row["runs"] else []
+    summary = json.loads(row["summary"]) if row["summary"] else None
+    return StoredMessage(row["id"], row["role"], row["content"], runs, summary, row["error"],
+                         bool(row["complete"]))
+
+
+class ConversationStore:
+    def __init__(self, conn: sqlite3.Connection):
+        self._db = conn
+
+    # -- conversations ---------------------------------------------------
+    def create(self, title: str = "New chat", target: str | None = None,
+               draft: str | None = None) -> Conversation:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO conversations(title, created_at, updated_at, target, draft) "
+            "VALUES (?, ?, ?, ?, ?)", (title, now, now, target, draft))
+        return Conversation(cur.lastrowid, title, now, now, target, draft)
+
+    def get(self, conversation_id: int) -> Conversation | None:
+        row = self._db.execute("SELECT * FROM conversations WHERE id=?",
+                               (conversation_id,)).fetchone()
+        return _conversation(row) if row else None
+
+    def list(self, search: str = "") -> list[Conversation]:
+        """Newest first; ``search`` matches titles and message text."""
+        if search.strip():
+            pattern = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%").replace(
+                "_", "\\_") + "%"
+            rows = self._db.execute(
+                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
+                " SELECT 1 FROM messages m WHERE m.conversation_id=c.id"
+                " AND m.content LIKE ?1 ESCAPE '\\') ORDER BY updated_at DESC, id DESC",
+                (pattern,)).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
+        return [_conversation(r) for r in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self._db.execute("UPDATE conversations SET title=? WHERE id=?",
+                         (title.strip() or "Untitled", conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    def set_pair(self, conversation_id: int, target: str | None, draft: str | None) -> None:
+        self._db.execute("UPDATE conversations SET target=?, draft=? WHERE id=?",
+                         (target, draft, conversation_id))
+
+    def _touch(self, conversation_id: int) -> None:
+        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
+                         (time.time(), conversation_id))
+
+    # -- messages --------------------------------------------------------
+    def messages(self, conversation_id: int) -> list[StoredMessage]:
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, id",
+            (conversation_id,)).fetchall()
+        return [_message(r) for r in rows]
+
+    def add_message(self, conversation_id: int, role: str, content: str, *,
+                    complete: bool = True) -> int:
+        pos = self._db.execute(
+            "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id=?",
+            (conversation_id,)).fetchone()[0]
+        cur = self._db.execute(
+            "INSERT INTO messages(conversation_id, position, role, content, complete, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (conversation_id, pos, role, content, int(complete), time.time()))
+        self._touch(conversation_id)
+        return cur.lastrowid
+
+    def update_message(self, message_id: int, content: str, *,
+                       runs: list[tuple[str, str]] | None = None, summary: dict | None = None,
+                       error: str | None = None, complete: bool = False) -> None:
+        """Save a reply's current state (called while streaming and at the end)."""
+        self._db.execute(
+            "UPDATE messages SET content=?, runs=?, summary=?, error=?, complete=? WHERE id=?",
+            (content, json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs
+             else None, json.dumps(summary) if summary else None, error, int(complete),
+             message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+
+    # -- export ----------------------------------------------------------
+    def export_markdown(self, conversation_id: int) -> str:
+        conv = self.get(conversation_id)
+        if conv is None:
+            raise KeyError(conversation_id)
+        out = [f"# {conv.title}", ""]
+        if conv.target:
+            pair = conv.target + (f" + {conv.draft}" if conv.draft else "")
+            out += [f"*Models: {pair}*", ""]
+        names = {"user": "You", "assistant": "Assistant", "system": "System"}
+        for m in self.messages(conversation_id):
+            out += [f"## {names.get(m.role, m.role.title())}", "", m.content.rstrip(), ""]
+            if m.summary:
+                out += [f"*{summary_line(m.summary)}*", ""]
+        return "\n".join(out).rstrip() + "\n"
+
+
+def summary_line(s: dict) -> str:
+    """The one-line summary shown under a reply (and in exports)."""
+    parts = [f"{s.get('new_tokens', 0)} tokens", f"{s.get('tokens_per_s', 0.0):.1f} tok/s",
+             f"first token {s.get('ttft_s', 0.0):.2f} s"]
+    if s.get("drafted"):
+        parts.append(f"acceptance {s.get('acceptance_rate', 0.0):.0%}")
+        parts.append(f"{s.get('tokens_per_step', 1.0):.2f} tokens/step")
+    parts.append(s.get("mode", "plain"))
+    if s.get("finish_reason") == "cancelled":
+        parts.append("stopped")
+    elif s.get("finish_reason") == "length":
+        parts.append("max tokens reached")
+    return " · ".join(parts)

@@ -1,0 +1,72 @@
+"""Starting the desktop app: Qt, asyncio on the Qt loop (qasync), the window.
+
+MLX is never imported on this thread: the engine thread imports it when the
+first model loads. Everything asyncio is started from ``window.start``,
+which runs once the loop is running (qasync must not see tasks before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+
+def initial_pair(target: str | None, draft: str | None, lookup: bool,
+                 settings=None) -> tuple[str, str | None]:
+    """The pair to select and load at start: the command line's, else the
+    one used last, else the bundled default."""
+    from specchat.ui import library_view
+
+    if target:
+        return target, None if lookup else draft
+    if settings is not None and settings.last_target:
+        return settings.last_target, settings.last_draft
+    return library_view.default_pair()
+
+
+def create_app():
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from specchat.ui import theme
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("SpecChat")
+    app.setApplicationDisplayName("SpecChat")
+    app.setOrganizationName("SpecChat")
+    app.setDesktopFileName("dev.specchat.specchat")
+    from importlib import resources
+
+    icon = resources.files("specchat").joinpath("resources/icon/specchat-256.png")
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    theme.apply(app)
+    return app
+
+
+def run(target: str | None = None, draft: str | None = None, lookup: bool = False) -> int:
+    import qasync
+
+    import specchat.engine  # noqa: F401 - OpenBLAS before anything can import MLX
+    from specchat.store import db
+    from specchat.store.settings import SettingsStore
+    from specchat.ui.main_window import MainWindow
+
+    app = create_app()
+    conn = db.connect()
+    pair = initial_pair(target, draft, lookup, SettingsStore(conn).load())
+    conn.close()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow(initial_pair=pair)
+    window.show()
+    quitting = asyncio.Event()
+    app.aboutToQuit.connect(quitting.set)
+
+    async def main() -> None:
+        window.start()
+        await quitting.wait()
+
+    with loop:
+        loop.run_until_complete(main())
+    return 0

@@ -1,0 +1,323 @@
+"""Drawing the conversation: one delegate paints every message bubble.
+
+Each message's QTextDocument is built once per (uid, version) and kept, so
+a finished message is never parsed again; while a reply streams, only the
+last row's document is rebuilt. The view is a QTreeView used as a list
+because it caches row heights and, on ``dataChanged`` for one row, asks the
+delegate for that row's size only (QListView re-measures every row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, QUrl, Signal
+from PySide6.QtGui import (
+    QAbstractTextDocumentLayout,
+    QDesktopServices,
+    QFont,
+    QFontMetrics,
+    QGuiApplication,
+    QPainter,
+    QPalette,
+    QTextDocument,
+)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QMenu,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QTreeView,
+)
+
+from specchat.store.conversations import summary_line
+from specchat.ui import theme
+from specchat.ui.chat_model import ChatMessage, MessageRole
+from specchat.ui.markdown import (
+    COPY_SCHEME,
+    DocColors,
+    build_document,
+    build_runs_document,
+)
+
+MARGIN_X = 16
+MARGIN_Y = 6
+PAD_X = 12
+PAD_Y = 9
+FOOTER_GAP = 3
+MAX_TEXT_WIDTH = 860
+RADIUS = 10
+
+
+@dataclass
+class _Rendered:
+    version: int
+    doc: QTextDocument
+    code_blocks: list[str]
+    width: int = -1
+    size: QSize = QSize()
+
+
+class MessageDelegate(QStyledItemDelegate):
+    def __init__(self, view: ChatView):
+        super().__init__(view)
+        self._view = view
+        self._cache: dict[int, _Rendered] = {}
+        self.colors = theme.current()
+        self.color_tokens = False
+        # Counters for tests and the debug line: work done per update.
+        self.builds = 0
+        self.size_hints = 0
+        self.paints = 0
+
+    # -- configuration ---------------------------------------------------
+    def set_colors(self, colors: theme.Colors) -> None:
+        self.colors = colors
+        self._cache.clear()
+
+    def set_color_tokens(self, on: bool) -> None:
+        self.color_tokens = on
+        self._cache.clear()
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def forget(self, uids: set[int]) -> None:
+        for uid in uids:
+            self._cache.pop(uid, None)
+
+    # -- layout ----------------------------------------------------------
+    def _font(self) -> QFont:
+        return self._view.font()
+
+    def _small_font(self) -> QFont:
+        f = QFont(self._view.font())
+        f.setPointSizeF(max(7.0, f.pointSizeF() * 0.85))
+        return f
+
+    def _max_text_width(self, msg: ChatMessage) -> int:
+        avail = self._view.viewport().width() - 2 * MARGIN_X - 2 * PAD_X
+        if msg.role == "user":
+            avail = int(avail * 0.8)
+        return max(120, min(MAX_TEXT_WIDTH, avail))
+
+    def _text_for(self, msg: ChatMessage) -> str:
+        if msg.text:
+            return msg.text
+        return "…" if msg.streaming else ""
+
+    def rendered(self, msg: ChatMessage) -> _Rendered:
+        r = self._cache.get(msg.uid)
+        if r is None or r.version != msg.version:
+            c = self.colors
+            text_color = c.user_text if msg.role == "user" else c.text
+            colors = DocColors(text=text_color, code_bg=c.code_bg, code_header=c.code_header,
+                               link=c.link)
+            if self.color_tokens and msg.role == "assistant" and msg.runs:
+                doc, blocks = build_runs_document(msg.runs, self._font(), colors,
+                                                  c.draft_token), []
+            elif msg.role == "user":
+                # What a person typed is shown as typed.
+                doc = QTextDocument()
+                doc.setDefaultFont(self._font())
+                doc.setDocumentMargin(0)
+                doc.setPlainText(msg.text)
+                blocks = []
+            else:
+                doc, blocks = build_document(self._text_for(msg), self._font(), colors)
+            self.builds += 1
+            r = _Rendered(msg.version, doc, blocks)
+            self._cache[msg.uid] = r
+        width = self._max_text_width(msg)
+        if r.width != width:
+            r.doc.setTextWidth(width)
+            if msg.role == "user":
+                ideal = int(r.doc.idealWidth()) + 1
+                if ideal < width:
+                    r.doc.setTextWidth(ideal)
+            r.width = width
+            r.size = QSize(int(r.doc.size().width()) + 1, int(r.doc.size().height()) + 1)
+        return r
+
+    def footer(self, msg: ChatMessage) -> str:
+        if msg.role != "assistant":
+            return ""
+        if msg.error:
+            return msg.error
+        if msg.streaming:
+            return "generating…"
+        if not msg.complete:
+            return "interrupted (the app closed during this reply)"
+        return summary_line(msg.summary) if msg.summary else ""
+
+    def _footer_height(self, msg: ChatMessage) -> int:
+        if not self.footer(msg):
+            return 0
+        return FOOTER_GAP + QFontMetrics(self._small_font()).height()
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        self.size_hints += 1
+        msg: ChatMessage = index.data(MessageRole)
+        if msg is None:
+            return QSize(0, 0)
+        r = self.rendered(msg)
+        h = MARGIN_Y * 2 + PAD_Y * 2 + r.size.height() + self._footer_height(msg)
+        return QSize(self._view.viewport().width(), h)
+
+    def bubble_rect(self, msg: ChatMessage, item: QRect) -> QRect:
+        r = self.rendered(msg)
+        w = r.size.width() + 2 * PAD_X
+        if msg.role == "assistant":
+            w = max(w, min(r.width + 2 * PAD_X, 260))
+        h = r.size.height() + 2 * PAD_Y
+        x = item.right() - MARGIN_X - w if msg.role == "user" else item.left() + MARGIN_X
+        return QRect(x, item.top() + MARGIN_Y, w, h)
+
+    # -- painting --------------------------------------------------------
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        self.paints += 1
+        msg: ChatMessage = index.data(MessageRole)
+        if msg is None:
+            return
+        c = self.colors
+        r = self.rendered(msg)
+        bubble = self.bubble_rect(msg, option.rect)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen if msg.role == "user" else c.border)
+        painter.setBrush(c.user_bubble if msg.role == "user" else c.assistant_bubble)
+        painter.drawRoundedRect(bubble, RADIUS, RADIUS)
+        painter.translate(bubble.left() + PAD_X, bubble.top() + PAD_Y)
+        ctx = QAbstractTextDocumentLayout.PaintContext()
+        ctx.palette.setColor(QPalette.ColorRole.Text,
+                             c.user_text if msg.role == "user" else c.text)
+        ctx.clip = QRect(0, 0, r.size.width(), r.size.height())
+        r.doc.documentLayout().draw(painter, ctx)
+        painter.restore()
+        foot = self.footer(msg)
+        if foot:
+            painter.save()
+            painter.setFont(self._small_font())
+            painter.setPen(c.error if msg.error else c.muted)
+            top = bubble.bottom() + 1 + FOOTER_GAP
+            rect = QRect(option.rect.left() + MARGIN_X + 2, top,
+                         option.rect.width() - 2 * MARGIN_X - 4,
+                         QFontMetrics(self._small_font()).height())
+            align = Qt.AlignmentFlag.AlignRight if msg.role == "user" else Qt.AlignmentFlag.AlignLeft
+            elided = QFontMetrics(self._small_font()).elidedText(
+                foot, Qt.TextElideMode.ElideRight, rect.width())
+            painter.drawText(rect, align | Qt.AlignmentFlag.AlignVCenter, elided)
+            painter.restore()
+
+    # -- hit testing -----------------------------------------------------
+    def anchor_at(self, index: QModelIndex, item: QRect, pos: QPoint) -> tuple[str, list[str]]:
+        msg: ChatMessage = index.data(MessageRole)
+        if msg is None:
+            return "", []
+        bubble = self.bubble_rect(msg, item)
+        r = self.rendered(msg)
+        local = pos - QPoint(bubble.left() + PAD_X, bubble.top() + PAD_Y)
+        return r.doc.documentLayout().anchorAt(local), r.code_blocks
+
+
+class ChatView(QTreeView):
+    """The conversation. Stays scrolled to the bottom while a reply streams,
+    unless the person has scrolled up to read."""
+
+    copied = Signal(str)  # what was copied, for a status message
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("ChatView")
+        self.setHeaderHidden(True)
+        self.setRootIsDecorated(False)
+        self.setItemsExpandable(False)
+        self.setIndentation(0)
+        self.setUniformRowHeights(False)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.verticalScrollBar().setSingleStep(24)
+        self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setAllColumnsShowFocus(False)
+        self.delegate = MessageDelegate(self)
+        self.setItemDelegate(self.delegate)
+        self._stick = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._on_scrolled)
+        bar.rangeChanged.connect(self._on_range)
+
+    def setModel(self, model) -> None:  # noqa: N802 - Qt override
+        super().setModel(model)
+        model.modelReset.connect(self._on_reset)
+        model.rowsRemoved.connect(lambda *_: self._prune())
+
+    def _on_reset(self) -> None:
+        self.delegate.clear_cache()
+        self._stick = True
+
+    def _prune(self) -> None:
+        live = {m.uid for m in self.model().messages}
+        self.delegate.forget(set(self.delegate._cache) - live)
+
+    def _on_scrolled(self, value: int) -> None:
+        self._stick = value >= self.verticalScrollBar().maximum() - 8
+
+    def _on_range(self, _lo: int, hi: int) -> None:
+        if self._stick:
+            self.verticalScrollBar().setValue(hi)
+
+    def stick_to_bottom(self) -> None:
+        self._stick = True
+        self.scrollToBottom()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        # Bubble widths follow the viewport; heights must be measured again.
+        self.scheduleDelayedItemsLayout()
+
+    def _anchor(self, pos: QPoint) -> tuple[str, list[str]]:
+        index = self.indexAt(pos)
+        if not index.isValid():
+            return "", []
+        return self.delegate.anchor_at(index, self.visualRect(index), pos)
+
+    def mouseMoveEvent(self, event) -> None:  # noqa: N802
+        href, _ = self._anchor(event.position().toPoint())
+        self.viewport().setCursor(Qt.CursorShape.PointingHandCursor if href
+                                  else Qt.CursorShape.ArrowCursor)
+        super().mouseMoveEvent(event)
+
+    def mouseReleaseEvent(self, event) -> None:  # noqa: N802
+        if event.button() == Qt.MouseButton.LeftButton:
+            href, blocks = self._anchor(event.position().toPoint())
+            if href.startswith(COPY_SCHEME):
+                n = int(href[len(COPY_SCHEME):])
+                if 0 <= n < len(blocks):
+                    QGuiApplication.clipboard().setText(blocks[n])
+                    self.copied.emit("Code copied to the clipboard")
+                return
+            if href:
+                QDesktopServices.openUrl(QUrl(href))
+                return
+        super().mouseReleaseEvent(event)
+
+    def contextMenuEvent(self, event) -> None:  # noqa: N802
+        index = self.indexAt(event.pos())
+        if not index.isValid():
+            return
+        msg: ChatMessage = index.data(MessageRole)
+        menu = QMenu(self)
+        menu.addAction("Copy message", lambda: self._copy(msg.text))
+        menu.exec(event.globalPos())
+
+    def _copy(self, text: str) -> None:
+        QGuiApplication.clipboard().setText(text)
+        self.copied.emit("Message copied to the clipboard")
+
+    def event(self, e) -> bool:
+        if e.type() == QEvent.Type.PaletteChange:
+            self.delegate.clear_cache()
+        return super().event(e)

@@ -1,0 +1,125 @@
+"""Plain vs speculative on the same prompt, side by side.
+
+Both runs use the same settings, one after the other on the engine thread,
+so the only difference is the decoding mode. With greedy sampling the two
+texts must be identical; the dialog says whether they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTextBrowser,
+    QVBoxLayout,
+)
+
+from specchat.engine.errors import EngineError
+from specchat.engine.events import GenerationResult
+from specchat.store.conversations import summary_line
+from specchat.ui.controller import ChatController, CompareOutcome
+
+
+class CompareDialog(QDialog):
+    finished_run = Signal(object)  # CompareOutcome or None
+
+    def __init__(self, controller: ChatController, prompt: str = "", parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("SpecChat — compare plain and speculative")
+        self.resize(980, 620)
+        self.controller = controller
+        self.prompt = QPlainTextEdit(prompt)
+        self.prompt.setPlaceholderText("A prompt to run twice")
+        self.prompt.setFixedHeight(70)
+        self.run_button = QPushButton("Run both")
+        self.run_button.setObjectName("SendButton")
+        self.status = QLabel("Runs the prompt plain, then speculative, with the current settings.")
+        self.status.setWordWrap(True)
+        self.headline = QLabel("")
+        self.headline.setObjectName("GaugeValue")
+        self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.plain_text = QTextBrowser()
+        self.spec_text = QTextBrowser()
+        self.plain_stats = QLabel("")
+        self.spec_stats = QLabel("")
+        for lab in (self.plain_stats, self.spec_stats):
+            lab.setWordWrap(True)
+            lab.setObjectName("GaugeLabel")
+        grid = QGridLayout()
+        grid.addWidget(QLabel("<b>Plain</b> (target only)"), 0, 0)
+        self.spec_title = QLabel("<b>Speculative</b>")
+        grid.addWidget(self.spec_title, 0, 1)
+        grid.addWidget(self.plain_text, 1, 0)
+        grid.addWidget(self.spec_text, 1, 1)
+        grid.addWidget(self.plain_stats, 2, 0)
+        grid.addWidget(self.spec_stats, 2, 1)
+        top = QHBoxLayout()
+        top.addWidget(self.prompt, 1)
+        top.addWidget(self.run_button)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(self.headline)
+        lay.addLayout(grid, 1)
+        self.run_button.clicked.connect(self.start)
+        self.task: asyncio.Future | None = None
+        self.outcome: CompareOutcome | None = None
+
+    def start(self) -> None:
+        text = self.prompt.toPlainText().strip()
+        if not text or (self.task and not self.task.done()):
+            return
+        if self.controller.busy:
+            self.status.setText("A reply is still being written; try again when it is done.")
+            return
+        self.run_button.setEnabled(False)
+        self.headline.setText("")
+        self.plain_text.clear()
+        self.spec_text.clear()
+        self.plain_stats.clear()
+        self.spec_stats.clear()
+        self.task = asyncio.ensure_future(self._run(text))
+
+    def _phase(self, mode: str) -> None:
+        self.status.setText("Running plain…" if mode == "plain" else f"Running {mode}…")
+
+    async def _run(self, text: str) -> None:
+        outcome = None
+        try:
+            outcome = await self.controller.compare(text, self._phase)
+        except EngineError as exc:
+            self.status.setText(str(exc))
+        else:
+            self.show_outcome(outcome)
+        finally:
+            self.run_button.setEnabled(True)
+            self.outcome = outcome
+            self.finished_run.emit(outcome)
+
+    def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
+        view.setMarkdown(result.text)
+        from dataclasses import asdict
+
+        stats.setText(summary_line(asdict(result.summary)))
+
+    def show_outcome(self, o: CompareOutcome) -> None:
+        self._fill(self.plain_text, self.plain_stats, o.plain)
+        self._fill(self.spec_text, self.spec_stats, o.speculative)
+        self.spec_title.setText(f"<b>Speculative</b> ({o.speculative.summary.mode})")
+        p, s = o.plain.summary.tokens_per_s, o.speculative.summary.tokens_per_s
+        same = ("identical texts" if o.identical else "different texts")
+        if o.greedy:
+            same += " (greedy: they should be identical)" if not o.identical else " ✓"
+        else:
+            same += " (sampling with temperature: texts may differ)"
+        self.headline.setText(f"{p:.1f} → {s:.1f} tok/s   speedup ×{o.speedup:.2f}   ·   {same}")
+        self.status.setText(
+            f"Acceptance {o.speculative.summary.acceptance_rate:.0%}, "
+            f"{o.speculative.summary.tokens_per_step:.2f} tokens per step.")

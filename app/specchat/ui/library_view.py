@@ -1,0 +1,146 @@
+"""What the windows need from the model library, as plain values.
+
+The library (specchat.library) is imported lazily and read defensively:
+the picker must still open, with what can be listed, if a part of it is
+missing or a file on disk is damaged. Nothing here touches MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FALLBACK_TARGET = "bundled:qwen2.5-coder-1.5b"
+FALLBACK_DRAFT = "bundled:qwen2.5-coder-0.5b"
+BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
+                "bundled:smollm2-135m")
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    ref: str
+    label: str
+    group: str  # "bundled", "installed", "catalog", "other"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    compatible: bool | None  # None: could not be checked before loading
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        if self.compatible is None:
+            return "; ".join(self.reasons) or "Checked when the pair loads."
+        if self.compatible:
+            return "; ".join(self.reasons) or "Compatible: the draft shares the target's tokenizer."
+        return "; ".join(self.reasons) or "Incompatible."
+
+
+def default_pair() -> tuple[str, str | None]:
+    try:
+        from specchat.library import bundled
+
+        return bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT
+    except (ImportError, AttributeError):
+        return FALLBACK_TARGET, FALLBACK_DRAFT
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return ""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _params(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def installed_models() -> list:
+    try:
+        from specchat.library import index
+
+        return list(index.list_installed())
+    except Exception:  # noqa: BLE001 - an unreadable index must not break the window
+        return []
+
+
+def catalog():
+    try:
+        from specchat.library import catalog as cat
+
+        return cat.load_catalog()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def model_choices() -> list[ModelChoice]:
+    """Bundled first, then installed, then what the catalog can download."""
+    seen: set[str] = set()
+    out: list[ModelChoice] = []
+
+    def add(choice: ModelChoice) -> None:
+        if choice.ref not in seen:
+            seen.add(choice.ref)
+            out.append(choice)
+
+    cat = catalog()
+    cat_models = list(getattr(cat, "models", []) or [])
+    bundled_names = {m.ref: m.name for m in cat_models if m.ref.startswith("bundled:")}
+    for ref in BUNDLED_REFS:
+        add(ModelChoice(ref, bundled_names.get(ref, ref.split(":", 1)[1]) + "  (built in)",
+                        "bundled"))
+    for m in installed_models():
+        if getattr(m, "kind", "") == "bundled" or m.source.startswith("bundled:"):
+            continue
+        detail = " · ".join(x for x in (_params(m.params), _size(m.size_bytes)) if x)
+        add(ModelChoice(m.ref, f"{m.name}  (installed{', ' + detail if detail else ''})",
+                        "installed", m.source))
+    for m in cat_models:
+        if m.ref.startswith("bundled:"):
+            continue
+        add(ModelChoice(m.ref, f"{m.name}  (download {_size(m.download_bytes)})", "catalog",
+                        m.ref))
+    return out
+
+
+def check_pair(target: str, draft: str | None) -> Verdict:
+    """Can ``draft`` speculate for ``target``? Reads tokenizer files (and may
+    be slow for models not yet on disk): call it off the GUI thread."""
+    if not draft:
+        return Verdict(True, ("No draft model: prompt lookup drafts from the conversation.",))
+    try:
+        from specchat.library import compatibility
+    except ImportError:
+        return Verdict(None, ("The compatibility check is not available; the engine checks "
+                              "the pair when it loads.",))
+    try:
+        report = compatibility.check(target, draft)
+    except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
+        return Verdict(None, (f"Checked when the pair loads ({exc}).",))
+    return Verdict(bool(report.compatible), tuple(getattr(report, "reasons", ()) or ()))
+
+
+def suggest_drafts(target: str) -> list[str]:
+    try:
+        from specchat.library import compatibility
+
+        return [getattr(s, "ref", s) for s in compatibility.suggest_drafts(target)]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def disk_usage() -> int:
+    from specchat.library import paths
+
+    return paths.disk_usage()
+
+
+def size_text(n: int | None) -> str:
+    return _size(n) or "0 B"

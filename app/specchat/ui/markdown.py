@@ -1,0 +1,194 @@
+"""Markdown -> QTextDocument for chat bubbles.
+
+Qt's own Markdown reader (md4c) handles the prose. Fenced code blocks are
+cut out first and drawn by hand: a tinted monospace frame with a header
+holding the language and a "Copy" link (``copy:N``), so the chat view can
+copy exactly the code, not the rendered text. A fence that is still open
+(the reply is streaming) is shown as code up to the end of the text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFrameFormat,
+)
+
+COPY_SCHEME = "copy:"
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
+_MD_FEATURES = (QTextDocument.MarkdownFeature.MarkdownDialectGitHub
+                | QTextDocument.MarkdownFeature.MarkdownNoHTML)
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str  # "text" or "code"
+    text: str
+    lang: str = ""
+
+
+@dataclass(frozen=True)
+class DocColors:
+    text: QColor
+    code_bg: QColor
+    code_header: QColor
+    link: QColor
+
+
+def split_segments(text: str) -> list[Segment]:
+    """Prose and fenced code, in order."""
+    segments: list[Segment] = []
+    prose: list[str] = []
+    code: list[str] = []
+    fence = ""
+    lang = ""
+    for line in text.split("\n"):
+        if not fence:
+            m = _FENCE.match(line)
+            if m:
+                if prose:
+                    segments.append(Segment("text", "\n".join(prose)))
+                    prose = []
+                fence, lang, code = m.group(1), m.group(2), []
+            else:
+                prose.append(line)
+        elif line.strip().startswith(fence[0] * len(fence)) and not line.strip().strip(fence[0]):
+            segments.append(Segment("code", "\n".join(code), lang))
+            fence = ""
+        else:
+            code.append(line)
+    if fence:
+        segments.append(Segment("code", "\n".join(code), lang))
+    elif prose and "\n".join(prose).strip():
+        segments.append(Segment("text", "\n".join(prose)))
+    return [s for s in segments if s.kind == "code" or s.text.strip()]
+
+
+def code_font() -> QFont:
+    font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    return font
+
+
+def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocument, list[str]]:
+    """The rendered document and the code blocks its ``copy:N`` links refer to."""
+    doc = QTextDocument()
+    doc.setDefaultFont(font)
+    doc.setDocumentMargin(0)
+    doc.setDefaultStyleSheet(f"a {{ color: {colors.link.name()}; }}")
+    cursor = QTextCursor(doc)
+    blocks: list[str] = []
+    first = True
+    for seg in split_segments(text):
+        if seg.kind == "text":
+            if not first:
+                cursor.insertBlock()
+            cursor.insertMarkdown(seg.text.strip("\n"), _MD_FEATURES)
+        else:
+            _insert_code(doc, cursor, seg, len(blocks), font, colors, first)
+            blocks.append(seg.text)
+        cursor = doc.rootFrame().lastCursorPosition()
+        first = False
+    _style_inline_code(doc, colors)
+    if blocks and split_segments(text)[-1].kind == "code":
+        # Qt always keeps an (empty) block after a frame; flatten it so a
+        # reply that ends in code does not end in a blank line.
+        tail = QTextBlockFormat()
+        tail.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+        cursor.setBlockFormat(tail)
+        small = QTextCharFormat()
+        small.setFontPointSize(1)
+        cursor.setBlockCharFormat(small)
+    return doc, blocks
+
+
+def _style_inline_code(doc: QTextDocument, colors: DocColors) -> None:
+    """md4c marks `inline code` as fixed pitch with the family "monospace",
+    which is not a real font on every system: use the system fixed font and
+    tint it like a code block."""
+    spans = []
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            fmt = frag.charFormat()
+            if fmt.fontFixedPitch() and not fmt.isAnchor():
+                spans.append((frag.position(), frag.length()))
+            it += 1
+        block = block.next()
+    if not spans:
+        return
+    fmt = QTextCharFormat()
+    fmt.setFontFamilies([code_font().family()])
+    fmt.setBackground(colors.code_bg)
+    cursor = QTextCursor(doc)
+    for pos, length in spans:
+        cursor.setPosition(pos)
+        cursor.setPosition(pos + length, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(fmt)
+
+
+def _insert_code(doc: QTextDocument, cursor: QTextCursor, seg: Segment, n: int, font: QFont,
+                 colors: DocColors, first: bool) -> None:
+    frame = QTextFrameFormat()
+    frame.setBackground(colors.code_bg)
+    frame.setPadding(8)
+    frame.setBorder(0)
+    frame.setTopMargin(0 if first else 6)
+    frame.setBottomMargin(2)
+    cursor.insertFrame(frame)
+    header = QTextCharFormat()
+    header.setFont(font)
+    header.setFontPointSize(max(7.0, font.pointSizeF() * 0.85))
+    header.setForeground(colors.code_header)
+    cursor.insertText((seg.lang or "code") + "    ", header)
+    link = QTextCharFormat(header)
+    link.setForeground(colors.link)
+    link.setAnchor(True)
+    link.setAnchorHref(f"{COPY_SCHEME}{n}")
+    cursor.insertText("Copy", link)
+    mono = QTextCharFormat()
+    mono.setFont(code_font())
+    mono.setForeground(colors.text)
+    block = QTextBlockFormat()
+    block.setTopMargin(4)
+    cursor.insertBlock(block, mono)
+    lines = seg.text.split("\n")
+    cursor.insertText(lines[0], mono)
+    plain = QTextBlockFormat()
+    for line in lines[1:]:
+        cursor.insertBlock(plain, mono)
+        cursor.insertText(line, mono)
+
+
+def build_runs_document(runs: list[tuple[str, str]], font: QFont, colors: DocColors,
+                        draft_bg: QColor) -> QTextDocument:
+    """The reply as plain text with every accepted draft token tinted: the
+    "colour by origin" view. Markdown is not rendered here on purpose, so
+    token boundaries stay visible."""
+    doc = QTextDocument()
+    doc.setDefaultFont(font)
+    doc.setDocumentMargin(0)
+    cursor = QTextCursor(doc)
+    target_fmt = QTextCharFormat()
+    target_fmt.setForeground(colors.text)
+    draft_fmt = QTextCharFormat(target_fmt)
+    draft_fmt.setBackground(draft_bg)
+    for origin, text in runs:
+        fmt = draft_fmt if origin == "draft" else target_fmt
+        parts = text.split("\n")
+        for i, part in enumerate(parts):
+            if i:
+                cursor.insertBlock()
+            if part:
+                cursor.insertText(part, fmt)
+    return doc

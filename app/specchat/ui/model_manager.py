@@ -1,0 +1,268 @@
+"""The model manager: installed models, the catalog, downloads and imports.
+
+Downloads are network work and run on the default executor; imports may
+convert weights with MLX, so they run on the engine thread (through
+EngineClient.call) like every other MLX job. Progress comes back through
+``loop.call_soon_threadsafe``; Cancel sets the event the library polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from specchat.ui import library_view
+from specchat.ui.library_view import size_text
+
+
+class TaskRow(QWidget):
+    """One download or import: what, how far, and Cancel."""
+
+    def __init__(self, title: str, parent=None):
+        super().__init__(parent)
+        self.cancelled = threading.Event()
+        self.title = QLabel(title)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 0)
+        self.detail = QLabel("starting…")
+        self.detail.setObjectName("GaugeLabel")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 2, 0, 2)
+        col = QVBoxLayout()
+        col.addWidget(self.title)
+        col.addWidget(self.bar)
+        col.addWidget(self.detail)
+        lay.addLayout(col, 1)
+        lay.addWidget(self.cancel_button)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.cancel_button.setEnabled(False)
+        self.detail.setText("cancelling…")
+
+    def progress(self, done: int | None, total: int | None, message: str = "") -> None:
+        if total:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(int(1000 * (done or 0) / total))
+        text = message
+        if done is not None and total:
+            text = f"{size_text(done)} of {size_text(total)}" + (f" · {message}" if message else "")
+        if text:
+            self.detail.setText(text)
+
+    def finish(self, message: str) -> None:
+        self.bar.setRange(0, 1)
+        self.bar.setValue(1)
+        self.detail.setText(message)
+        self.cancel_button.setEnabled(False)
+
+
+def _table(headers: list[str]) -> QTableWidget:
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    t.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    t.verticalHeader().hide()
+    t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    return t
+
+
+class ModelManager(QDialog):
+    modelsChanged = Signal()
+
+    def __init__(self, engine_client=None, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("SpecChat — models")
+        self.resize(820, 560)
+        self.client = engine_client
+        self.where = QLabel()
+        self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.installed = _table(["Name", "Source", "Size", "Parameters"])
+        self.catalog = _table(["Model", "Reference", "Download", "Status"])
+        self.delete_button = QPushButton("Delete…")
+        self.download_button = QPushButton("Download")
+        self.import_folder_button = QPushButton("Import folder…")
+        self.import_gguf_button = QPushButton("Import .gguf…")
+        tabs = QTabWidget()
+        inst = QWidget()
+        il = QVBoxLayout(inst)
+        il.addWidget(self.installed)
+        row = QHBoxLayout()
+        row.addWidget(self.import_folder_button)
+        row.addWidget(self.import_gguf_button)
+        row.addStretch(1)
+        row.addWidget(self.delete_button)
+        il.addLayout(row)
+        cat = QWidget()
+        cl = QVBoxLayout(cat)
+        cl.addWidget(self.catalog)
+        crow = QHBoxLayout()
+        crow.addStretch(1)
+        crow.addWidget(self.download_button)
+        cl.addLayout(crow)
+        tabs.addTab(inst, "Installed")
+        tabs.addTab(cat, "Catalog")
+        self.tasks = QVBoxLayout()
+        self.tasks.setSpacing(2)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.where)
+        lay.addWidget(tabs, 1)
+        lay.addLayout(self.tasks)
+        self.delete_button.clicked.connect(self.delete_selected)
+        self.download_button.clicked.connect(self.download_selected)
+        self.import_folder_button.clicked.connect(self.import_folder)
+        self.import_gguf_button.clicked.connect(self.import_gguf)
+        self._installed_rows: list = []
+        self._catalog_rows: list = []
+        self.refresh()
+
+    # -- listing -------------------------------------------------------------
+    def refresh(self) -> None:
+        try:
+            from specchat.library import paths
+
+            home = paths.home()
+            used = size_text(library_view.disk_usage())
+            self.where.setText(f"Models are stored in {home}  ·  {used} used")
+        except Exception as exc:  # noqa: BLE001
+            self.where.setText(f"Model folder unavailable: {exc}")
+        models = library_view.installed_models()
+        self._installed_rows = models
+        self.installed.setRowCount(len(models))
+        for i, m in enumerate(models):
+            for j, v in enumerate((m.name, m.source, size_text(m.size_bytes),
+                                   library_view._params(m.params))):
+                self.installed.setItem(i, j, QTableWidgetItem(v))
+        installed_sources = {m.source for m in models}
+        cat = library_view.catalog()
+        cmodels = list(getattr(cat, "models", []) or [])
+        self._catalog_rows = cmodels
+        self.catalog.setRowCount(len(cmodels))
+        for i, m in enumerate(cmodels):
+            status = "installed" if m.ref in installed_sources else (
+                "built in" if m.ref.startswith("bundled:") else "")
+            for j, v in enumerate((m.name, m.ref, size_text(m.download_bytes), status)):
+                self.catalog.setItem(i, j, QTableWidgetItem(v))
+        self.delete_button.setEnabled(bool(models))
+
+    def _selected(self, table: QTableWidget, rows: list):
+        r = table.currentRow()
+        return rows[r] if 0 <= r < len(rows) else None
+
+    # -- actions -------------------------------------------------------------
+    def delete_selected(self, confirm: bool = True) -> None:
+        m = self._selected(self.installed, self._installed_rows)
+        if m is None:
+            return
+        if confirm and QMessageBox.question(
+                self, "Delete model", f"Delete {m.name} ({size_text(m.size_bytes)}) from disk?"
+        ) != QMessageBox.StandardButton.Yes:
+            return
+        try:
+            from specchat.library import index
+
+            index.remove(m.name)
+        except Exception as exc:  # noqa: BLE001
+            QMessageBox.warning(self, "Delete model", str(exc))
+        self.refresh()
+        self.modelsChanged.emit()
+
+    def _add_task(self, title: str) -> TaskRow:
+        row = TaskRow(title)
+        self.tasks.addWidget(row)
+        return row
+
+    def download_selected(self) -> None:
+        m = self._selected(self.catalog, self._catalog_rows)
+        if m is not None:
+            self.download(m.ref, m.name)
+
+    def download(self, ref: str, title: str | None = None) -> asyncio.Future:
+        row = self._add_task(f"Downloading {title or ref}")
+        return asyncio.ensure_future(self._download(ref, row))
+
+    async def _download(self, ref: str, row: TaskRow) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            from specchat.library import hub
+        except ImportError:
+            row.finish("Downloads are not available in this build (specchat.library.hub).")
+            return
+
+        def progress(p) -> None:
+            loop.call_soon_threadsafe(row.progress, getattr(p, "done_bytes", None),
+                                      getattr(p, "total_bytes", None), getattr(p, "message", ""))
+
+        try:
+            await loop.run_in_executor(None, lambda: hub.pull(ref, progress, row.cancelled))
+        except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
+            row.finish("Cancelled." if row.cancelled.is_set() else str(exc))
+            return
+        row.finish("Done.")
+        self.refresh()
+        self.modelsChanged.emit()
+
+    def import_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Import an MLX model folder")
+        if path:
+            self.import_path(path)
+
+    def import_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a GGUF file", "", "GGUF (*.gguf)")
+        if path:
+            self.import_path(path)
+
+    def import_path(self, path: str, name: str | None = None) -> asyncio.Future:
+        row = self._add_task(f"Importing {Path(path).name}")
+        return asyncio.ensure_future(self._import(path, name, row))
+
+    async def _import(self, path: str, name: str | None, row: TaskRow) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            from specchat.library import importing
+        except ImportError:
+            row.finish("Imports are not available in this build (specchat.library.importing).")
+            return
+
+        def progress(p, fraction=None) -> None:
+            msg = getattr(p, "message", p if isinstance(p, str) else "")
+            loop.call_soon_threadsafe(row.progress, getattr(p, "done_bytes", None),
+                                      getattr(p, "total_bytes", None), msg)
+
+        def work(_engine=None):
+            return importing.import_path(path, name, progress, row.cancelled)
+
+        try:
+            if self.client is not None:
+                # The conversion may run MLX: keep it on the engine thread.
+                await self.client.call(work, loop=loop).result()
+            else:
+                await loop.run_in_executor(None, work)
+        except Exception as exc:  # noqa: BLE001
+            row.finish("Cancelled." if row.cancelled.is_set() else str(exc))
+            return
+        row.finish("Imported.")
+        self.refresh()
+        self.modelsChanged.emit()

@@ -1,0 +1,163 @@
+"""Choosing the target and the draft, with the compatibility verdict.
+
+The lists come from the library (built-in, installed, catalog); both boxes
+also take a typed reference (a folder, a .gguf file, hf:org/repo). The
+verdict is computed off the GUI thread, since it reads tokenizer files; an
+incompatible pair cannot be loaded, and the reason stays visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy
+
+from specchat.ui import library_view
+from specchat.ui.library_view import ModelChoice, Verdict
+
+LOOKUP_LABEL = "No draft: prompt lookup"
+
+
+class PairPicker(QFrame):
+    loadRequested = Signal(str, object)  # target, draft (None = prompt lookup)
+    manageRequested = Signal()
+    verdictChanged = Signal(object)  # Verdict
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("PairBar")
+        self.target = QComboBox()
+        self.draft = QComboBox()
+        for box in (self.target, self.draft):
+            box.setEditable(True)
+            box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+            box.setMinimumContentsLength(18)
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.target.setToolTip("The model whose replies you get (a name, folder, .gguf or hf:org/repo)")
+        self.draft.setToolTip("A small model with the same tokenizer that proposes tokens, or "
+                              "prompt lookup (no second model)")
+        self.verdict_label = QLabel()
+        self.verdict_label.setObjectName("Verdict")
+        self.verdict_label.setWordWrap(True)
+        self.verdict_label.setSizePolicy(QSizePolicy.Policy.Expanding,
+                                         QSizePolicy.Policy.Preferred)
+        self.verdict_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.load_button = QPushButton("Load")
+        self.load_button.setToolTip("Load this pair")
+        self.manage_button = QPushButton("Models…")
+        self.manage_button.setToolTip("Download, import and delete models")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(12, 6, 12, 6)
+        lay.addWidget(QLabel("Target"))
+        lay.addWidget(self.target, 2)
+        lay.addWidget(QLabel("Draft"))
+        lay.addWidget(self.draft, 2)
+        lay.addWidget(self.verdict_label, 3)
+        lay.addWidget(self.load_button)
+        lay.addWidget(self.manage_button)
+        self.verdict: Verdict | None = None
+        self._check_task: asyncio.Future | None = None
+        self._generation = 0
+        self.reload_choices()
+        self.target.currentTextChanged.connect(self._changed)
+        self.draft.currentTextChanged.connect(self._changed)
+        self.load_button.clicked.connect(self._load_clicked)
+        self.manage_button.clicked.connect(self.manageRequested)
+
+    # -- contents ----------------------------------------------------------
+    def reload_choices(self, choices: list[ModelChoice] | None = None) -> None:
+        keep = self.selection() if self.target.count() else None
+        choices = choices if choices is not None else library_view.model_choices()
+        for box in (self.target, self.draft):
+            box.blockSignals(True)
+            box.clear()
+        self.draft.addItem(LOOKUP_LABEL, None)
+        for c in choices:
+            for box in (self.target, self.draft):
+                box.addItem(c.label, c.ref)
+                box.setItemData(box.count() - 1, c.detail or c.ref, Qt.ItemDataRole.ToolTipRole)
+        for box in (self.target, self.draft):
+            box.blockSignals(False)
+        if keep:
+            self.set_pair(*keep, check=False)
+
+    def _ref(self, box: QComboBox) -> str | None:
+        text = box.currentText().strip()
+        i = box.findText(text)
+        if i >= 0:
+            return box.itemData(i)
+        return text or None
+
+    def selection(self) -> tuple[str | None, str | None]:
+        return self._ref(self.target), self._ref(self.draft)
+
+    def _select(self, box: QComboBox, ref: str | None) -> None:
+        i = box.findData(ref)
+        if i < 0 and ref is not None:
+            box.addItem(ref, ref)
+            i = box.count() - 1
+        box.setCurrentIndex(max(i, 0))
+
+    def set_pair(self, target: str | None, draft: str | None, check: bool = True) -> None:
+        for box in (self.target, self.draft):
+            box.blockSignals(True)
+        self._select(self.target, target)
+        self._select(self.draft, draft)
+        for box in (self.target, self.draft):
+            box.blockSignals(False)
+        if check:
+            self._changed()
+
+    # -- verdict -----------------------------------------------------------
+    def _changed(self, *_args) -> None:
+        target, draft = self.selection()
+        self._generation += 1
+        if not target:
+            self.show_verdict(Verdict(False, ("Choose a target model.",)))
+            return
+        self.verdict_label.setText("Checking the pair…")
+        self.verdict_label.setProperty("ok", "")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._check_task = asyncio.ensure_future(self._check(self._generation, target, draft))
+
+    async def _check(self, generation: int, target: str, draft: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(None, library_view.check_pair, target, draft)
+        if generation == self._generation:
+            self.show_verdict(verdict)
+
+    async def wait_checked(self) -> Verdict | None:
+        if self._check_task is not None:
+            await self._check_task
+        return self.verdict
+
+    def show_verdict(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        if verdict.compatible is False:
+            text = "✗ " + verdict.text
+        elif verdict.compatible:
+            text = "✓ " + verdict.text
+        else:
+            text = verdict.text
+        self.verdict_label.setText(text)
+        self.verdict_label.setToolTip(verdict.text)
+        self.verdict_label.setProperty(
+            "ok", {True: "true", False: "false", None: "unknown"}[verdict.compatible])
+        self.verdict_label.style().unpolish(self.verdict_label)
+        self.verdict_label.style().polish(self.verdict_label)
+        self.load_button.setEnabled(verdict.compatible is not False)
+        self.verdictChanged.emit(verdict)
+
+    def show_refusal(self, message: str) -> None:
+        """The engine refused to load the pair: show why, in the same place."""
+        self.show_verdict(Verdict(False, (message,)))
+        self.load_button.setEnabled(True)  # the person may fix files and retry
+
+    def _load_clicked(self) -> None:
+        target, draft = self.selection()
+        if target and (self.verdict is None or self.verdict.compatible is not False):
+            self.loadRequested.emit(target, draft)
