@@ -1,0 +1,430 @@
+"""Importing a GGUF file (llama.cpp's format) as an mlx-lm model folder.
+
+The engine loads only MLX folders (config.json, safetensors, tokenizer.json),
+and MLX's own GGUF loader rejects the K-quants most GGUF files use, so a GGUF
+is converted once: metadata -> config.json, every tensor dequantized with the
+``gguf`` package and renamed to Hugging Face names, and the tokenizer rebuilt
+from the metadata (gguf_tokenizer.py). Tensors that were quantized are stored
+as float16 (the engine converts to its compute dtype when loading), F32 ones
+as float32. Work goes tensor by tensor, in row chunks, straight into the
+output file, so memory stays near one tensor, not one model.
+
+The folder appears at ``dest`` only when complete: everything is written to a
+hidden sibling and renamed into place, so a crash or a cancel never leaves
+something that looks like a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.library import gguf_tokenizer
+from specchat.library.errors import LibraryError
+from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
+
+Progress = Callable[[str, float | None], None]
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+MARKER = "specchat-import.json"  # written last; its presence means "complete"
+FORMAT = 1  # bump when the output layout changes, so old imports are redone
+MAX_SHARD_BYTES = 4 << 30
+_CHUNK_BYTES = 64 << 20  # float32 bytes dequantized at a time
+
+_MODEL_TYPES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+class ImportCancelled(LibraryError):
+    """The user cancelled an import; nothing was left behind."""
+
+
+# -- summary -----------------------------------------------------------------
+def gguf_summary(path: str | Path) -> dict:
+    """What the library index shows for a GGUF file, from its header only
+    (milliseconds, no tensor data read)."""
+    header = read_header(path)
+    arch = header.architecture
+    meta = header.metadata
+    n_params = sum(t.n_elements for t in header.tensors)
+    vocab = header.array_lengths.get("tokenizer.ggml.tokens") or meta.get(f"{arch}.vocab_size")
+    embd = header.tensor("token_embd.weight")
+    if not vocab and embd is not None and len(embd.dims) == 2:
+        vocab = embd.dims[1]
+    return {
+        "architecture": arch,
+        "name": str(meta.get("general.name") or Path(path).stem),
+        "parameters": n_params,
+        "quantization": _quantization_name(header),
+        "context_length": meta.get(f"{arch}.context_length"),
+        "vocab_size": int(vocab) if vocab else None,
+        "supported": arch in SUPPORTED_ARCHITECTURES,
+        "file_size": header.file_size,
+    }
+
+
+def _quantization_name(header: Header) -> str:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    ftype = header.get("general.file_type")
+    try:
+        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        pass
+    counts: dict[int, int] = {}
+    for t in header.tensors:
+        if len(t.dims) >= 2:
+            counts[t.type_id] = counts.get(t.type_id, 0) + t.n_elements
+    if not counts:
+        return "unknown"
+    top = max(counts, key=counts.__getitem__)
+    try:
+        return GGMLQuantizationType(top).name
+    except ValueError:
+        return f"type {top}"
+
+
+# -- planning ----------------------------------------------------------------
+@dataclass(frozen=True)
+class _Job:
+    info: TensorInfo
+    hf_name: str
+    out_dtype: str  # "float16" or "float32"
+    unpermute_heads: int | None  # llama Q/K: undo llama.cpp's rotary row order
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _num(meta: dict, key: str, default=None, kind=int):
+    v = meta.get(key, default)
+    if v is None:
+        raise LibraryError(f"This GGUF lacks {key!r}, which the import needs (damaged file?)")
+    if kind is float:
+        return float(f"{float(v):.7g}")  # float32 in the file: 1e-05, not 9.99999974e-06
+    return kind(v)
+
+
+def build_config(header: Header) -> dict:
+    """config.json for mlx-lm, from the GGUF metadata and tensor table."""
+    arch = header.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise LibraryError(f"GGUF architecture {arch!r} is not supported "
+                           f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    m = header.metadata
+    hidden = _num(m, f"{arch}.embedding_length")
+    heads = _num(m, f"{arch}.attention.head_count")
+    kv_heads = _num(m, f"{arch}.attention.head_count_kv", heads)
+    head_dim = _num(m, f"{arch}.attention.key_length", hidden // heads)
+    rope_dims = _num(m, f"{arch}.rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        raise LibraryError(f"This GGUF rotates {rope_dims} of {head_dim} head dimensions "
+                           "(partial rotary embedding), which SpecChat's importer does not support")
+    embd = header.tensor("token_embd.weight")
+    if embd is None or len(embd.dims) != 2:
+        raise LibraryError("This GGUF has no token embedding (token_embd.weight); damaged file?")
+    model_type, architecture = _MODEL_TYPES[arch]
+    config: dict = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": _num(m, f"{arch}.block_count"),
+        "intermediate_size": _num(m, f"{arch}.feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": _num(m, f"{arch}.attention.layer_norm_rms_epsilon", kind=float),
+        "rope_theta": _num(m, f"{arch}.rope.freq_base",
+                           1000000.0 if arch == "qwen2" else 10000.0, kind=float),
+        "max_position_embeddings": _num(m, f"{arch}.context_length", 4096),
+        "vocab_size": embd.dims[1],
+        "tie_word_embeddings": header.tensor("output.weight") is None,
+        "torch_dtype": "float16",
+    }
+    if head_dim != hidden // heads:
+        if arch != "llama":
+            raise LibraryError(f"This {arch} GGUF has head size {head_dim} (not hidden/heads), "
+                               "which mlx-lm's qwen2 model does not support")
+        config["head_dim"] = head_dim
+    if arch == "llama":
+        config["attention_bias"] = header.tensor("blk.0.attn_q.bias") is not None
+        config["mlp_bias"] = header.tensor("blk.0.ffn_up.bias") is not None
+    scaling = _rope_scaling(header, arch)
+    if scaling:
+        config["rope_scaling"] = scaling
+    for role in ("bos", "eos"):
+        tid = m.get(f"tokenizer.ggml.{role}_token_id")
+        if isinstance(tid, int):
+            config[f"{role}_token_id"] = tid
+    return config
+
+
+def _rope_scaling(header: Header, arch: str) -> dict | None:
+    m = header.metadata
+    if header.tensor("rope_freqs.weight") is not None:
+        raise LibraryError("This GGUF uses Llama 3.1-style rope frequency factors "
+                           "(rope_freqs.weight), which the importer does not support yet")
+    kind = str(m.get(f"{arch}.rope.scaling.type", "none"))
+    factor = m.get(f"{arch}.rope.scaling.factor")
+    if kind == "none" or not factor or float(factor) == 1.0:
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        out: dict = {"type": "yarn", "factor": float(factor)}
+        orig = m.get(f"{arch}.rope.scaling.original_context_length")
+        if orig:
+            out["original_max_position_embeddings"] = int(orig)
+        return out
+    raise LibraryError(f"This GGUF uses rope scaling {kind!r}, which the importer does not support")
+
+
+def _plan(header: Header, config: dict) -> list[_Job]:
+    from gguf import GGMLQuantizationType
+
+    arch = header.architecture
+    jobs: list[_Job] = []
+    checked: set[int] = set()
+    for info in header.tensors:
+        hf = _hf_name(info.name)
+        if hf is None:
+            raise LibraryError(f"This {arch} GGUF has a tensor SpecChat does not know: "
+                               f"{info.name!r}")
+        if info.type_id not in checked:
+            _check_type(info)
+            checked.add(info.type_id)
+        heads = None
+        if arch == "llama" and (".attn_q." in info.name or ".attn_k." in info.name):
+            heads = config["num_attention_heads"] if ".attn_q." in info.name \
+                else config["num_key_value_heads"]
+        keep32 = info.type_id in (GGMLQuantizationType.F32, GGMLQuantizationType.BF16)
+        jobs.append(_Job(info, hf, "float32" if keep32 else "float16", heads))
+        end = info.offset + tensor_nbytes(info)
+        if end > header.file_size:
+            raise LibraryError(
+                f"{header.path.name} is truncated: tensor {info.name!r} ends at byte {end:,} "
+                f"but the file has {header.file_size:,}. The download or copy was probably "
+                "cut short; get the file again")
+    return jobs
+
+
+def _check_type(info: TensorInfo) -> None:
+    """Fail before converting anything if the gguf package cannot decode a type."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        qtype = GGMLQuantizationType(info.type_id)
+    except ValueError:
+        raise LibraryError(f"Tensor {info.name!r} has unknown data type {info.type_id} "
+                           "(a newer GGUF than the installed gguf package knows?)") from None
+    if qtype.name.startswith("I") and not qtype.name.startswith("IQ") or qtype.name == "F64":
+        raise LibraryError(f"Tensor {info.name!r} is stored as {qtype.name}, "
+                           "which is not a weight type the importer supports")
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        raise LibraryError(f"Tensor {info.name!r} uses quantization {qtype.name}, which the "
+                           "installed gguf package cannot decode") from None
+
+
+# -- conversion --------------------------------------------------------------
+def _unpermute(w, n_head: int):
+    """Inverse of llama.cpp's ``permute`` (convert_hf_to_gguf.py): it reorders
+    each head's Q/K rows from HF's half-split rotary layout to interleaved
+    pairs; mlx-lm (like HF) expects the half-split order."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def _chunks(data, job: _Job):
+    """Yield the tensor as output-dtype arrays, a block of rows at a time."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    info = job.info
+    qtype = GGMLQuantizationType(info.type_id)
+    out = np.dtype(job.out_dtype)
+    row_len = info.dims[0]
+    rows = info.n_elements // row_len if row_len else 0
+    raw = data[info.offset:info.offset + tensor_nbytes(info)]
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    raw = raw.reshape(rows, row_len // block * type_size)
+
+    def decode(part):
+        if qtype == GGMLQuantizationType.F16:
+            return part.view(np.float16).reshape(-1, row_len)
+        return dequantize(part, qtype).reshape(-1, row_len)
+
+    if job.unpermute_heads:
+        w = decode(raw).reshape(info.shape)
+        yield _unpermute(w, job.unpermute_heads).astype(out, copy=False)
+        return
+    step = max(1, _CHUNK_BYTES // max(1, row_len * 4))
+    for start in range(0, rows, step):
+        part = decode(raw[start:start + step]).astype(out, copy=False)
+        if out == np.float16 and part.size and not np.isfinite(part).all():
+            raise LibraryError(f"Tensor {info.name!r} has values outside the float16 range")
+        yield part
+
+
+def _write_weights(header: Header, jobs: list[_Job], folder: Path, progress: Progress,
+                   cancelled: threading.Event | None, max_shard_bytes: int) -> None:
+    import numpy as np
+
+    from specchat.library.st_writer import Entry, StreamingWriter, plan_shards
+
+    entries = {j.hf_name: Entry(j.hf_name, np.dtype(j.out_dtype), j.info.shape) for j in jobs}
+    by_name = {j.hf_name: j for j in jobs}
+    shards = plan_shards([entries[j.hf_name] for j in jobs], max_shard_bytes)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    total = sum(tensor_nbytes(j.info) for j in jobs) or 1
+    done = 0
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    try:
+        for fname, shard in zip(names, shards, strict=True):
+            writer = StreamingWriter(folder / fname, shard, {"format": "pt"})
+            try:
+                for entry in shard:
+                    job = by_name[entry.name]
+                    if cancelled is not None and cancelled.is_set():
+                        raise ImportCancelled("Import cancelled")
+                    progress(f"converting {job.info.name}", done / total)
+                    for chunk in _chunks(data, job):
+                        writer.write(entry.name, chunk)
+                    done += tensor_nbytes(job.info)
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+    finally:
+        del data
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(e.nbytes for e in entries.values())},
+                 "weight_map": {e.name: fname for fname, shard in zip(names, shards, strict=True)
+                                for e in shard}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# -- the import --------------------------------------------------------------
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` is a finished import of the current format."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") == FORMAT
+
+
+def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
+                cancelled: threading.Event | None = None, *,
+                max_shard_bytes: int = MAX_SHARD_BYTES, source: dict | None = None) -> Path:
+    """Convert ``gguf_path`` into an mlx-lm folder at ``dest`` and return it.
+
+    Returns at once if ``dest`` already holds a complete import. ``source``
+    is extra provenance recorded in the marker file (e.g. the bundled name).
+    Raises LibraryError (ImportCancelled on cancel) with nothing left behind.
+    """
+    gguf_path, dest = Path(gguf_path), Path(dest)
+    say: Progress = progress or (lambda _m, _f: None)
+    if is_complete(dest):
+        return dest
+    if dest.exists() and not (dest / MARKER).exists():
+        raise LibraryError(f"{dest} already exists and is not a SpecChat import; "
+                           "move it away or choose another destination")
+    say(f"reading {gguf_path.name}", 0.0)
+    started = time.monotonic()
+    header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS)
+    config = build_config(header)
+    jobs = _plan(header, config)
+    tok_json, tok_config = gguf_tokenizer.build(header.metadata, config["max_position_embeddings"])
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(dest)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        say("writing the tokenizer", 0.0)
+        text = json.dumps(tok_json, ensure_ascii=False)
+        gguf_tokenizer.validate(text)
+        (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
+        _write_json(tmp / "tokenizer_config.json", tok_config)
+        _write_json(tmp / "config.json", config)
+        _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
+        st = gguf_path.stat()
+        _write_json(tmp / MARKER, {
+            "format": FORMAT,
+            "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
+                       "mtime_ns": st.st_mtime_ns, **(source or {})},
+            "summary": gguf_summary(gguf_path),
+            "seconds": round(time.monotonic() - started, 1),
+        })
+        _install(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"imported {gguf_path.name}", 1.0)
+    return dest
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Move the finished folder into place; an outdated import is replaced,
+    and if another process finished the same import first, theirs is kept."""
+    old = None
+    if dest.exists() and not is_complete(dest):  # an import of an older FORMAT
+        old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
+        os.replace(dest, old)
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not is_complete(dest):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # a concurrent import won the race
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_partials(dest: Path) -> None:
+    """Delete half-written siblings left by a process that died mid-import
+    (the pid in the name is no longer running)."""
+    for p in dest.parent.glob(f".{dest.name}.partial-*"):
+        pid = p.name.rsplit(".partial-", 1)[-1].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
