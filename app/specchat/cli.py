@@ -56,10 +56,15 @@ def _add_models(sub) -> None:
     i.add_argument("--name")
     r = msub.add_parser("rm", help="remove an installed model")
     r.add_argument("name")
-    c = msub.add_parser("check", help="can DRAFT speculate for TARGET?")
+    c = msub.add_parser("check", help="can DRAFT speculate for TARGET? (exit 1 if not)")
     c.add_argument("target")
     c.add_argument("draft")
+    c.add_argument("--context", type=int, default=4096,
+                   help="context length for the memory estimate (default 4096)")
     msub.add_parser("where", help="where models are stored")
+    msub.add_parser("catalog", help="recommended pairs, with memory and download sizes")
+    s = msub.add_parser("suggest", help="compatible drafts for TARGET")
+    s.add_argument("target")
     for sp in msub.choices.values():
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 

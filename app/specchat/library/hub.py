@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine.errors import EngineError
 from specchat.library import index, paths
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
@@ -50,6 +51,8 @@ ALLOW_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken
 # Read size for streamed downloads: how often progress is reported and
 # cancellation is noticed (huggingface_hub's default is 10 MB).
 CHUNK_BYTES = 1024 * 1024
+# Seconds between progress reports (the first and last of each file always go).
+PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -65,11 +68,12 @@ class DownloadProgress:
     rate_bps: float
     message: str
     file: str | None = None
+    step_fraction: float | None = None  # for work that is not counted in bytes
 
     @property
     def fraction(self) -> float | None:
         if not self.total_bytes:
-            return None
+            return self.step_fraction
         return min(1.0, self.done_bytes / self.total_bytes)
 
 
@@ -142,7 +146,7 @@ class _Tracker:
 
     def __init__(self, total: int, done: int, label: str,
                  progress: Callable[[DownloadProgress], None] | None,
-                 cancelled: threading.Event | None, interval: float = 0.1):
+                 cancelled: threading.Event | None, interval: float | None = None):
         self.total = total
         self.base = done  # bytes of finished files
         self.current = 0  # bytes of the file being downloaded
@@ -150,7 +154,7 @@ class _Tracker:
         self.file: str | None = None
         self.progress = progress
         self.cancelled = cancelled
-        self.interval = interval
+        self.interval = PROGRESS_INTERVAL if interval is None else interval
         self._last = 0.0
         self._samples: deque[tuple[float, int]] = deque()
 
@@ -391,6 +395,13 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     reach, an installed copy is returned as it is and the progress message
     says so; without one, LibraryError explains what to do.
     """
+    if not ref.startswith("hf:"):
+        from specchat.library.catalog import load_catalog
+
+        known = load_catalog().model(ref)
+        ref = known.ref if known is not None else ref
+        if ref.startswith("bundled:"):
+            return _ensure_bundled(ref, progress, cancelled)
     hub = parse_ref(ref)
     say = progress or (lambda _p: None)
     have = installed(hub)
@@ -452,7 +463,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], storage: Path,
             # this only links it into the snapshot.
             hf.hf_hub_download(hub.repo, f.name, revision=commit, cache_dir=str(cache_dir),
                                endpoint=endpoint(), library_name="specchat", tqdm_class=bar)
-        except DownloadCancelled:
+        except EngineError:  # DownloadCancelled, or a caller's progress callback refusing
             tracker.fail()
             raise
         except Exception as exc:  # noqa: BLE001
@@ -507,6 +518,27 @@ def prune(storage: Path) -> None:
         for blob in blobs.iterdir():
             if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
                 blob.unlink(missing_ok=True)
+
+
+def _ensure_bundled(ref: str, progress, cancelled) -> InstalledModel:
+    """A bundled model (it ships with SpecChat, so "pulling" it means
+    converting it once), listed in the index like any other."""
+    from specchat.library import bundled
+    from specchat.library.facts import read_folder
+
+    name = ref[len("bundled:"):]
+
+    def report(message: str, fraction: float | None = None) -> None:
+        if progress is not None:
+            progress(DownloadProgress(0, None, 0.0, message, step_fraction=fraction))
+
+    folder = Path(bundled.ensure(name, report, cancelled))
+    have = index.find_source(ref)
+    if have is not None and Path(have.path) == folder:
+        return have
+    model = InstalledModel.create(index.unique_name(name, source=ref), ref, "bundled", folder,
+                                  read_folder(folder))
+    return index.add(model)
 
 
 def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None,

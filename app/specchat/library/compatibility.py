@@ -1,0 +1,316 @@
+"""Can this draft speculate for that target? A verdict with the reasons in
+words, for installed models, folders, files and catalog entries, before any
+weights are loaded.
+
+A pair works when (1) both tokenizers are identical, so a token id the draft
+proposes means the same text to the target (same vocabulary, same ids, same
+special tokens; the words come from ``engine.compat.compare_tokenizers``,
+which the engine uses at load time too); (2) both KV caches can be rewound
+after rejected draft tokens (no sliding-window or recurrent layers; the words
+match ``engine.loading.untrimmable_reason``); and (3) the draft is smaller
+than the target, or drafting costs as much as verifying.
+
+Models not downloaded yet are judged from the catalog (tokenizer family and
+parameter counts) and the report says so (``verified=False``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specchat.library import index
+from specchat.library.catalog import CatalogModel, load_catalog
+from specchat.library.errors import LibraryError
+from specchat.library.facts import ModelFacts
+
+
+def params_text(n: int | None) -> str:
+    if not n:
+        return "?"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K"
+
+
+@dataclass(frozen=True)
+class ModelSide:
+    """What is known about one side of a pair: files (``facts``) when the
+    model is on disk, otherwise its catalog entry."""
+
+    ref: str
+    name: str
+    path: str | None = None
+    facts: ModelFacts | None = None
+    catalog: CatalogModel | None = None
+
+    @property
+    def on_disk(self) -> bool:
+        return self.facts is not None
+
+    @property
+    def params(self) -> int | None:
+        if self.facts is not None and self.facts.params:
+            return self.facts.params
+        return self.catalog.params if self.catalog is not None else None
+
+    @property
+    def tokenizer_family(self) -> str | None:
+        return self.catalog.tokenizer.id if self.catalog is not None else None
+
+    def kv_elements_per_token(self) -> int | None:
+        if self.facts is not None:
+            return self.facts.kv_elements_per_token()
+        return self.catalog.kv_elements_per_token() if self.catalog is not None else None
+
+    def to_json(self) -> dict:
+        out = {"ref": self.ref, "name": self.name, "path": self.path, "on_disk": self.on_disk,
+               "params": self.params}
+        if self.facts is not None:
+            out.update({"model_type": self.facts.model_type,
+                        "tokenizer_fingerprint": self.facts.tokenizer_fingerprint,
+                        "vocab_size": self.facts.vocab_size,
+                        "attention": self.facts.attention,
+                        "quantization": self.facts.quantization})
+        if self.catalog is not None:
+            out["catalog_id"] = self.catalog.id
+            out["tokenizer_family"] = self.catalog.tokenizer.id
+        return out
+
+
+@dataclass(frozen=True)
+class CompatReport:
+    """``compatible`` and, in ``reasons``, why: the problems when it is not,
+    what makes the pair work when it is. ``notes`` hold caveats (e.g. a
+    verdict from the catalog only). ``memory`` is the estimate for the pair."""
+
+    compatible: bool
+    reasons: list[str]
+    target: ModelSide
+    draft: ModelSide
+    memory: object | None = None  # memory.MemoryEstimate
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        """True when judged from the files themselves."""
+        return self.target.on_disk and self.draft.on_disk
+
+    def to_json(self) -> dict:
+        return {"compatible": self.compatible, "reasons": list(self.reasons),
+                "notes": list(self.notes), "verified": self.verified,
+                "target": self.target.to_json(), "draft": self.draft.to_json(),
+                "memory": self.memory.to_json() if self.memory is not None else None}
+
+
+# -- describing a reference without loading it ------------------------------------
+
+
+def describe(ref: str, allow_work: bool = True) -> ModelSide:
+    """What is known about ``ref`` without downloading anything. Installed and
+    local models are read from disk; Hub and catalog models not downloaded
+    yet come from the catalog. With ``allow_work``, bundled models and GGUF
+    files not converted yet are converted (once) so they can be read."""
+    from specchat.library import refs
+
+    ref = ref.strip()
+    cat = load_catalog()
+    if ref.startswith("hf:"):
+        from specchat.library import hub
+
+        have = hub.installed(ref)
+        if have is not None:
+            return _side_installed(ref, have)
+        known = cat.model(ref)
+        if known is not None:
+            return ModelSide(ref, known.id, catalog=known)
+        raise LibraryError(
+            f"{ref} is not downloaded and not in the catalog, so its tokenizer cannot be "
+            f"checked yet: run `specchat models pull {ref}` first.")
+    if ref.startswith("bundled:"):
+        have = index.find_source(ref)
+        if have is not None:
+            return _side_installed(ref, have)
+        known = cat.model(ref)
+        if not allow_work and known is not None:
+            return ModelSide(ref, known.id, catalog=known)
+        return _side_folder(ref, refs.resolve(ref), known)
+    path = Path(ref).expanduser()
+    if path.is_file():
+        have = index.find_source(f"gguf:{path.resolve()}")
+        if have is not None:
+            return _side_installed(ref, have)
+        if not allow_work:
+            raise LibraryError(f"{path.name} has not been imported yet, so it cannot be "
+                               "checked without converting it first.")
+    if path.exists():
+        return _side_folder(ref, refs.resolve(ref))
+    have = index.get(ref)
+    if have is not None:
+        return _side_installed(ref, have)
+    known = cat.model(ref)
+    if known is not None:
+        have = index.find_source(known.ref)
+        if have is not None:
+            return _side_installed(ref, have)
+        return ModelSide(ref, known.id, catalog=known)
+    refs.resolve(ref)  # raises the helpful "unknown model" message
+    raise LibraryError(f"Unknown model {ref!r}")
+
+
+def _catalog_for_source(source: str) -> CatalogModel | None:
+    if source.startswith(("hf:", "bundled:")):
+        return load_catalog().model(source.split("@", 1)[0] if source.startswith("hf:")
+                                    else source)
+    return None
+
+
+def _side_installed(ref: str, model) -> ModelSide:
+    return ModelSide(ref, model.name, model.path, model.facts, _catalog_for_source(model.source))
+
+
+def _side_folder(ref: str, folder: Path, known: CatalogModel | None = None) -> ModelSide:
+    from specchat.library.facts import read_folder
+
+    folder = Path(folder)
+    return ModelSide(ref, folder.name, str(folder), read_folder(folder), known)
+
+
+# -- the verdict ----------------------------------------------------------------------
+
+
+def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str], list[str]]:
+    """(problems, good reasons, notes) about the two tokenizers."""
+    tf = t.facts.tokenizer_fingerprint if t.facts else None
+    df = d.facts.tokenizer_fingerprint if d.facts else None
+    if tf and df:
+        if tf == df:
+            return [], [f"same tokenizer ({t.facts.vocab_size:,} tokens, identical ids and "
+                        "special tokens), so every draft token means the same to the target"], []
+        from specchat.engine.compat import compare_tokenizers
+        from specchat.library.facts import tokenizer_facts
+
+        problems = compare_tokenizers(tokenizer_facts(Path(t.path)), tokenizer_facts(Path(d.path)))
+        if problems:
+            return problems, [], []
+        return [], ["the tokenizers agree on every token id and special token"], []
+    if t.on_disk and d.on_disk:
+        missing = t.name if not tf else d.name
+        return [], [], [f"{missing} has no tokenizer.json, so the tokenizers are compared "
+                        "when the pair is loaded"]
+    tfam, dfam = t.tokenizer_family, d.tokenizer_family
+    if tfam and dfam:
+        note = ["judged from the catalog; checked again from the files once downloaded"]
+        if tfam == dfam:
+            label = (t.catalog or d.catalog).tokenizer
+            return [], [f"both use the {label.label} tokenizer ({label.vocab:,} tokens)"], note
+        return ([f"different tokenizers: the target uses {t.catalog.tokenizer.label}, the "
+                 f"draft {d.catalog.tokenizer.label}"], [], note)
+    return [], [], ["the tokenizers cannot be compared until both models are downloaded"]
+
+
+def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
+          allow_work: bool = True) -> CompatReport:
+    """The verdict for ``draft_ref`` speculating for ``target_ref``."""
+    from specchat.library import memory
+
+    t = describe(target_ref, allow_work)
+    d = describe(draft_ref, allow_work)
+    problems: list[str] = []
+    good: list[str] = []
+    notes: list[str] = []
+    if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
+        problems.append("the draft is the target itself; a draft must be a smaller model "
+                        "with the same tokenizer")
+    tp, tg, tn = _tokenizer_verdict(t, d)
+    problems += tp
+    good += tg
+    notes += tn
+    if t.facts is not None and t.facts.untrimmable_reason:
+        problems.append(f"speculative decoding is not available for {t.name}: "
+                        f"{t.facts.untrimmable_reason}")
+    if d.facts is not None and d.facts.untrimmable_reason:
+        problems.append(f"{d.name} cannot be used as a draft: {d.facts.untrimmable_reason}")
+    if t.params and d.params:
+        if d.params >= t.params and not any("target itself" in p for p in problems):
+            problems.append(
+                f"the draft is not smaller than the target ({params_text(d.params)} vs "
+                f"{params_text(t.params)} parameters), so drafting would cost as much as "
+                "verifying")
+        elif d.params < t.params:
+            good.append(f"the draft is {t.params / d.params:.1f}x smaller "
+                        f"({params_text(d.params)} vs {params_text(t.params)} parameters)")
+    if t.facts is not None and d.facts is not None and not problems:
+        good.append("both caches can be rewound after rejected draft tokens")
+    est = None
+    if t.params:
+        est = memory.estimate(t, d, context_tokens)
+    return CompatReport(compatible=not problems, reasons=problems or good, target=t, draft=d,
+                        memory=est, notes=notes)
+
+
+# -- suggestions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A draft for a chosen target: installed (ready to use) or from the
+    catalog (to download), with why it fits."""
+
+    ref: str
+    name: str
+    installed: bool
+    params: int | None
+    download_bytes: int | None
+    why: str
+    recommended: bool = False  # a catalog pair
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "name": self.name, "installed": self.installed,
+                "params": self.params, "download_bytes": self.download_bytes, "why": self.why,
+                "recommended": self.recommended}
+
+
+def suggest_drafts(target_ref: str) -> list[Suggestion]:
+    """Compatible drafts for a target: installed models with the same
+    tokenizer that are smaller and rewindable first (smallest first), then
+    catalog drafts not installed yet (recommended pairs first)."""
+    t = describe(target_ref, allow_work=False)
+    t_params = t.params or 0
+    out: list[Suggestion] = []
+    seen_sources: set[str] = set()
+    t_fp = t.facts.tokenizer_fingerprint if t.facts else None
+    for m in sorted(index.list_installed(), key=lambda m: m.params or 0):
+        if t.path and Path(m.path).resolve() == Path(t.path).resolve():
+            continue
+        if not m.trimmable or not m.params or (t_params and m.params >= t_params):
+            continue
+        same = (t_fp and m.tokenizer_fingerprint == t_fp) or (
+            not t_fp and t.tokenizer_family is not None
+            and (c := _catalog_for_source(m.source)) is not None
+            and c.tokenizer.id == t.tokenizer_family)
+        if not same:
+            continue
+        ratio = f", {t_params / m.params:.0f}x smaller" if t_params else ""
+        out.append(Suggestion(m.name, m.name, True, m.params, 0,
+                              f"installed; same tokenizer{ratio}"))
+        seen_sources.add(m.source)
+    cat_target = t.catalog
+    if cat_target is not None:
+        cat = load_catalog()
+        recommended = [p.draft for p in cat.pairs_for_target(cat_target)]
+        others = sorted((m for m in cat.same_tokenizer(cat_target)
+                         if m.params < cat_target.params and m not in recommended),
+                        key=lambda m: m.params)
+        for m in recommended + others:
+            if m.ref in seen_sources or index.find_source(m.ref) is not None:
+                continue
+            is_pair = m in recommended
+            why = (f"{'recommended pair' if is_pair else 'same tokenizer'}: "
+                   f"{m.tokenizer.label} tokenizer, {cat_target.params / m.params:.0f}x smaller"
+                   + ("" if m.bundled else f", {m.download_bytes / 1e9:.1f} GB to download"))
+            out.append(Suggestion(m.id, m.name, False, m.params,
+                                  0 if m.bundled else m.download_bytes, why, is_pair))
+    return out
