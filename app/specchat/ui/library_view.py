@@ -121,7 +121,9 @@ def check_pair(target: str, draft: str | None) -> Verdict:
         return Verdict(None, ("The compatibility check is not available; the engine checks "
                               "the pair when it loads.",))
     try:
-        report = compatibility.check(target, draft)
+        # allow_work=False: a verdict must never start a minutes-long
+        # conversion of a bundled model or a GGUF file.
+        report = compatibility.check(target, draft, allow_work=False)
     except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
         return Verdict(None, (f"Checked when the pair loads ({exc}).",))
     return Verdict(bool(report.compatible), tuple(getattr(report, "reasons", ()) or ()))

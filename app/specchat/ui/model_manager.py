@@ -71,6 +71,13 @@ class TaskRow(QWidget):
         if text:
             self.detail.setText(text)
 
+    def fraction(self, fraction: float | None, message: str) -> None:
+        if fraction is not None:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(int(1000 * max(0.0, min(1.0, fraction))))
+        if message:
+            self.detail.setText(message)
+
     def finish(self, message: str) -> None:
         self.bar.setRange(0, 1)
         self.bar.setValue(1)
@@ -246,10 +253,8 @@ class ModelManager(QDialog):
             row.finish("Imports are not available in this build (specchat.library.importing).")
             return
 
-        def progress(p, fraction=None) -> None:
-            msg = getattr(p, "message", p if isinstance(p, str) else "")
-            loop.call_soon_threadsafe(row.progress, getattr(p, "done_bytes", None),
-                                      getattr(p, "total_bytes", None), msg)
+        def progress(message: str, fraction: float | None = None) -> None:
+            loop.call_soon_threadsafe(row.fraction, fraction, str(message))
 
         def work(_engine=None):
             return importing.import_path(path, name, progress, row.cancelled)

@@ -138,7 +138,7 @@ class PairPicker(QFrame):
     def show_verdict(self, verdict: Verdict) -> None:
         self.verdict = verdict
         if verdict.compatible is False:
-            text = "✗ " + verdict.text
+            text = "✗ Incompatible: " + verdict.text
         elif verdict.compatible:
             text = "✓ " + verdict.text
         else:

@@ -1,0 +1,71 @@
+"""Appending a streamed token costs the same at message 1 and message 500:
+one document build, a constant number of size measurements, and paints
+bounded by what is visible, never by the conversation's length."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from specchat.ui.chat_model import ChatMessage, ChatModel
+from specchat.ui.chat_view import ChatView
+
+APPENDS = 40
+
+
+def _history(n: int) -> list[ChatMessage]:
+    msgs = []
+    for i in range(n - 1):
+        if i % 2:
+            msgs.append(ChatMessage("user", f"question {i}: how do I sort a list?"))
+        else:
+            msgs.append(ChatMessage("assistant", f"Answer {i} with **bold**, `code` and\n\n"
+                                    f"```python\nsorted(xs)  # {i}\n```\n\nDone."))
+    msgs.append(ChatMessage("assistant", "", streaming=True))
+    return msgs
+
+
+def _measure(qtbot, qapp, n: int) -> dict:
+    model = ChatModel()
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.setModel(model)
+    view.resize(800, 600)
+    view.show()
+    model.set_messages(_history(n))
+    for _ in range(5):
+        qapp.processEvents()
+    d = view.delegate
+    d.builds = d.size_hints = d.paints = 0
+    times = []
+    for k in range(APPENDS):
+        t0 = time.perf_counter()
+        model.append_text(n - 1, f"token{k} ", ("draft", "target"))
+        qapp.processEvents()
+        times.append(time.perf_counter() - t0)
+    assert view.verticalScrollBar().value() == view.verticalScrollBar().maximum()
+    return {"builds": d.builds / APPENDS, "size_hints": d.size_hints / APPENDS,
+            "paints": d.paints / APPENDS, "median_ms": 1000 * statistics.median(times)}
+
+
+def test_append_cost_independent_of_length(qtbot, qapp):
+    small = _measure(qtbot, qapp, 1)
+    large = _measure(qtbot, qapp, 500)
+    print(f"\nper append at 1 message: {small}\nper append at 500 messages: {large}")
+    # Exactly the streaming message is rebuilt, once per append.
+    assert small["builds"] == 1 and large["builds"] == 1
+    # Rows are measured a constant number of times (no relayout of 500 rows).
+    assert large["size_hints"] <= small["size_hints"] + 1
+    # Paints are bounded by the visible rows (a 600 px viewport shows a few).
+    assert large["paints"] <= 8
+
+
+def test_only_the_last_row_changes(qapp):
+    model = ChatModel()
+    model.set_messages(_history(500))
+    changed = []
+    model.dataChanged.connect(lambda a, b, *_: changed.append((a.row(), b.row())))
+    model.append_text(499, "x")
+    model.append_steps(499, [("y", ("draft",)), ("z", ("target",))])
+    assert changed == [(499, 499), (499, 499)]
+    assert model.message(499).text == "xyz"

@@ -1,0 +1,80 @@
+"""Choosing a pair: the verdict next to the boxes, refusing an incompatible
+pair with its reason, the engine's own refusal, and cancelling a load."""
+# ruff: noqa: F811  (fixtures imported from ui_support)
+
+from __future__ import annotations
+
+from ui_support import aloop, load, ui_home, wait_until, window  # noqa: F401
+
+
+def _verdict(w):
+    wait_until(lambda: w.picker._check_task is None or w.picker._check_task.done(),
+               timeout=30_000)
+    return w.picker.verdict
+
+
+def test_incompatible_pair_refused_with_reason(qtbot, window, tiny_target, mismatched_draft):
+    window.picker.set_pair(str(tiny_target), str(mismatched_draft))
+    verdict = _verdict(window)
+    assert verdict.compatible is False
+    assert "vocabulary size differs" in verdict.text
+    label = window.picker.verdict_label.text()
+    assert label.startswith("✗ Incompatible:") and "vocabulary size differs" in label
+    assert not window.picker.load_button.isEnabled()
+    window.picker.load_button.click()  # refused: nothing starts
+    assert not window.engine.loading
+
+
+def test_engine_refusal_is_shown(qtbot, window, tiny_target, mismatched_draft):
+    # Even if the pair gets past the picker, the engine refuses it on load.
+    window.load_pair(str(tiny_target), str(mismatched_draft))
+    wait_until(lambda: not window.engine.loading, timeout=60_000)
+    assert window.engine.pair is None
+    assert window.error_banner.isVisible()
+    text = window.error_banner.label.text()
+    assert "cannot draft for" in text
+    assert "cannot draft for" in window.picker.verdict_label.text()
+    assert not window.composer.send_button.isEnabled()
+
+
+def test_lookup_choice_is_compatible(qtbot, window, tiny_target):
+    window.picker.set_pair(str(tiny_target), None)
+    assert window.picker.draft.currentText() == "No draft: prompt lookup"
+    assert window.picker.selection() == (str(tiny_target), None)
+    assert _verdict(window).compatible is True
+    assert window.picker.load_button.isEnabled()
+
+
+def test_picker_lists_bundled_and_catalog(window):
+    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    assert "bundled:smollm2-135m" in refs
+    assert "bundled:qwen2.5-coder-1.5b" in refs
+    assert window.picker.draft.itemData(0) is None  # prompt lookup first
+
+
+def test_load_progress_shown_and_cancellable(qtbot, window, tiny_target, tiny_draft):
+    window.load_pair(str(tiny_target), str(tiny_draft))
+    assert window.load_banner.isVisible()
+    assert window.load_banner.button.text() == "Cancel"
+    pair = load(qtbot, window, tiny_target, tiny_draft)
+    assert pair.target.name == "target-llama"
+    assert not window.load_banner.isVisible()
+    assert window.windowTitle().startswith("SpecChat — target-llama")
+
+
+def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
+    dlg = window.open_model_manager()
+    qtbot.addWidget(dlg)
+    assert "Models are stored in" in dlg.where.text()
+    assert dlg.catalog.rowCount() >= 1  # the catalog ships with the app
+    fut = dlg.import_path(str(tiny_target), "tiny-imported")
+    wait_until(fut.done, timeout=60_000)
+    fut.result()
+    names = [dlg.installed.item(r, 0).text() for r in range(dlg.installed.rowCount())]
+    assert "tiny-imported" in names, dlg.tasks.itemAt(0).widget().detail.text()
+    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    assert "tiny-imported" in refs
+    dlg.installed.selectRow(names.index("tiny-imported"))
+    dlg.delete_selected(confirm=False)
+    assert "tiny-imported" not in [dlg.installed.item(r, 0).text()
+                                   for r in range(dlg.installed.rowCount())]
