@@ -134,6 +134,9 @@ def describe(ref: str, allow_work: bool = True) -> ModelSide:
         if have is not None:
             return _side_installed(ref, have)
         known = cat.model(ref)
+        ready = _converted_bundled(ref[len("bundled:"):])
+        if ready is not None:
+            return _side_folder(ref, ready, known)
         if not allow_work and known is not None:
             return ModelSide(ref, known.id, catalog=known)
         return _side_folder(ref, refs.resolve(ref), known)
@@ -158,6 +161,16 @@ def describe(ref: str, allow_work: bool = True) -> ModelSide:
         return ModelSide(ref, known.id, catalog=known)
     refs.resolve(ref)  # raises the helpful "unknown model" message
     raise LibraryError(f"Unknown model {ref!r}")
+
+
+def _converted_bundled(name: str) -> Path | None:
+    """The folder of a bundled model already converted (cheap to read)."""
+    try:
+        from specchat.library import bundled
+
+        return Path(bundled.folder(name)) if bundled.is_ready(name) else None
+    except Exception:  # noqa: BLE001 - unknown name or no bundled files: not ready
+        return None
 
 
 def _catalog_for_source(source: str) -> CatalogModel | None:
