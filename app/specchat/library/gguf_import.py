@@ -388,7 +388,7 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"imported {gguf_path.name}", 1.0)
+    say(f"imported as {dest.name}", 1.0)
     return dest
 
 
@@ -414,11 +414,12 @@ def _remove_stale_partials(dest: Path) -> None:
     (the pid in the name is no longer running)."""
     for p in dest.parent.glob(f".{dest.name}.partial-*"):
         pid = p.name.rsplit(".partial-", 1)[-1].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id is running (for stale-file cleanup)."""
     if pid == os.getpid():
         return True
     try:
