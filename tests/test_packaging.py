@@ -1,0 +1,57 @@
+"""The Briefcase configuration is complete and briefcase.toml mirrors the
+[tool.briefcase] tables of pyproject.toml."""
+
+from __future__ import annotations
+
+import struct
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _briefcase(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)["tool"]["briefcase"]
+
+
+def test_briefcase_toml_mirrors_pyproject():
+    assert _briefcase(ROOT / "briefcase.toml") == _briefcase(ROOT / "pyproject.toml")
+
+
+def test_macos_app_config_is_complete():
+    bc = _briefcase(ROOT / "pyproject.toml")
+    assert bc["bundle"] == "dev.specchat" and bc["project_name"] == "SpecChat"
+    app = bc["app"]["specchat"]
+    assert app["formal_name"] == "SpecChat"
+    assert app["sources"] == ["app/specchat"]
+    assert any(r.startswith("PySide6-Essentials") for r in app["requires"])
+    assert any(r.startswith("qasync") for r in app["requires"])
+    mac = app["macOS"]
+    assert mac["universal_build"] is False
+    assert mac["min_os_version"] == "14.0"
+    assert any(r.startswith("mlx") for r in mac["requires"])
+    # `briefcase dev` / the .app run the package's __main__, which opens the GUI.
+    main = (ROOT / "app" / "specchat" / "__main__.py").read_text()
+    assert "main()" in main
+
+
+def test_icons_exist():
+    base = ROOT / app_icon()
+    for size in (16, 32, 64, 128, 256, 512):
+        png = base.parent / f"{base.name}-{size}.png"
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        w, h = struct.unpack(">II", data[16:24])
+        assert (w, h) == (size, size), png
+    icns = (base.parent / f"{base.name}.icns").read_bytes()
+    assert icns[:4] == b"icns" and struct.unpack(">I", icns[4:8])[0] == len(icns)
+    kinds, pos = set(), 8
+    while pos < len(icns):
+        kinds.add(icns[pos:pos + 4])
+        pos += struct.unpack(">I", icns[pos + 4:pos + 8])[0]
+    assert {b"ic07", b"ic08", b"ic09", b"ic10"} <= kinds
+
+
+def app_icon() -> str:
+    return _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]["icon"]

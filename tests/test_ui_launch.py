@@ -1,0 +1,52 @@
+"""`specchat` with no subcommand opens the window, with the pair from the
+command line selected and loading."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from specchat.store.settings import AppSettings
+from specchat.ui.app import initial_pair
+from specchat.ui.library_view import default_pair
+
+LAUNCH = """
+import sys
+from PySide6.QtWidgets import QApplication
+import specchat.ui.main_window as mw
+orig = mw.MainWindow._loaded
+def loaded(self, pair):
+    orig(self, pair)
+    print("TITLE", self.windowTitle())
+    print("SELECTED", self.picker.selection())
+    QApplication.instance().quit()
+mw.MainWindow._loaded = loaded
+orig_failed = mw.MainWindow._load_failed
+def failed(self, message):
+    orig_failed(self, message)
+    print("FAILED", message)
+    QApplication.instance().quit()
+mw.MainWindow._load_failed = failed
+from specchat.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_specchat_opens_window_with_pair(tmp_path, tiny_target):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", LAUNCH, "--target", str(tiny_target),
+                          "--lookup"], capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TITLE SpecChat — target-llama + prompt lookup" in out.stdout
+    assert f"SELECTED ('{tiny_target}', None)" in out.stdout
+
+
+def test_initial_pair_choice():
+    assert initial_pair("t", "d", False) == ("t", "d")
+    assert initial_pair("t", "d", True) == ("t", None)
+    assert initial_pair("t", None, False) == ("t", None)
+    assert initial_pair(None, None, False, AppSettings()) == default_pair()
+    last = AppSettings(last_target="x", last_draft=None)
+    assert initial_pair(None, None, False, last) == ("x", None)
+    assert default_pair() == ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b")
