@@ -363,7 +363,7 @@ class MainWindow(QMainWindow):
                                  f"{c.blas}")
         self.update_settings(last_target=self.engine.target_ref,
                              last_draft=self.engine.draft_ref)
-        self.picker.set_pair(self.engine.target_ref, self.engine.draft_ref, check=False)
+        self.picker.set_pair(self.engine.target_ref, self.engine.draft_ref)
         self._update_state()
 
     def _load_failed(self, message: str) -> None:

@@ -16,6 +16,7 @@ from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QFontInfo,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
@@ -66,7 +67,9 @@ def split_segments(text: str) -> list[Segment]:
             fence = ""
         else:
             code.append(line)
-    if fence:
+    if fence:  # still streaming: the fence is not closed yet
+        while code and not code[-1].strip():
+            code.pop()
         segments.append(Segment("code", "\n".join(code), lang))
     elif prose and "\n".join(prose).strip():
         segments.append(Segment("text", "\n".join(prose)))
@@ -98,16 +101,25 @@ def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocu
         cursor = doc.rootFrame().lastCursorPosition()
         first = False
     _style_inline_code(doc, colors)
+    if blocks and split_segments(text)[0].kind == "code":
+        # The document's first block sits before the first frame: flatten it
+        # so a reply that starts with code does not start with a blank line.
+        _flatten(QTextCursor(doc))
     if blocks and split_segments(text)[-1].kind == "code":
         # Qt always keeps an (empty) block after a frame; flatten it so a
         # reply that ends in code does not end in a blank line.
-        tail = QTextBlockFormat()
-        tail.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
-        cursor.setBlockFormat(tail)
-        small = QTextCharFormat()
-        small.setFontPointSize(1)
-        cursor.setBlockCharFormat(small)
+        _flatten(cursor)
     return doc, blocks
+
+
+def _flatten(cursor: QTextCursor) -> None:
+    """Make the (empty) block at ``cursor`` take no height."""
+    fmt = QTextBlockFormat()
+    fmt.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+    cursor.setBlockFormat(fmt)
+    small = QTextCharFormat()
+    small.setFontPointSize(1)
+    cursor.setBlockCharFormat(small)
 
 
 def _style_inline_code(doc: QTextDocument, colors: DocColors) -> None:
@@ -128,7 +140,7 @@ def _style_inline_code(doc: QTextDocument, colors: DocColors) -> None:
     if not spans:
         return
     fmt = QTextCharFormat()
-    fmt.setFontFamilies([code_font().family()])
+    fmt.setFontFamilies([QFontInfo(code_font()).family()])
     fmt.setBackground(colors.code_bg)
     cursor = QTextCursor(doc)
     for pos, length in spans:
