@@ -62,6 +62,19 @@ def test_load_progress_shown_and_cancellable(qtbot, window, tiny_target, tiny_dr
     assert window.windowTitle().startswith("SpecChat — target-llama")
 
 
+def test_cancel_loading(qtbot, window, tiny_target, tiny_draft):
+    window.load_pair(str(tiny_target), str(tiny_draft))
+    window.load_banner.button.click()  # Cancel
+    wait_until(lambda: not window.engine.loading, timeout=60_000)
+    assert window.engine.pair is None  # Cancel takes effect at the next progress step
+    assert "cancelled" in window.statusBar().currentMessage()
+    assert not window.error_banner.isVisible()
+    assert "Could not load" not in window.picker.verdict_label.text()
+    assert not window.load_banner.isVisible()
+    # A new load after a cancelled one works.
+    assert load(qtbot, window, tiny_target, tiny_draft) is not None
+
+
 def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
     dlg = window.open_model_manager()
     qtbot.addWidget(dlg)

@@ -60,6 +60,7 @@ class EngineController(QObject):
         self._load_job = None
         self._gen_job = None
         self.loading = False
+        self.load_cancelled = False
 
     @property
     def ready(self) -> bool:
@@ -69,12 +70,13 @@ class EngineController(QObject):
         """Start loading a pair (the loop must be running)."""
         self.cancel_load()
         self.loading = True
-        self.loadStarted.emit(target, draft)
-        return asyncio.ensure_future(self._load(target, draft))
-
-    async def _load(self, target: str, draft: str | None) -> None:
+        self.load_cancelled = False
         job = self.client.load(target, draft, loop=asyncio.get_running_loop())
-        self._load_job = job
+        self._load_job = job  # set now, so Cancel works before the task first runs
+        self.loadStarted.emit(target, draft)
+        return asyncio.ensure_future(self._load(job, target, draft))
+
+    async def _load(self, job, target: str, draft: str | None) -> None:
         async for ev in job:
             if job is not self._load_job:  # superseded by a newer load
                 continue
@@ -92,6 +94,7 @@ class EngineController(QObject):
 
     def cancel_load(self) -> None:
         if self._load_job is not None:
+            self.load_cancelled = True
             self._load_job.cancel()
 
     async def run(self, request: GenerateRequest, on_step=None) -> GenerationResult:

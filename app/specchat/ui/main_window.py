@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         super().__init__(parent)
         self.setWindowTitle("SpecChat")
         self.resize(1180, 780)
+        self.setMinimumSize(860, 560)
         self._conn = db.connect(db_path)
         self.conversations = ConversationStore(self._conn)
         self.settings_store = SettingsStore(self._conn)
@@ -368,8 +369,12 @@ class MainWindow(QMainWindow):
 
     def _load_failed(self, message: str) -> None:
         self.load_banner.hide()
-        self.picker.show_refusal(message)
-        self.show_error(message)
+        if self.engine.load_cancelled:
+            self.statusBar().showMessage("Loading cancelled.", 5000)
+            self.picker.set_pair(*self.picker.selection())  # back to the verdict
+        else:
+            self.picker.show_refusal(message)
+            self.show_error(message)
         self.pair_status.setText("No model loaded" if self.engine.pair is None else
                                  self.pair_status.text())
         self._update_state()

@@ -154,7 +154,11 @@ class PairPicker(QFrame):
 
     def show_refusal(self, message: str) -> None:
         """The engine refused to load the pair: show why, in the same place."""
-        self.show_verdict(Verdict(False, (message,)))
+        self.verdict_label.setText("✗ Could not load: " + message)
+        self.verdict_label.setToolTip(message)
+        self.verdict_label.setProperty("ok", "false")
+        self.verdict_label.style().unpolish(self.verdict_label)
+        self.verdict_label.style().polish(self.verdict_label)
         self.load_button.setEnabled(True)  # the person may fix files and retry
 
     def _load_clicked(self) -> None:
