@@ -31,15 +31,23 @@ def tiny_tokenizer(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_target(tiny_dir, tiny_tokenizer) -> Path:
-    """llama-shaped target, 2 layers."""
-    return build_model(tiny_dir / "target-llama", tiny_tokenizer, seed=1)
+def tiny_base(tiny_dir, tiny_tokenizer) -> Path:
+    """A 2-layer llama-shaped model the target and draft are derived from."""
+    return build_model(tiny_dir / "base-llama", tiny_tokenizer, seed=1)
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tiny_dir, tiny_tokenizer, tiny_target) -> Path:
-    """The target plus noise: agrees with it often, not always."""
-    return build_model(tiny_dir / "draft-noisy", tiny_tokenizer, noise_from=tiny_target,
+def tiny_target(tiny_dir, tiny_tokenizer, tiny_base) -> Path:
+    """llama-shaped target, 6 layers: the base plus 4 nearly transparent ones,
+    so it is 2.5x the draft's size and mostly agrees with it."""
+    return build_model(tiny_dir / "target-llama", tiny_tokenizer, layers=6, seed=11,
+                       grow_from=tiny_base)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dir, tiny_tokenizer, tiny_base) -> Path:
+    """The base plus noise: agrees with the target often, not always."""
+    return build_model(tiny_dir / "draft-noisy", tiny_tokenizer, noise_from=tiny_base,
                        noise=0.05, seed=2)
 
 

@@ -73,9 +73,15 @@ def build_tokenizer(folder: Path, vocab_size: int = 400, chat_template: str = CH
 def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama", hidden: int = 64,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int | None = None,
                 seed: int = 0, logit_scale: float = 3.0, noise_from: Path | None = None,
-                noise: float = 0.0, extra_config: dict | None = None) -> Path:
-    """A random model. With ``noise_from``, copy that model's weights and add
-    relative Gaussian noise (a draft that agrees with its target often)."""
+                noise: float = 0.0, grow_from: Path | None = None,
+                extra_config: dict | None = None) -> Path:
+    """A random model.
+
+    With ``noise_from``, copy that model's weights and add relative Gaussian
+    noise (a draft that agrees with its target often). With ``grow_from``,
+    copy that model into the first layers and make the remaining layers
+    nearly transparent (small output projections): a bigger model that
+    computes almost the same function, i.e. a target for that draft."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
@@ -106,7 +112,16 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     params = dict(tree_flatten(model.parameters()))
-    if noise_from is not None:
+    if grow_from is not None:
+        src = mx.load(str(grow_from / "model.safetensors"))
+        base_layers = json.loads((grow_from / "config.json").read_text())["num_hidden_layers"]
+        for k, v in params.items():
+            layer = int(k.split(".")[2]) if k.startswith("model.layers.") else None
+            if layer is None or layer < base_layers:
+                params[k] = src[k]
+            elif k.endswith(("o_proj.weight", "down_proj.weight")):
+                params[k] = v * 0.02
+    elif noise_from is not None:
         src = mx.load(str(noise_from / "model.safetensors"))
         params = {}
         for k, v in src.items():

@@ -8,6 +8,13 @@ import json
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (plus where to look), like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _k_value(text: str) -> int | None:
     if text == "auto":
         return None
@@ -70,7 +77,7 @@ def _add_models(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specchat",
         description="Local LLM chat with speculative decoding. Without a subcommand, opens the app.",
     )
@@ -78,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", help="draft model reference")
     group.add_argument("--lookup", action="store_true", help="no draft model: prompt lookup")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate one reply and stream it to stdout")
     g.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")

@@ -70,8 +70,18 @@ class EngineClient:
         """Run ``fn(engine)`` on the engine thread (for tools like the bench)."""
         return self._thread.submit(lambda job: fn(self._engine_here()), loop)
 
-    def close(self) -> None:
-        self._thread.stop()
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Free the models (the thread itself stays parked; see worker.py)."""
+        def release(_job):
+            self._engine = None
+            import gc
+
+            gc.collect()
+            import mlx.core as mx
+
+            mx.clear_cache()
+
+        self._thread.submit(release).wait(timeout)
 
     @property
     def thread(self):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+# The package's __init__ has already loaded OpenBLAS before this MLX import.
 from specchat.engine import blas
 from specchat.engine.events import ComputeInfo
-
-blas.preload()
-
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 

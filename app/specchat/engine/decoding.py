@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from specchat.engine import acceptance
 from specchat.engine.draft_policy import DraftPolicy
@@ -24,8 +25,6 @@ from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent,
 from specchat.engine.kv import CacheSlot
 from specchat.engine.sampling import KeyStream, processed_logprobs
 from specchat.engine.textstream import TextStream
-
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 @dataclass
@@ -114,8 +113,7 @@ def decode(
         slot.rewind(len(slot.ids) - (k - n))
         tally.forward_s += verify_s + proposal.draft_s
         tally.add(proposal.source or None, k, n)
-        policy.observe(proposal.source or None, k, n, proposal.confidences,
-                       verify_s, proposal.draft_s, proposal.forwards)
+        policy.observe(proposal.source or None, k, n, proposal.confidences)
 
         new = [*proposal.tokens[:n], nxt]
         origins = ["draft"] * n + ["target"]

@@ -110,6 +110,12 @@ class ModelDrafter:
     def reset(self) -> None:
         self.slot.reset()
 
+    def bytes_per_token(self) -> int:
+        total = self.runner.bytes_per_token()
+        if self.sub_head is not None:
+            total -= self.runner.head_weight().nbytes - self.sub_head.nbytes
+        return total
+
     def _logits(self, tokens: list[int] | mx.array) -> mx.array:
         """[1, V'] logits after feeding ``tokens`` (V' = pruned width if pruned).
         A device array's ids are recorded as -1 until the block is read back."""

@@ -59,6 +59,7 @@ class GenerateRequest:
     sampling: SamplingParams = SamplingParams()
     draft: DraftSettings = DraftSettings()
     stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # extra end tokens besides EOS/end-of-turn
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_model, load_tokenizer
+
 from specchat.engine import compute
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
-
-import mlx.core as mx  # noqa: E402  (compute preloads BLAS first)
-import mlx.nn as nn  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
-from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache  # noqa: E402
-from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
-from mlx_lm.utils import load_model, load_tokenizer  # noqa: E402
 
 
 @dataclass

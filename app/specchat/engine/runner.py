@@ -15,6 +15,7 @@ from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 # model_type values whose Model.__call__ is `head(self.model(inputs, cache))`
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
@@ -61,6 +62,18 @@ class Runner:
         """Final hidden states [L, H] (only for split-safe models)."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
         return self.trunk(x[None], cache)[0]
+
+    def bytes_per_token(self) -> int:
+        """Weight bytes one decoding step reads: everything except an untied
+        input embedding, of which a step reads only a row. Single-sequence
+        decoding is bandwidth-bound, so this is its cost up to a constant."""
+        total = sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+        args = getattr(self.model, "args", None)
+        inner = getattr(self.model, "model", None)
+        emb = getattr(inner, "embed_tokens", None) if inner is not None else None
+        if emb is not None and not getattr(args, "tie_word_embeddings", True):
+            total -= sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
+        return total
 
     def head_weight(self) -> mx.array | None:
         """The [V, H] projection matrix, if the head is a plain (unquantized) one."""

@@ -11,10 +11,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import mlx.core as mx
+
 from specchat.engine import chat, compute
 from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import decode
-from specchat.engine.draft_policy import DraftPolicy
+from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafters import Drafter, HybridDrafter, LookupDrafter, ModelDrafter
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
@@ -28,8 +30,6 @@ from specchat.engine.kv import CacheSlot
 from specchat.engine.loading import LoadedModel, load_folder
 from specchat.engine.runner import Runner
 
-import mlx.core as mx  # noqa: E402
-
 
 class Engine:
     def __init__(self, compute_info: ComputeInfo | None = None):
@@ -41,7 +41,7 @@ class Engine:
         self._vocab = 0
         self._model_drafter: ModelDrafter | None = None
         self._lookup = LookupDrafter()
-        self._policies: dict[tuple, DraftPolicy] = {}
+        self._cost = CostModel()
         self._pair: LoadedPair | None = None
 
     # -- loading ---------------------------------------------------------
@@ -65,7 +65,6 @@ class Engine:
             self._vocab = int(w.shape[0]) if w is not None else int(
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
-            self._policies.clear()
         draft_path = str(Path(draft).expanduser().resolve()) if draft else None
         if draft_path is None:
             self._drop_draft()
@@ -83,7 +82,10 @@ class Engine:
             self.draft = loaded
             special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
             self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
-            self._policies.clear()
+        self._cost = CostModel.for_pair(
+            self._slot.runner.bytes_per_token(),
+            self._model_drafter.bytes_per_token() if self._model_drafter else None,
+            self.compute.device)
         reason = None
         if not self.target.info.trimmable:
             reason = (f"Speculative decoding is not available for {self.target.info.name}: "
@@ -112,7 +114,6 @@ class Engine:
         if self.draft is not None:
             self.draft = None
             self._model_drafter = None
-            self._policies.clear()
             gc.collect()
             mx.clear_cache()
 
@@ -161,12 +162,6 @@ class Engine:
             return self._model_drafter, "draft"
         return HybridDrafter(self._model_drafter, self._lookup), "hybrid"
 
-    def policy(self, mode: str, fixed_k: int | None) -> DraftPolicy:
-        key = (mode, fixed_k)
-        if key not in self._policies:
-            self._policies[key] = DraftPolicy(fixed_k)
-        return self._policies[key]
-
     def generate(
         self,
         request: GenerateRequest,
@@ -182,8 +177,9 @@ class Engine:
         if limit is not None:
             request = _cap_tokens(request, limit - len(ids))
         drafter, mode = self._drafter(request)
-        policy = self.policy(mode, request.draft.k)
-        return decode(self._slot, self.target.tokenizer, self._eos, ids, request, drafter,
+        policy = DraftPolicy(request.draft.k, self._cost)
+        eos = self._eos | set(request.stop_token_ids)
+        return decode(self._slot, self.target.tokenizer, eos, ids, request, drafter,
                       policy, mode, self._vocab, cancelled, on_step)
 
 

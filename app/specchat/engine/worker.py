@@ -126,10 +126,7 @@ class EngineThread:
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            fn, job = item
+            fn, job = self._jobs.get()
             try:
                 job.emit(JobDone(fn(job)))
             except EngineError as exc:
@@ -140,6 +137,7 @@ class EngineThread:
             except Exception as exc:  # noqa: BLE001 - report, never kill the thread
                 job.emit(JobFailed(f"Internal error: {exc}", traceback.format_exc()))
 
-    def stop(self, timeout: float | None = 5.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
+    # There is deliberately no way to end the thread. A thread that imported
+    # mlx_lm and then exited made the process abort at interpreter shutdown
+    # ("terminate called without an active exception", MLX 0.32 on Linux),
+    # so a closed engine thread stays parked on its queue as a daemon.
