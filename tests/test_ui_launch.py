@@ -50,3 +50,32 @@ def test_initial_pair_choice():
     last = AppSettings(last_target="x", last_draft=None)
     assert initial_pair(None, None, False, last) == ("x", None)
     assert default_pair() == ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b")
+
+
+BRIEFCASE_DEV = """
+import runpy, sys
+from PySide6.QtWidgets import QApplication
+import specchat.ui.controller as c
+
+def load(self, target, draft):  # record instead of converting gigabytes
+    print("LOAD", target, draft)
+    mains = [w for w in QApplication.topLevelWidgets() if w.inherits("QMainWindow")]
+    print("TITLE", mains[0].windowTitle(), mains[0].isVisible())
+    QApplication.instance().quit()
+c.EngineController.load = load
+sys.argv.extend([])
+runpy.run_module("specchat", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_briefcase_dev_command_opens_gui_with_default_pair(tmp_path):
+    # What `briefcase dev` runs (briefcase/commands/dev.py): the package's
+    # __main__ through runpy, with no arguments.
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", BRIEFCASE_DEV], capture_output=True, text=True,
+                         env=env, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    target, draft = default_pair()
+    assert f"LOAD {target} {draft}" in out.stdout
+    assert "TITLE SpecChat True" in out.stdout
+    assert "Traceback" not in out.stderr, out.stderr

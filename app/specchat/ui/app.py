@@ -60,13 +60,13 @@ def run(target: str | None = None, draft: str | None = None, lookup: bool = Fals
     asyncio.set_event_loop(loop)
     window = MainWindow(initial_pair=pair)
     window.show()
-    quitting = asyncio.Event()
-    app.aboutToQuit.connect(quitting.set)
-
-    async def main() -> None:
-        window.start()
-        await quitting.wait()
-
     with loop:
-        loop.run_until_complete(main())
+        # Tasks may only be created once the loop runs: start from inside it.
+        loop.call_soon(window.start)
+        loop.run_forever()  # until the last window closes
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     return 0
