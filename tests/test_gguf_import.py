@@ -316,7 +316,19 @@ def test_failure_mid_import_leaves_nothing(llama_gguf, tmp_path, monkeypatch):
         return real(data, job)
 
     monkeypatch.setattr(gguf_import, "_chunks", flaky)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(LibraryError, match="Could not import tiny-llama.gguf into .*: "
+                                           "No space left on device"):
+        import_gguf(llama_gguf.path, tmp_path / "m")
+    assert _leftovers(tmp_path) == []
+
+
+def test_not_enough_disk_space_is_refused_up_front(llama_gguf, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(LibraryError, match=r"Not enough disk space .* needs 0\.0 GB"):
         import_gguf(llama_gguf.path, tmp_path / "m")
     assert _leftovers(tmp_path) == []
 

@@ -28,6 +28,7 @@ from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import (
     MARKER,
     ImportCancelled,
+    check_free_space,
     import_gguf,
     is_complete,
     process_alive,
@@ -255,17 +256,26 @@ def ensure(name: str, progress: Progress | None = None,
         say(f"Preparing {model.display_name}: {msg}", None if frac is None else 0.2 + 0.8 * frac)
 
     if len(files) == 1:
-        if not _cached(model, files):
-            digest = sha256_of(files, None, _scaled(say, model, 0.0, 0.2), cancelled)
-            _check_digest(model, files, digest)
+        try:
+            if not _cached(model, files):
+                digest = sha256_of(files, None, _scaled(say, model, 0.0, 0.2), cancelled)
+                _check_digest(model, files, digest)
+        except OSError as exc:
+            raise LibraryError(f"Could not read the bundled model {model.name}: "
+                               f"{exc.strerror or exc}") from exc
         return import_gguf(files[0], dest, later, cancelled, source=source)
     tmp_dir = paths.tmp_dir(create=True)
     _remove_stale_joins(tmp_dir)
+    check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
+                     f"joining the parts of {model.name}")
     joined = tmp_dir / f"bundled-{model.name}-{os.getpid()}-{secrets.token_hex(4)}.gguf"
     try:
         digest = sha256_of(files, joined, _scaled(say, model, 0.0, 0.2), cancelled)
         _check_digest(model, files, digest)
         return import_gguf(joined, dest, later, cancelled, source=source)
+    except OSError as exc:
+        raise LibraryError(f"Could not prepare the bundled model {model.name}: "
+                           f"{exc.strerror or exc}") from exc
     finally:
         joined.unlink(missing_ok=True)
 

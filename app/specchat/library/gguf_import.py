@@ -364,10 +364,14 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     jobs = _plan(header, config)
     tok_json, tok_config = gguf_tokenizer.build(header.metadata, config["max_position_embeddings"])
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dest)
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest)
+        check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path.name}")
+        tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+    except OSError as exc:
+        raise LibraryError(f"Cannot write to {dest.parent}: {exc.strerror or exc}") from exc
     try:
         say("writing the tokenizer", 0.0)
         text = json.dumps(tok_json, ensure_ascii=False)
@@ -385,11 +389,30 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
             "seconds": round(time.monotonic() - started, 1),
         })
         _install(tmp, dest)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise LibraryError(f"Could not import {gguf_path.name} into {dest.parent}: "
+                               f"{exc.strerror or exc}") from exc
         raise
     say(f"imported as {dest.name}", 1.0)
     return dest
+
+
+def _output_bytes(jobs: list[_Job]) -> int:
+    size = {"float16": 2, "float32": 4}
+    return sum(j.info.n_elements * size[j.out_dtype] for j in jobs)
+
+
+def check_free_space(folder: Path, needed: int, doing: str) -> None:
+    """Refuse to start work that cannot fit on the disk (with 5% to spare)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < needed * 1.05:
+        raise LibraryError(f"Not enough disk space for {doing}: it needs {needed / 1e9:.1f} GB "
+                           f"in {folder}, which has {free / 1e9:.1f} GB free")
 
 
 def _install(tmp: Path, dest: Path) -> None:
