@@ -398,3 +398,50 @@ def test_unknown_tensor_is_refused(tmp_path, tiny_tokenizer):
                    extra_tensor=("blk.0.attn_q_norm.weight", np.ones(16, np.float32), None))
     with pytest.raises(LibraryError, match="attn_q_norm"):
         import_gguf(g.path, tmp_path / "m")
+
+
+def _llamacpp_rope_factors(dim: int, base: float, factor: float, low: float, high: float,
+                           old_context_len: int) -> np.ndarray:
+    """The factors llama.cpp's convert_hf_to_gguf.py writes as rope_freqs for
+    Llama 3.1+ (its loop, transcribed)."""
+    import math
+
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context_len / high:
+            out.append(1)
+        elif wavelen > old_context_len / low:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama3_rope_factors_become_rope_scaling(tmp_path, tiny_tokenizer):
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    factors = _llamacpp_rope_factors(16, 10000.0, 32.0, 1.0, 4.0, 8192)
+    assert 1.0 < factors[-2] < 32.0 and factors[-1] == 32.0  # all three regimes present
+    g = write_gguf(tmp_path / "l3.gguf", tiny_tokenizer, layers=1,
+                   extra_tensor=("rope_freqs.weight", factors, None))
+    folder = import_gguf(g.path, tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192}
+    model, _ = load_model(folder)
+    rope = model.model.layers[0].self_attn.rope
+    got = np.array(rope._freqs / 10000.0 ** (mx.arange(0, 16, 2) / 16))
+    np.testing.assert_allclose(got, factors, rtol=1e-5)
+
+
+def test_unknown_rope_factors_are_refused(tmp_path, tiny_tokenizer):
+    factors = np.linspace(1, 3, 8, dtype=np.float32)
+    g = write_gguf(tmp_path / "odd.gguf", tiny_tokenizer, layers=1,
+                   extra_tensor=("rope_freqs.weight", factors, None))
+    with pytest.raises(LibraryError, match="do not match Llama 3's rope scaling"):
+        import_gguf(g.path, tmp_path / "m")

@@ -42,6 +42,7 @@ _MODEL_TYPES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
+_CONFIG_TENSORS = {"rope_freqs.weight"}  # read into config.json, not weights
 _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -167,7 +168,7 @@ def build_config(header: Header) -> dict:
     if arch == "llama":
         config["attention_bias"] = header.tensor("blk.0.attn_q.bias") is not None
         config["mlp_bias"] = header.tensor("blk.0.ffn_up.bias") is not None
-    scaling = _rope_scaling(header, arch)
+    scaling = _rope_scaling(header, arch, head_dim, config["rope_theta"])
     if scaling:
         config["rope_scaling"] = scaling
     for role in ("bos", "eos"):
@@ -177,11 +178,11 @@ def build_config(header: Header) -> dict:
     return config
 
 
-def _rope_scaling(header: Header, arch: str) -> dict | None:
+def _rope_scaling(header: Header, arch: str, head_dim: int, base: float) -> dict | None:
     m = header.metadata
-    if header.tensor("rope_freqs.weight") is not None:
-        raise LibraryError("This GGUF uses Llama 3.1-style rope frequency factors "
-                           "(rope_freqs.weight), which the importer does not support yet")
+    freqs = header.tensor("rope_freqs.weight")
+    if freqs is not None:
+        return _llama3_scaling(header, freqs, head_dim, base)
     kind = str(m.get(f"{arch}.rope.scaling.type", "none"))
     factor = m.get(f"{arch}.rope.scaling.factor")
     if kind == "none" or not factor or float(factor) == 1.0:
@@ -197,6 +198,42 @@ def _rope_scaling(header: Header, arch: str) -> dict | None:
     raise LibraryError(f"This GGUF uses rope scaling {kind!r}, which the importer does not support")
 
 
+def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float) -> dict | None:
+    """Llama 3.1+ GGUFs carry precomputed per-frequency factors
+    (``rope_freqs.weight``, from llama.cpp's converter) instead of the
+    ``rope_scaling`` parameters mlx-lm wants. Find the parameters that
+    reproduce the factors exactly, or refuse."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    if info.type_id != GGMLQuantizationType.F32 or info.n_elements != head_dim // 2:
+        raise LibraryError(f"This GGUF's rope_freqs.weight has an unexpected layout "
+                           f"({info.n_elements} values, type {info.type_id})")
+    end = info.offset + 4 * info.n_elements
+    if end > header.file_size:
+        raise LibraryError(f"{header.path.name} is truncated (in rope_freqs.weight); "
+                           "get the file again")
+    with open(header.path, "rb") as f:
+        f.seek(info.offset)
+        factors = np.frombuffer(f.read(4 * info.n_elements), dtype="<f4").astype(np.float64)
+    if np.allclose(factors, 1.0):
+        return None
+    factor = float(factors.max())
+    wavelen = 2 * np.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    for orig in (8192, 4096, 2048, 16384, 32768, 65536, 131072):
+        for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0), (2.0, 8.0)):
+            smooth = (orig / wavelen - low) / (high - low)
+            want = np.where(wavelen < orig / high, 1.0,
+                            np.where(wavelen > orig / low, factor,
+                                     1.0 / ((1 - smooth) / factor + smooth)))
+            if np.allclose(want, factors, rtol=1e-4, atol=1e-6):
+                return {"rope_type": "llama3", "factor": float(f"{factor:.7g}"),
+                        "low_freq_factor": low, "high_freq_factor": high,
+                        "original_max_position_embeddings": orig}
+    raise LibraryError("This GGUF's rope frequency factors (rope_freqs.weight) do not match "
+                       "Llama 3's rope scaling, so the importer cannot express them for mlx-lm")
+
+
 def _plan(header: Header, config: dict) -> list[_Job]:
     from gguf import GGMLQuantizationType
 
@@ -204,6 +241,8 @@ def _plan(header: Header, config: dict) -> list[_Job]:
     jobs: list[_Job] = []
     checked: set[int] = set()
     for info in header.tensors:
+        if info.name in _CONFIG_TENSORS:
+            continue
         hf = _hf_name(info.name)
         if hf is None:
             raise LibraryError(f"This {arch} GGUF has a tensor SpecChat does not know: "
