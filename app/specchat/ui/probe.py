@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
                 shot = True
                 started = time.monotonic()  # the grab itself blocks; measure after it
         lag = window.lag.stats(since=started)
+        ended = time.monotonic()
+        worst = sorted(((lag_s, t) for t, lag_s in window.lag._samples if t >= started),
+                       reverse=True)[:3]
+        out["worst_ms_at_s"] = [(round(1000 * v, 1), round(t - started, 2)) for v, t in worst]
+        out["generation_s"] = round(ended - started, 2)
         msg = window.chat_model.messages[-1]
         out.update(lag_ms=asdict(lag), idle_lag_ms=asdict(idle), summary=msg.summary,
                    error=msg.error, pair=[args.target, args.draft],
