@@ -138,3 +138,31 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path
     w.sidebar.new_button.click()
     assert w.controller.conversation_id is None
     w.close()
+
+
+def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+                                                   tiny_draft):
+    w = make_window(qtbot)
+    w.settings = replace(w.settings, max_tokens=1500)
+    load(qtbot, w, tiny_target, tiny_draft)
+    w.composer.edit.setPlainText("A long reply please")
+    w.composer.send_button.click()
+    path = ui_home / "conversations.sqlite3"
+
+    def saved_partial():
+        with sqlite3.connect(path) as other:
+            row = other.execute("SELECT content FROM messages WHERE role='assistant'").fetchone()
+        return row is not None and row[0]
+
+    wait_until(saved_partial, timeout=30_000)
+    cid = w.controller.conversation_id
+    w.close()  # as if the app were quit mid-reply
+    wait_until(lambda: w.controller.task.done(), timeout=30_000)
+    assert w.controller.task.exception() is None
+
+    w2 = make_window(qtbot)
+    w2.open_conversation(cid)
+    reply = w2.chat_model.messages[-1]
+    assert reply.role == "assistant" and reply.text and not reply.complete
+    assert "interrupted" in w2.chat_view.delegate.footer(reply)
+    w2.close()

@@ -10,6 +10,7 @@ the partial reply to SQLite at most every 250 ms and once at the end.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -303,8 +304,7 @@ class ChatController(QObject):
                 now = time.monotonic()
                 if now - state["saved"] >= SAVE_S:
                     state["saved"] = now
-                    self.store.update_message(msg.db_id, msg.text, runs=msg.runs,
-                                              complete=False)
+                    self._save(msg, complete=False)
 
         def on_step(ev: StepEvent) -> None:
             live.add(ev)
@@ -328,8 +328,7 @@ class ChatController(QObject):
         if msg in self.model.messages:
             r = self.model.messages.index(msg)
             self.model.update(r, streaming=False, complete=True, summary=summary, error=error)
-            self.store.update_message(msg.db_id, msg.text, runs=msg.runs, summary=summary,
-                                      error=error, complete=True)
+            self._save(msg, complete=True)
         if summary is not None:
             if summary["mode"] == "plain" and summary["new_tokens"] >= 8:
                 self.plain_tps[self._pair_key()] = summary["tokens_per_s"]
@@ -341,6 +340,15 @@ class ChatController(QObject):
         self.generating = False
         self.conversationsChanged.emit()
         self.generatingChanged.emit(False)
+
+    def _save(self, msg: ChatMessage, complete: bool) -> None:
+        try:
+            self.store.update_message(msg.db_id, msg.text, runs=msg.runs, summary=msg.summary,
+                                      error=msg.error, complete=complete)
+        except sqlite3.Error:
+            # The window closed mid-reply and took the database with it: the
+            # last periodic save stands, and the reply shows as interrupted.
+            pass
 
     # -- compare -----------------------------------------------------------
     async def compare(self, prompt: str, on_phase=None) -> CompareOutcome:

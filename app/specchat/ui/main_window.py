@@ -230,6 +230,10 @@ class MainWindow(QMainWindow):
             self.load_pair(target, draft)
 
     def closeEvent(self, event) -> None:  # noqa: N802
+        # A reply or load still finishing must not touch this window or its
+        # database any more (the last periodic save of a reply stands).
+        self.controller.blockSignals(True)
+        self.engine.blockSignals(True)
         self.controller.stop()
         self.lag.stop()
         self._lag_timer.stop()
