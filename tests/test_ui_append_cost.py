@@ -69,3 +69,29 @@ def test_only_the_last_row_changes(qapp):
     model.append_steps(499, [("y", ("draft",)), ("z", ("target",))])
     assert changed == [(499, 499), (499, 499)]
     assert model.message(499).text == "xyz"
+
+
+def test_long_reply_rebuilds_only_its_last_chunk(qtbot, qapp):
+    model = ChatModel()
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.setModel(model)
+    view.resize(800, 600)
+    para = "Some **prose** with `code` that runs on for a while, " * 4
+    block = "```python\n" + "def f(x):\n    return x * 2\n" * 10 + "```"
+    text = "\n\n".join(para if i % 4 else block for i in range(120))  # ~20 KB
+    model.set_messages([ChatMessage("assistant", text, streaming=True)])
+    d = view.delegate
+    first = d.rendered(model.message(0))
+    chunks_before = list(first.chunks)
+    assert len(chunks_before) == 120
+    d.builds = 0
+    t0 = time.perf_counter()
+    model.append_text(0, " and one more token")
+    after = d.rendered(model.message(0))
+    elapsed = time.perf_counter() - t0
+    assert d.builds == 1
+    assert all(a is b for a, b in zip(after.chunks[:-1], chunks_before[:-1], strict=True))
+    assert after.chunks[-1] is not chunks_before[-1]
+    # Re-rendering the whole 20 KB reply takes tens of ms; one chunk takes ~1 ms.
+    assert elapsed < 0.03, elapsed

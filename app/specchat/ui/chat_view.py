@@ -9,9 +9,9 @@ delegate for that row's size only (QListView re-measures every row).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QRectF, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QAbstractTextDocumentLayout,
     QDesktopServices,
@@ -38,7 +38,10 @@ from specchat.ui.markdown import (
     DocColors,
     build_document,
     build_runs_document,
+    split_chunks,
 )
+
+CHUNK_GAP = 6
 
 MARGIN_X = 16
 MARGIN_Y = 6
@@ -50,12 +53,28 @@ RADIUS = 10
 
 
 @dataclass
-class _Rendered:
-    version: int
+class _Chunk:
+    key: tuple  # (kind, text, lang): equal keys render the same
     doc: QTextDocument
     code_blocks: list[str]
     width: int = -1
+    top: int = 0  # y offset inside the bubble's text area
+
+
+@dataclass
+class _Rendered:
+    """A message drawn as a stack of documents, one per chunk (paragraph or
+    code block), so a streaming reply re-renders only its last chunk."""
+
+    version: int
+    chunks: list[_Chunk] = field(default_factory=list)
+    width: int = -1
     size: QSize = QSize()
+
+    @property
+    def doc(self) -> QTextDocument:
+        """The first chunk's document (the only one for user messages)."""
+        return self.chunks[0].doc
 
 
 class MessageDelegate(QStyledItemDelegate):
@@ -106,37 +125,62 @@ class MessageDelegate(QStyledItemDelegate):
             return msg.text
         return "…" if msg.streaming else ""
 
+    def _doc_colors(self, msg: ChatMessage) -> DocColors:
+        c = self.colors
+        return DocColors(text=c.user_text if msg.role == "user" else c.text, code_bg=c.code_bg,
+                         code_header=c.code_header, link=c.link)
+
+    def _build(self, msg: ChatMessage, key: tuple) -> _Chunk:
+        self.builds += 1
+        kind, text, lang = key
+        if kind == "plain":  # what a person typed is shown as typed
+            doc = QTextDocument()
+            doc.setDefaultFont(self._font())
+            doc.setDocumentMargin(0)
+            doc.setPlainText(text)
+            return _Chunk(key, doc, [])
+        if kind == "runs":
+            return _Chunk(key, build_runs_document(msg.runs, self._font(), self._doc_colors(msg),
+                                                   self.colors.draft_token), [])
+        source = f"```{lang}\n{text}\n```" if kind == "code" else text
+        doc, blocks = build_document(source, self._font(), self._doc_colors(msg))
+        return _Chunk(key, doc, blocks)
+
+    def _keys(self, msg: ChatMessage) -> list[tuple]:
+        if msg.role == "user":
+            return [("plain", msg.text, "")]
+        if self.color_tokens and msg.runs:
+            return [("runs", msg.version, "")]
+        chunks = split_chunks(msg.text)
+        if not chunks:
+            return [("text", "…" if msg.streaming else "", "")]
+        return [(c.kind, c.text, c.lang) for c in chunks]
+
     def rendered(self, msg: ChatMessage) -> _Rendered:
         r = self._cache.get(msg.uid)
         if r is None or r.version != msg.version:
-            c = self.colors
-            text_color = c.user_text if msg.role == "user" else c.text
-            colors = DocColors(text=text_color, code_bg=c.code_bg, code_header=c.code_header,
-                               link=c.link)
-            if self.color_tokens and msg.role == "assistant" and msg.runs:
-                doc, blocks = build_runs_document(msg.runs, self._font(), colors,
-                                                  c.draft_token), []
-            elif msg.role == "user":
-                # What a person typed is shown as typed.
-                doc = QTextDocument()
-                doc.setDefaultFont(self._font())
-                doc.setDocumentMargin(0)
-                doc.setPlainText(msg.text)
-                blocks = []
-            else:
-                doc, blocks = build_document(self._text_for(msg), self._font(), colors)
-            self.builds += 1
-            r = _Rendered(msg.version, doc, blocks)
+            prev = r.chunks if r is not None else []
+            chunks = [prev[i] if i < len(prev) and prev[i].key == key else self._build(msg, key)
+                      for i, key in enumerate(self._keys(msg))]
+            r = _Rendered(msg.version, chunks)
             self._cache[msg.uid] = r
         width = self._max_text_width(msg)
         if r.width != width:
-            r.doc.setTextWidth(width)
-            if msg.role == "user":
-                ideal = int(r.doc.idealWidth()) + 1
-                if ideal < width:
-                    r.doc.setTextWidth(ideal)
+            widest, top = 0, 0
+            for chunk in r.chunks:
+                if chunk.width != width:
+                    chunk.doc.setTextWidth(width)
+                    if msg.role == "user":
+                        ideal = int(chunk.doc.idealWidth()) + 1
+                        if ideal < width:
+                            chunk.doc.setTextWidth(ideal)
+                    chunk.width = width
+                chunk.top = top
+                size = chunk.doc.size()
+                widest = max(widest, int(size.width()) + 1)
+                top += int(size.height()) + 1 + CHUNK_GAP
             r.width = width
-            r.size = QSize(int(r.doc.size().width()) + 1, int(r.doc.size().height()) + 1)
+            r.size = QSize(widest, max(0, top - CHUNK_GAP))
         return r
 
     def footer(self, msg: ChatMessage) -> str:
@@ -191,8 +235,13 @@ class MessageDelegate(QStyledItemDelegate):
         ctx = QAbstractTextDocumentLayout.PaintContext()
         ctx.palette.setColor(QPalette.ColorRole.Text,
                              c.user_text if msg.role == "user" else c.text)
-        ctx.clip = QRect(0, 0, r.size.width(), r.size.height())
-        r.doc.documentLayout().draw(painter, ctx)
+        for chunk in r.chunks:
+            painter.save()
+            painter.translate(0, chunk.top)
+            size = chunk.doc.size()
+            ctx.clip = QRectF(0, 0, size.width(), size.height())
+            chunk.doc.documentLayout().draw(painter, ctx)
+            painter.restore()
         painter.restore()
         foot = self.footer(msg)
         if foot:
@@ -217,7 +266,11 @@ class MessageDelegate(QStyledItemDelegate):
         bubble = self.bubble_rect(msg, item)
         r = self.rendered(msg)
         local = pos - QPoint(bubble.left() + PAD_X, bubble.top() + PAD_Y)
-        return r.doc.documentLayout().anchorAt(local), r.code_blocks
+        for chunk in r.chunks:
+            if chunk.top <= local.y() <= chunk.top + chunk.doc.size().height():
+                return (chunk.doc.documentLayout().anchorAt(local - QPoint(0, chunk.top)),
+                        chunk.code_blocks)
+        return "", []
 
 
 class ChatView(QTreeView):

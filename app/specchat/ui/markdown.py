@@ -76,9 +76,39 @@ def split_segments(text: str) -> list[Segment]:
     return [s for s in segments if s.kind == "code" or s.text.strip()]
 
 
+# A paragraph break: a blank line followed by text at column 0 (so indented
+# list continuations and indented code stay with what they belong to).
+_PARA_BREAK = re.compile(r"\n[ \t]*\n(?=\S)")
+
+
+def split_chunks(text: str) -> list[Segment]:
+    """Segments, with prose further cut at paragraph breaks: the units a
+    reply is rendered in. While a reply streams only its last chunk changes,
+    so only that one is rendered again."""
+    out: list[Segment] = []
+    for seg in split_segments(text):
+        if seg.kind == "code":
+            out.append(seg)
+            continue
+        out.extend(Segment("text", part.strip("\n").rstrip())
+                   for part in _PARA_BREAK.split(seg.text) if part.strip())
+    return out
+
+
+_code_family: str | None = None
+
+
 def code_font() -> QFont:
-    font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-    return font
+    return QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+
+
+def code_family() -> str:
+    """The real family behind the system fixed font (resolved once: asking
+    the font database costs milliseconds)."""
+    global _code_family
+    if _code_family is None:
+        _code_family = QFontInfo(code_font()).family()
+    return _code_family
 
 
 def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocument, list[str]]:
@@ -90,22 +120,24 @@ def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocu
     cursor = QTextCursor(doc)
     blocks: list[str] = []
     first = True
-    for seg in split_segments(text):
+    segs = split_segments(text)
+    for seg in segs:
         if seg.kind == "text":
             if not first:
                 cursor.insertBlock()
+            start = cursor.position()
             cursor.insertMarkdown(seg.text.strip("\n"), _MD_FEATURES)
+            _style_inline_code(doc, colors, start, cursor.position())
         else:
             _insert_code(doc, cursor, seg, len(blocks), font, colors, first)
             blocks.append(seg.text)
         cursor = doc.rootFrame().lastCursorPosition()
         first = False
-    _style_inline_code(doc, colors)
-    if blocks and split_segments(text)[0].kind == "code":
+    if segs and segs[0].kind == "code":
         # The document's first block sits before the first frame: flatten it
         # so a reply that starts with code does not start with a blank line.
         _flatten(QTextCursor(doc))
-    if blocks and split_segments(text)[-1].kind == "code":
+    if segs and segs[-1].kind == "code":
         # Qt always keeps an (empty) block after a frame; flatten it so a
         # reply that ends in code does not end in a blank line.
         _flatten(cursor)
@@ -122,13 +154,13 @@ def _flatten(cursor: QTextCursor) -> None:
     cursor.setBlockCharFormat(small)
 
 
-def _style_inline_code(doc: QTextDocument, colors: DocColors) -> None:
+def _style_inline_code(doc: QTextDocument, colors: DocColors, start: int, end: int) -> None:
     """md4c marks `inline code` as fixed pitch with the family "monospace",
     which is not a real font on every system: use the system fixed font and
     tint it like a code block."""
     spans = []
-    block = doc.begin()
-    while block.isValid():
+    block = doc.findBlock(start)
+    while block.isValid() and block.position() <= end:
         it = block.begin()
         while not it.atEnd():
             frag = it.fragment()
@@ -140,13 +172,15 @@ def _style_inline_code(doc: QTextDocument, colors: DocColors) -> None:
     if not spans:
         return
     fmt = QTextCharFormat()
-    fmt.setFontFamilies([QFontInfo(code_font()).family()])
+    fmt.setFontFamilies([code_family()])
     fmt.setBackground(colors.code_bg)
     cursor = QTextCursor(doc)
+    cursor.beginEditBlock()  # one relayout at the end, not one per span
     for pos, length in spans:
         cursor.setPosition(pos)
         cursor.setPosition(pos + length, QTextCursor.MoveMode.KeepAnchor)
         cursor.mergeCharFormat(fmt)
+    cursor.endEditBlock()
 
 
 def _insert_code(doc: QTextDocument, cursor: QTextCursor, seg: Segment, n: int, font: QFont,
@@ -171,15 +205,13 @@ def _insert_code(doc: QTextDocument, cursor: QTextCursor, seg: Segment, n: int, 
     mono = QTextCharFormat()
     mono.setFont(code_font())
     mono.setForeground(colors.text)
-    block = QTextBlockFormat()
-    block.setTopMargin(4)
-    cursor.insertBlock(block, mono)
-    lines = seg.text.split("\n")
-    cursor.insertText(lines[0], mono)
-    plain = QTextBlockFormat()
-    for line in lines[1:]:
-        cursor.insertBlock(plain, mono)
-        cursor.insertText(line, mono)
+    gap = QTextBlockFormat()
+    gap.setBottomMargin(4)
+    cursor.setBlockFormat(gap)  # the header line
+    cursor.insertBlock(QTextBlockFormat(), mono)
+    # One call for the whole block: insertText turns "\n" into new blocks,
+    # which inherit the plain format above (a call per line costs ~10x).
+    cursor.insertText(seg.text, mono)
 
 
 def build_runs_document(runs: list[tuple[str, str]], font: QFont, colors: DocColors,
