@@ -91,3 +91,22 @@ def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
     dlg.delete_selected(confirm=False)
     assert "tiny-imported" not in [dlg.installed.item(r, 0).text()
                                    for r in range(dlg.installed.rowCount())]
+
+
+def test_refusal_suggests_drafts_that_fit(qtbot, window):
+    # Judged from the catalog: nothing is converted or downloaded for this.
+    window.picker.set_pair("bundled:qwen2.5-coder-1.5b",
+                           "hf:mlx-community/Llama-3.2-1B-Instruct-4bit")
+    verdict = _verdict(window)
+    assert verdict.compatible is False
+    assert "different tokenizers" in verdict.text
+    assert "drafts that fit this target" in verdict.text
+    assert "qwen2.5-coder-0.5b" in verdict.text
+    assert not window.picker.load_button.isEnabled()
+
+
+def test_same_tokenizer_from_catalog_is_compatible(qtbot, window):
+    window.picker.set_pair("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b")
+    verdict = _verdict(window)
+    assert verdict.compatible is True and "Qwen2.5 tokenizer" in verdict.text
+    assert window.picker.verdict_label.text().startswith("✓")

@@ -126,7 +126,20 @@ def check_pair(target: str, draft: str | None) -> Verdict:
         report = compatibility.check(target, draft, allow_work=False)
     except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
         return Verdict(None, (f"Checked when the pair loads ({exc}).",))
-    return Verdict(bool(report.compatible), tuple(getattr(report, "reasons", ()) or ()))
+    reasons = tuple(getattr(report, "reasons", ()) or ())
+    notes = tuple(getattr(report, "notes", ()) or ())
+    if report.compatible and not _tokenizers_known(report):
+        # Nothing wrong was found, but the tokenizers could not be compared
+        # yet: do not show a tick the files might contradict.
+        return Verdict(None, (*notes, *reasons) or ("Checked when the pair loads.",))
+    return Verdict(bool(report.compatible), reasons + tuple(n for n in notes if report.compatible))
+
+
+def _tokenizers_known(report) -> bool:
+    sides = (getattr(report, "target", None), getattr(report, "draft", None))
+    return all(side is not None and (getattr(side, "facts", None) is not None
+                                     or getattr(side, "tokenizer_family", None))
+               for side in sides)
 
 
 def suggest_drafts(target: str) -> list[str]:

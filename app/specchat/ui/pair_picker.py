@@ -127,6 +127,13 @@ class PairPicker(QFrame):
     async def _check(self, generation: int, target: str, draft: str | None) -> None:
         loop = asyncio.get_running_loop()
         verdict = await loop.run_in_executor(None, library_view.check_pair, target, draft)
+        if verdict.compatible is False:
+            # Refusing is not enough: say what would work with this target.
+            names = await loop.run_in_executor(None, library_view.suggest_drafts, target)
+            names = [n for n in names if n != draft][:3]
+            if names:
+                verdict = Verdict(False, (*verdict.reasons,
+                                          "drafts that fit this target: " + ", ".join(names)))
         if generation == self._generation:
             self.show_verdict(verdict)
 
