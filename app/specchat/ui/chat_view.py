@@ -183,6 +183,19 @@ class MessageDelegate(QStyledItemDelegate):
             r.size = QSize(widest, max(0, top - CHUNK_GAP))
         return r
 
+    def warm_up(self) -> None:
+        """Render a sample reply once, off the record: PySide initialises
+        types and enums on first use (~50 ms), better at start than at the
+        first token."""
+        sample = ChatMessage("assistant", "**Hi** `x`\n\n```python\nprint(1)\n```\n\n- a",
+                             summary={"new_tokens": 1, "mode": "plain"})
+        builds = self.builds
+        self.rendered(sample)
+        self.footer(sample)
+        self._footer_height(sample)
+        self._cache.pop(sample.uid, None)
+        self.builds = builds
+
     def footer(self, msg: ChatMessage) -> str:
         if msg.role != "assistant":
             return ""

@@ -222,6 +222,7 @@ class MainWindow(QMainWindow):
     def start(self) -> None:
         """Begin work that needs the running event loop: the lag monitor,
         the verdict check and the first load."""
+        self.chat_view.delegate.warm_up()
         self.lag.start()
         self._lag_timer.start()
         if self.initial_pair is not None:
