@@ -137,6 +137,8 @@ def test_step_events_add_up(pair_engine):
     for e in steps:
         assert e.accepted <= e.drafted == e.k
         assert len(e.origins) == len(e.token_ids)
+        if e.token_ids:
+            assert len(e.pieces) == len(e.token_ids) and "".join(e.pieces) == e.text
         assert list(e.origins).count("draft") == min(e.accepted, len(e.token_ids))
     s = r.summary
     assert s.tokens_per_step == pytest.approx(50 / s.steps)

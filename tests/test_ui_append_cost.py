@@ -66,7 +66,7 @@ def test_only_the_last_row_changes(qapp):
     changed = []
     model.dataChanged.connect(lambda a, b, *_: changed.append((a.row(), b.row())))
     model.append_text(499, "x")
-    model.append_steps(499, [("y", ("draft",)), ("z", ("target",))])
+    model.append_steps(499, [("y", ("draft",), ("y",)), ("z", ("target",), ("z",))])
     assert changed == [(499, 499), (499, 499)]
     assert model.message(499).text == "xyz"
 

@@ -170,16 +170,15 @@ def _request_from(args) -> tuple:
 
 
 def cmd_generate(args) -> int:
-    from specchat.engine.client import EngineClient
     from specchat.engine.errors import EngineError
     from specchat.engine.events import LoadProgress, StepEvent
     from specchat.engine.worker import JobDone, JobFailed
-    from specchat.library.refs import resolve
+    from specchat.library.engine_link import make_client
 
     request, mode = _request_from(args)
     if args.max_tokens < 1:
         raise EngineError("--max-tokens must be at least 1")
-    client = EngineClient(resolver=resolve)
+    client = make_client()
     draft = args.draft if mode in ("draft", "hybrid") else None
     pair = None
     for ev in client.load(args.target, draft):

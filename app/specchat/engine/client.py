@@ -17,6 +17,9 @@ from specchat.engine.events import GenerateRequest, LoadProgress
 from specchat.engine.worker import EngineThread, Job
 
 Resolver = Callable[[str, Callable[[str, float | None], None], object], Path]
+# (target folder, draft folder or None, bytes of loaded models a new load
+# would free) -> None; raises EngineError when the pair will not fit.
+Preflight = Callable[[Path, Path | None, int], None]
 
 
 def folder_resolver(ref: str, progress, cancelled=None) -> Path:
@@ -24,9 +27,10 @@ def folder_resolver(ref: str, progress, cancelled=None) -> Path:
 
 
 class EngineClient:
-    def __init__(self, resolver: Resolver | None = None):
+    def __init__(self, resolver: Resolver | None = None, preflight: Preflight | None = None):
         self._thread = EngineThread()
         self._resolver = resolver or folder_resolver
+        self._preflight = preflight
         self._engine = None  # created on the engine thread
 
     def _engine_here(self):
@@ -54,6 +58,9 @@ class EngineClient:
             t_path = self._resolver(target, progress("target"), job.cancelled)
             d_path = self._resolver(draft, progress("draft"), job.cancelled) if draft else None
             engine = self._engine_here()
+            if self._preflight is not None:
+                self._preflight(Path(t_path), Path(d_path) if d_path else None,
+                                engine.loaded_bytes())
             return engine.load(t_path, d_path, lambda stage, msg: progress(stage)(msg))
 
         return self._thread.submit(work, loop)

@@ -134,9 +134,13 @@ def decode(
                 break
         out.extend(kept)
         context.extend(kept)
-        text = "".join(piece)
         if done:
-            text += stream.finish()
+            tail = stream.finish()
+            if piece:
+                piece[-1] += tail
+            elif tail:
+                piece.append(tail)
+        text = "".join(piece)
         text_parts.append(text)
         now = time.perf_counter()
         if ttft is None:
@@ -147,6 +151,7 @@ def decode(
                 token_ids=tuple(kept),
                 text=text,
                 origins=tuple(origins[:len(kept)]),
+                pieces=tuple(piece) if len(piece) == len(kept) else (),
                 drafted=k,
                 accepted=n,
                 k=k,

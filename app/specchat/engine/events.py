@@ -68,6 +68,9 @@ class StepEvent:
 
     origins has one entry per new token: "draft" for an accepted draft token,
     "target" for the token the target itself chose (correction or bonus).
+    pieces has the text each token released (""-joined it is ``text``); a
+    token that ends inside a multi-byte character or a possible stop string
+    releases nothing, and the token that completes it releases it all.
     """
 
     index: int
@@ -81,6 +84,7 @@ class StepEvent:
     step_s: float
     elapsed_s: float
     total_tokens: int
+    pieces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

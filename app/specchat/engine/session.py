@@ -121,6 +121,30 @@ class Engine:
     def pair(self) -> LoadedPair | None:
         return self._pair
 
+    def loaded_bytes(self) -> int:
+        """Weight bytes held now (what loading another pair could free)."""
+        return sum(m.info.weight_bytes for m in (self.target, self.draft) if m is not None)
+
+    @property
+    def end_ids(self) -> set[int]:
+        """Token ids that end a reply (EOS and the chat template's end-of-turn)."""
+        return set(self._eos)
+
+    def kv_bytes(self, tokens: int) -> int:
+        """KV-cache bytes for ``tokens`` positions in the target and the draft."""
+        total = 0
+        for m in (self.target, self.draft):
+            if m is None:
+                continue
+            cfg = m.config
+            layers = cfg.get("num_hidden_layers", 0)
+            heads = cfg.get("num_attention_heads", 1)
+            kv_heads = cfg.get("num_key_value_heads", heads)
+            head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
+            itemsize = 2 if self.compute.dtype in ("float16", "bfloat16", "q4") else 4
+            total += 2 * layers * kv_heads * head_dim * tokens * itemsize
+        return total
+
     def reset_cache(self) -> None:
         """Forget cached prompts (they are reused only on an exact prefix match
         anyway; this frees memory)."""

@@ -211,3 +211,12 @@ def check_pair(target_path: str | os.PathLike, draft_path: str | os.PathLike | N
             f"Not enough memory for {names}: needs {gb(est.total)}, {gb(est.available)} "
             f"available ({est.breakdown()}, in {est.dtype}); {advice}, or use a shorter context.")
     return est
+
+
+def preflight(target_path: Path, draft_path: Path | None, reclaimable: int = 0) -> MemoryEstimate:
+    """The engine's check before a load: like check_pair, counting the memory
+    of models the engine holds now (and would free or reuse) as available."""
+    avail = available_memory()
+    if avail is not None:
+        avail += reclaimable
+    return check_pair(target_path, draft_path, available=avail)

@@ -41,24 +41,18 @@ class ChatMessage:
         else:
             self.runs.append([origin, text])
 
-    def add(self, text: str, origins: tuple[str, ...] | None = None) -> None:
-        """Append streamed text; ``origins`` of the step's tokens, if any,
-        decide how this text is tinted in the colour-by-origin view."""
+    def add(self, text: str, origins: tuple[str, ...] | None = None,
+            pieces: tuple[str, ...] = ()) -> None:
+        """Append streamed text; ``origins`` (and ``pieces``, the text each
+        token released) decide how it is tinted in the colour-by-origin view."""
         self.text += text
         if not text:
             pass
-        elif not origins:
-            self._run("target", text)
+        elif origins and len(pieces) == len(origins):
+            for origin, piece in zip(origins, pieces, strict=True):
+                self._run(origin, piece)
         else:
-            # A step is its accepted draft tokens followed by the target's
-            # own token. StepEvent carries the step's text, not per-token
-            # text, so the split point is estimated by token share.
-            n_draft = sum(o == "draft" for o in origins)
-            cut = round(len(text) * n_draft / len(origins))
-            if n_draft == len(origins):
-                cut = len(text)
-            self._run("draft", text[:cut])
-            self._run("target", text[cut:])
+            self._run("target", text)
         self.version += 1
 
 
@@ -104,15 +98,17 @@ class ChatModel(QAbstractListModel):
         self.endInsertRows()
         return row
 
-    def append_text(self, row: int, text: str, origins: tuple[str, ...] | None = None) -> None:
-        self._messages[row].add(text, origins)
+    def append_text(self, row: int, text: str, origins: tuple[str, ...] | None = None,
+                    pieces: tuple[str, ...] = ()) -> None:
+        self._messages[row].add(text, origins, pieces)
         self._changed(row)
 
-    def append_steps(self, row: int, steps: list[tuple[str, tuple[str, ...]]]) -> None:
-        """Several engine steps at once, as one change of one row."""
+    def append_steps(self, row: int,
+                     steps: list[tuple[str, tuple[str, ...], tuple[str, ...]]]) -> None:
+        """Several engine steps (text, origins, pieces) at once, as one change of one row."""
         msg = self._messages[row]
-        for text, origins in steps:
-            msg.add(text, origins)
+        for text, origins, pieces in steps:
+            msg.add(text, origins, pieces)
         self._changed(row)
 
     def update(self, row: int, **fields) -> None:

@@ -40,10 +40,9 @@ SAVE_S = 0.25
 
 
 def _default_client():
-    from specchat.engine.client import EngineClient
-    from specchat.library.refs import resolve
+    from specchat.library.engine_link import make_client
 
-    return EngineClient(resolver=resolve)
+    return make_client()
 
 
 class EngineController(QObject):
@@ -308,7 +307,7 @@ class ChatController(QObject):
 
         def on_step(ev: StepEvent) -> None:
             live.add(ev)
-            pending.append((ev.text, ev.origins))
+            pending.append((ev.text, ev.origins, ev.pieces))
             if not state["scheduled"]:
                 state["scheduled"] = True
                 loop.call_later(FLUSH_S, flush)
