@@ -445,3 +445,17 @@ def test_unknown_rope_factors_are_refused(tmp_path, tiny_tokenizer):
                    extra_tensor=("rope_freqs.weight", factors, None))
     with pytest.raises(LibraryError, match="do not match Llama 3's rope scaling"):
         import_gguf(g.path, tmp_path / "m")
+
+
+def test_values_beyond_float16_are_refused(tmp_path, tiny_tokenizer):
+    from gguf import GGMLQuantizationType
+
+    raw = np.zeros((2, 34), dtype=np.uint8)  # one row of 64 values: two Q8_0 blocks
+    raw[:, :2] = np.array([60000.0], dtype=np.float16).view(np.uint8)  # block scale
+    raw[:, 2:] = 127  # 60000 * 127 does not fit in float16
+    g = write_gguf(tmp_path / "big.gguf", tiny_tokenizer, layers=1,
+                   extra_tensor=("blk.0.attn_v.bias", raw.reshape(1, 68),
+                                 GGMLQuantizationType.Q8_0))
+    with pytest.raises(LibraryError, match="outside the float16 range"):
+        import_gguf(g.path, tmp_path / "m")
+    assert _leftovers(tmp_path) == ["big.gguf"]

@@ -315,16 +315,20 @@ def _chunks(data, job: _Job):
             return part.view(np.float16).reshape(-1, row_len)
         return dequantize(part, qtype).reshape(-1, row_len)
 
-    if job.unpermute_heads:
-        w = decode(raw).reshape(info.shape)
-        yield _unpermute(w, job.unpermute_heads).astype(out, copy=False)
+    def cast(part):
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            part = part.astype(out, copy=False)
+        if out == np.float16 and part.size and not np.isfinite(part).all():
+            raise LibraryError(f"Tensor {info.name!r} has values outside the float16 range "
+                               "(or NaN/inf in the file)")
+        return part
+
+    if job.unpermute_heads:  # small (hidden x hidden at most): done whole
+        yield cast(_unpermute(decode(raw).reshape(info.shape), job.unpermute_heads))
         return
     step = max(1, _CHUNK_BYTES // max(1, row_len * 4))
     for start in range(0, rows, step):
-        part = decode(raw[start:start + step]).astype(out, copy=False)
-        if out == np.float16 and part.size and not np.isfinite(part).all():
-            raise LibraryError(f"Tensor {info.name!r} has values outside the float16 range")
-        yield part
+        yield cast(decode(raw[start:start + step]))
 
 
 def _write_weights(header: Header, jobs: list[_Job], folder: Path, progress: Progress,
