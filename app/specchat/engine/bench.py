@@ -365,6 +365,11 @@ def _model_json(info) -> dict:
             "params": info.n_params, "dtype": info.dtype, "weight_bytes": info.weight_bytes}
 
 
+def _cell(v, fmt: str, width: int, suffix: str = "") -> str:
+    text = format(v, fmt) + suffix if isinstance(v, int | float) else "-"
+    return text.rjust(width)
+
+
 def format_report(rep: dict) -> str:
     lines = []
     m = rep["machine"]
@@ -383,16 +388,16 @@ def format_report(rep: dict) -> str:
         lines.append(f"{'mode':<16}{'tok/s':>8}{'accept':>8}{'tok/step':>9}{'vs plain':>9}"
                      f"{'vs mlx-lm':>10}{'theory':>8}  identical")
         for name, s in modes.items():
-            def f(v, fmt):
-                return format(v, fmt) if isinstance(v, int | float) else "-"
             ident = {True: "yes", False: "NO", None: "-"}[s.get("identical_to_plain")]
             if s.get("divergences"):
                 ident += " (" + ", ".join(f"{d['prompt']}@{d['position']}"
                                           for d in s["divergences"][:3]) + ")"
-            lines.append(f"{name:<16}{f(s['tokens_per_s'], '8.2f')}"
-                         f"{f(s['acceptance_rate'], '8.0%')}{f(s['tokens_per_step'], '9.2f')}"
-                         f"{f(s['speedup_vs_plain'], '8.2f')}x{f(s['speedup_vs_mlx_lm_plain'], '9.2f')}x"
-                         f"{f(s.get('theoretical_speedup'), '7.2f')}x  {ident}")
+            lines.append(f"{name:<16}{_cell(s['tokens_per_s'], '.2f', 8)}"
+                         f"{_cell(s['acceptance_rate'], '.0%', 8)}"
+                         f"{_cell(s['tokens_per_step'], '.2f', 9)}"
+                         f"{_cell(s['speedup_vs_plain'], '.2f', 9, 'x')}"
+                         f"{_cell(s['speedup_vs_mlx_lm_plain'], '.2f', 10, 'x')}"
+                         f"{_cell(s.get('theoretical_speedup'), '.2f', 8, 'x')}  {ident}")
 
     block("all prompts (tokens/s: median over prompts)", rep["modes"])
     for kind, modes in rep["by_kind"].items():

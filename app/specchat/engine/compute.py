@@ -67,12 +67,17 @@ def apply(model: nn.Module, info: ComputeInfo) -> None:
 
 
 def _materialize(model: nn.Module, dtype) -> None:
-    for name, value in tree_flatten(model.parameters()):
+    items = tree_flatten(model.parameters())
+    items.reverse()
+    while items:
+        # Pop, so this list holds no reference to tensors already converted.
+        name, value = items.pop()
         if dtype is not None and mx.issubdtype(value.dtype, mx.floating) and value.dtype != dtype:
             value = value.astype(dtype)
         mx.eval(value)
         # Swap it in at once so the source tensor can be freed before the next.
         model.update(tree_unflatten([(name, value)]))
+        del value
 
 
 def weight_dtype(model: nn.Module) -> str:

@@ -12,3 +12,7 @@ from specchat.engine.errors import EngineError
 class LibraryError(EngineError):
     """Something about models on disk or on the Hub that the user can act on:
     an unknown reference, a missing download, a pair that does not fit."""
+
+
+class ImportCancelled(LibraryError):
+    """The user cancelled an import; nothing was listed or left behind."""

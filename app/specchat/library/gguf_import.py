@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library import gguf_tokenizer
-from specchat.library.errors import LibraryError
+from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
 
 Progress = Callable[[str, float | None], None]
@@ -48,9 +48,6 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
-
-class ImportCancelled(LibraryError):
-    """The user cancelled an import; nothing was left behind."""
 
 
 # -- summary -----------------------------------------------------------------

@@ -21,15 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library import index, paths
-from specchat.library.errors import LibraryError
+from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.index import InstalledModel
 
 Progress = Callable[[str, float | None], None]
 COPY_CHUNK = 8 * 1024 * 1024
 
-
-class ImportCancelled(LibraryError):
-    """The user cancelled an import; nothing was listed or left behind."""
 
 
 def is_gguf(path: Path) -> bool:
@@ -87,9 +84,7 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         else:
             built = _convert_gguf(src, staging, say, cancelled)
         return _install(built, final_name, source, kind, say)
-    except ImportCancelled:
-        raise
-    except LibraryError:
+    except LibraryError:  # ImportCancelled included: already says what happened
         raise
     except OSError as exc:
         raise LibraryError(f"Could not import {src}: {exc}") from exc
