@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 from specchat.engine import compute
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
+from specchat.engine.folders import validate_folder
 
 
 @dataclass
@@ -62,29 +62,6 @@ def untrimmable_reason(model: nn.Module) -> str | None:
     return None
 
 
-def _check_folder(path: Path) -> dict:
-    if not path.exists():
-        raise EngineError(f"Model folder not found: {path}")
-    if not path.is_dir():
-        raise EngineError(f"Not a model folder: {path}")
-    cfg = path / "config.json"
-    if not cfg.exists():
-        raise EngineError(f"{path} is not an MLX model folder (config.json is missing)")
-    try:
-        config = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{cfg} is not valid JSON ({exc}); the model folder is damaged") from exc
-    if not list(path.glob("model*.safetensors")):
-        if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
-            raise EngineError(
-                f"{path} has only pickled PyTorch weights; SpecChat loads safetensors only"
-            )
-        raise EngineError(f"{path} has no weights (no model*.safetensors files)")
-    if not (path / "tokenizer.json").exists() and not (path / "tokenizer.model").exists():
-        raise EngineError(f"{path} has no tokenizer (tokenizer.json is missing)")
-    return config
-
-
 def load_folder(
     path: str | Path,
     policy: ComputeInfo,
@@ -93,7 +70,7 @@ def load_folder(
     """Load weights lazily, then convert tensor by tensor to the policy dtype."""
     path = Path(path).expanduser().resolve()
     say = progress or (lambda _m: None)
-    config = _check_folder(path)
+    config = validate_folder(path)
     say(f"reading {path.name}")
     try:
         model, config = load_model(path, lazy=True)

@@ -15,6 +15,7 @@ import threading
 import time
 
 from specchat.library.errors import LibraryError
+from specchat.library.units import params_text, size_text
 
 
 def main(args) -> int:
@@ -34,21 +35,6 @@ def main(args) -> int:
 
 def _print_json(data) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
-
-
-def size_text(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def params_text(n: int | None) -> str:
-    from specchat.library.compatibility import params_text as fmt
-
-    return fmt(n)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -80,12 +66,7 @@ class _Reporter:
             self.last = now
 
     def download(self, p) -> None:
-        text = p.message
-        if p.total_bytes and p.file:
-            text += f" - {size_text(p.done_bytes)} of {size_text(p.total_bytes)}"
-            if p.rate_bps > 0:
-                text += f", {size_text(int(p.rate_bps))}/s"
-        self(text, p.fraction)
+        self(p.describe(), p.fraction)
 
     def done(self) -> None:
         if self.tty and self.last_text:

@@ -23,16 +23,7 @@ from specchat.library import index
 from specchat.library.catalog import CatalogModel, load_catalog
 from specchat.library.errors import LibraryError
 from specchat.library.facts import ModelFacts
-
-
-def params_text(n: int | None) -> str:
-    if not n:
-        return "?"
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.0f}M"
-    return f"{n / 1e3:.0f}K"
+from specchat.library.units import params_text
 
 
 @dataclass(frozen=True)

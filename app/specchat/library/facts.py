@@ -15,6 +15,7 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specchat.engine import folders
 from specchat.library.errors import LibraryError
 
 # The engine's words (engine/loading.py:untrimmable_reason), so the library's
@@ -82,41 +83,17 @@ class ModelFacts:
 
 
 def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.exists():
-        raise LibraryError(f"{folder} is not an MLX model folder (config.json is missing)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LibraryError(f"{path} is not valid JSON ({exc}); the model folder is damaged") from exc
-    if not isinstance(config, dict):
-        raise LibraryError(f"{path} is not a model config (expected a JSON object)")
-    return config
+    return folders.read_config(folder, LibraryError)
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
-    return sorted(folder.glob("model*.safetensors"))
+    return folders.weight_files(folder)
 
 
 def validate_folder(folder: Path) -> dict:
-    """Refuse what the engine would refuse, with the same kind of message,
-    before anything is copied or listed. Returns config.json."""
-    if not folder.exists():
-        raise LibraryError(f"Model folder not found: {folder}")
-    if not folder.is_dir():
-        raise LibraryError(f"Not a model folder: {folder}")
-    config = read_config(folder)
-    if not weight_files(folder):
-        pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
-        if pickled:
-            raise LibraryError(
-                f"{folder} has only pickled PyTorch weights ({pickled[0]}); SpecChat loads "
-                "safetensors only, because pickled files can run code when opened")
-        raise LibraryError(f"{folder} has no weights (no model*.safetensors files)")
-    if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer.model").exists():
-        raise LibraryError(f"{folder} has no tokenizer (tokenizer.json is missing)")
-    return config
+    """Refuse what the engine would refuse, with the same message, before
+    anything is copied or listed. Returns config.json."""
+    return folders.validate_folder(folder, LibraryError)
 
 
 def text_config(config: dict) -> dict:

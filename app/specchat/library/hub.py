@@ -76,6 +76,17 @@ class DownloadProgress:
             return self.step_fraction
         return min(1.0, self.done_bytes / self.total_bytes)
 
+    def describe(self) -> str:
+        """The message with bytes and rate, e.g. "model.safetensors - 1.2 GB of 3.1 GB, 24.0 MB/s"."""
+        from specchat.library.units import size_text
+
+        text = self.message
+        if self.total_bytes and self.file:
+            text += f" - {size_text(self.done_bytes)} of {size_text(self.total_bytes)}"
+            if self.rate_bps > 0:
+                text += f", {size_text(self.rate_bps)}/s"
+        return text
+
 
 class DownloadCancelled(LibraryError):
     """The user cancelled; finished files are kept for the next pull."""

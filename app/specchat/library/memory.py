@@ -128,6 +128,7 @@ def available_memory() -> int | None:
 
 
 def gb(n: int | float) -> str:
+    """Memory figures always in GB, so numbers in one message compare at a glance."""
     return f"{n / 1e9:.1f} GB"
 
 

@@ -86,14 +86,7 @@ def _download_reporter(progress: Progress | None):
         return None
 
     def report(p) -> None:
-        from specchat.library.memory import gb
-
-        text = p.message
-        if p.total_bytes and p.file:
-            text += f" - {gb(p.done_bytes)} of {gb(p.total_bytes)}"
-            if p.rate_bps > 0:
-                text += f" at {p.rate_bps / 1e6:.1f} MB/s"
-        progress(text, p.fraction)
+        progress(p.describe(), p.fraction)
 
     return report
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specchat.library.units import params_text, size_text
+
 FALLBACK_TARGET = "bundled:qwen2.5-coder-1.5b"
 FALLBACK_DRAFT = "bundled:qwen2.5-coder-0.5b"
 BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
@@ -44,22 +46,6 @@ def default_pair() -> tuple[str, str | None]:
         return bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT
     except (ImportError, AttributeError):
         return FALLBACK_TARGET, FALLBACK_DRAFT
-
-
-def _size(n: int | None) -> str:
-    if not n:
-        return ""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
-def _params(n: int | None) -> str:
-    if not n:
-        return ""
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
 def installed_models() -> list:
@@ -99,13 +85,14 @@ def model_choices() -> list[ModelChoice]:
     for m in installed_models():
         if getattr(m, "kind", "") == "bundled" or m.source.startswith("bundled:"):
             continue
-        detail = " · ".join(x for x in (_params(m.params), _size(m.size_bytes)) if x)
+        detail = " · ".join(x for x in (params_text(m.params) if m.params else "",
+                                         size_text(m.size_bytes) if m.size_bytes else "") if x)
         add(ModelChoice(m.ref, f"{m.name}  (installed{', ' + detail if detail else ''})",
                         "installed", m.source))
     for m in cat_models:
         if m.ref.startswith("bundled:"):
             continue
-        add(ModelChoice(m.ref, f"{m.name}  (download {_size(m.download_bytes)})", "catalog",
+        add(ModelChoice(m.ref, f"{m.name}  (download {size_text(m.download_bytes)})", "catalog",
                         m.ref))
     return out
 
@@ -156,6 +143,3 @@ def disk_usage() -> int:
 
     return paths.disk_usage()
 
-
-def size_text(n: int | None) -> str:
-    return _size(n) or "0 B"

@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
-from specchat.ui.library_view import size_text
 
 
 class TaskRow(QWidget):
@@ -160,7 +160,7 @@ class ModelManager(QDialog):
         self.installed.setRowCount(len(models))
         for i, m in enumerate(models):
             for j, v in enumerate((m.name, m.source, size_text(m.size_bytes),
-                                   library_view._params(m.params))):
+                                   params_text(m.params) if m.params else "")):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
         installed_sources = {m.source for m in models}
         cat = library_view.catalog()
