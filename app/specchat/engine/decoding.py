@@ -113,7 +113,7 @@ def decode(
         slot.rewind(len(slot.ids) - (k - n))
         tally.forward_s += verify_s + proposal.draft_s
         tally.add(proposal.source or None, k, n)
-        policy.observe(proposal.source or None, k, n, proposal.confidences)
+        policy.observe(proposal.key or None, k, n, proposal.confidences)
 
         new = [*proposal.tokens[:n], nxt]
         origins = ["draft"] * n + ["target"]

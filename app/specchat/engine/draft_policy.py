@@ -133,6 +133,7 @@ class DraftPolicy:
     """Draft-length decisions for one request."""
 
     PROBE_EVERY = 8
+    PRIOR_RATE = 0.7  # cost per token before anything is measured (target-forward units)
 
     def __init__(self, fixed_k: int | None = None, cost: CostModel | None = None):
         self.fixed_k = fixed_k
@@ -140,35 +141,56 @@ class DraftPolicy:
         self.sources: dict[str, SourceStats] = {}
         self.calibration = Calibration()
         self._idle_steps = 0
+        self._units = 0.0  # cost spent so far, in target-forward units
+        self._tokens = 0  # tokens produced so far
 
     def stats(self, source: str) -> SourceStats:
         if source not in self.sources:
-            self.sources[source] = SourceStats(accept=0.5 if source == "lookup" else 0.7)
+            self.sources[source] = SourceStats(accept=0.5 if source.startswith("lookup") else 0.7)
         return self.sources[source]
+
+    @property
+    def rate(self) -> float:
+        """Cost per token in this request so far (prior worth 4 tokens): what
+        one more accepted draft token saves."""
+        return (self._units + 4 * self.PRIOR_RATE) / (self._tokens + 4)
 
     def cap(self, source: str) -> int:
         """Upper bound on this step's draft length for a source."""
         if self.fixed_k is not None:
             return self.fixed_k
-        lookup = source == "lookup"
+        lookup = source.startswith("lookup")
         k = best_k(self.stats(source).accept, 0.0 if lookup else self.cost.draft, self.cost,
                    LOOKUP_CAP if lookup else K_CAP)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:
                 return 1  # probe, so a recovering drafter is noticed
-        return k
+            return 0
+        # For the draft model the formula only says whether drafting pays at
+        # all; how far to draft is the early stop's call, token by token.
+        return k if lookup else K_CAP
 
     def keep_going(self, confidences: list[float]) -> bool:
-        """After drafting len(confidences) tokens, draft one more?"""
+        """After drafting len(confidences) tokens, draft one more?
+
+        The next token is accepted only if every token so far is; its own
+        chance is estimated by the last token's calibrated confidence (a
+        wrong token now makes everything after it waste). An accepted token
+        saves what a token costs in this request so far; drafting it costs
+        one draft forward plus the extra verify position.
+        """
         if self.fixed_k is not None:
             return True
         survive = 1.0
         for c in confidences:
             survive *= self.calibration(c)
-        return survive * self.stats("draft").accept >= self.cost.draft + self.cost.slope
+        worth = survive * self.calibration(confidences[-1]) * self.rate
+        return worth >= self.cost.draft + self.cost.slope
 
     def observe(self, source: str | None, k: int, n: int, confidences: list[float]) -> None:
+        self._units += (k * self.cost.draft if source == "draft" else 0.0) + self.cost.verify(k + 1)
+        self._tokens += n + 1
         if source is None or k == 0:
             return
         self.stats(source).observe(k, n)
