@@ -55,7 +55,7 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
             assert stats["identical_to_plain"] is True, (mode, stats["divergences"])
     assert rep["modes"]["plain"]["speedup_vs_plain"] == pytest.approx(1.0)
     assert set(rep["by_kind"]) == {"code", "grounded"}
-    assert rep["machine"]["device"] == "cpu" and rep["machine"]["blas"] == "openblas"
+    assert rep["machine"]["device"] == "cpu" and rep["machine"]["blas"] == "blis"
     assert rep["memory"]["peak_bytes"] > 0
     assert 0 <= rep["modes"]["spec"]["overhead_fraction"] < 1
     assert rep["modes"]["spec-k2"]["theoretical_speedup"] > 0
