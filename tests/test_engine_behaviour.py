@@ -236,6 +236,8 @@ def test_empty_and_oversized_prompts(engine):
         engine.generate(GenerateRequest(prompt_ids=()))
     with pytest.raises(EngineError, match="more than"):
         engine.generate(GenerateRequest(prompt_ids=tuple([50] * 2048)))
+    with pytest.raises(EngineError, match="Token id 100000 is not in .*vocabulary"):
+        engine.generate(GenerateRequest(prompt_ids=(5, 100_000)))
     # Near the limit, max_tokens is cut to what fits instead of failing late.
     r = engine.generate(GenerateRequest(prompt_ids=tuple([50] * 2040), max_tokens=100))
     assert len(r.token_ids) <= 8

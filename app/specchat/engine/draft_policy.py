@@ -113,7 +113,9 @@ class Calibration:
         self.seen = [0.0] * self.BINS
 
     def _bin(self, c: float) -> int:
-        return min(self.BINS - 1, max(0, int(c * self.BINS)))
+        if not c > 0:  # also NaN, from a draft whose logits overflowed
+            return 0
+        return min(self.BINS - 1, int(c * self.BINS))
 
     def __call__(self, c: float) -> float:
         i = self._bin(c)

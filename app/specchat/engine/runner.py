@@ -24,8 +24,20 @@ _SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
 Which = Literal["none", "last", "all"]
 
 
+def embedding_rows(model: nn.Module, config: dict | None = None) -> int | None:
+    """How many token ids the model can embed (its padded vocabulary)."""
+    inner = getattr(model, "model", None)
+    emb = getattr(inner, "embed_tokens", None) if inner is not None else None
+    weight = getattr(emb, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    cfg = config or {}
+    rows = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    return int(rows) if rows else None
+
+
 class Runner:
-    def __init__(self, model: nn.Module, model_type: str):
+    def __init__(self, model: nn.Module, model_type: str, config: dict | None = None):
         self.model = model
         self.trunk = None
         self.head = None
@@ -35,10 +47,23 @@ class Runner:
                 self.trunk, self.head = model.model, model.model.embed_tokens.as_linear
             elif hasattr(model, "lm_head"):
                 self.trunk, self.head = model.model, model.lm_head
+        # An embedding lookup does not check its ids: one past the table reads
+        # whatever memory follows. A draft can be handed such ids when the
+        # target's padded vocabulary is wider than the draft's (or the other
+        # way round), so ids are clamped into range. Correctness does not
+        # depend on what a clamped id means: the draft's proposals are all
+        # verified, and the target never proposes ids it cannot embed.
+        self.rows = embedding_rows(model, config)
 
     @property
     def split(self) -> bool:
         return self.trunk is not None
+
+    def _ids(self, tokens: list[int] | mx.array) -> mx.array:
+        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
+        if self.rows is not None:
+            x = mx.minimum(x, self.rows - 1)
+        return x[None]
 
     def __call__(self, tokens: list[int] | mx.array, cache, which: Which = "all"):
         """Feed tokens through the model, extending ``cache``.
@@ -46,8 +71,7 @@ class Runner:
         Returns [L, V] logits for "all", [1, V] for "last"; for "none" a small
         array whose evaluation forces the cache writes (no head computed).
         """
-        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
-        x = x[None]
+        x = self._ids(tokens)
         if self.trunk is None:
             logits = self.model(x, cache=cache)[0]
             return logits if which == "all" else logits[-1:]
@@ -60,8 +84,7 @@ class Runner:
 
     def hidden(self, tokens: list[int] | mx.array, cache) -> mx.array:
         """Final hidden states [L, H] (only for split-safe models)."""
-        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
-        return self.trunk(x[None], cache)[0]
+        return self.trunk(self._ids(tokens), cache)[0]
 
     def bytes_per_token(self) -> int:
         """Weight bytes one decoding step reads: everything except an untied

@@ -58,7 +58,7 @@ class Engine:
         if self.target is None or self.target.info.path != target_path:
             self._drop_target()
             self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
-            runner = Runner(self.target.model, self.target.info.model_type)
+            runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
             self._slot = CacheSlot(runner)
             self._eos = chat.end_token_ids(self.target.tokenizer)
             w = runner.head_weight()
@@ -162,6 +162,11 @@ class Engine:
             ids = list(request.prompt_ids)
             if not ids:
                 raise EngineError("The prompt is empty: write a message first.")
+            rows = self._slot.runner.rows
+            bad = next((t for t in ids if rows is not None and not 0 <= t < rows), None)
+            if bad is not None:
+                raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
+                                  f"vocabulary (ids 0 to {rows - 1}).")
         else:
             ids = chat.render(self.target.tokenizer, request.messages)
         limit = self.target.max_context
