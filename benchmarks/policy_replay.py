@@ -52,8 +52,12 @@ def record(args) -> None:
         seq = ids + target
         h = drafter.runner.hidden(seq, make_prompt_cache(drafter.loaded.model))
         h = h[len(ids) - 1:len(seq) - 1]
-        head = drafter.sub_head if drafter.sub_head is not None else drafter.runner.head_weight()
-        logits = (h @ head.T).astype(mx.float32)
+        if drafter.head is not None:
+            # The engine adds the prompt's rare ids to the pruned head at once
+            # and the reply's as they appear; covering the prompt only slightly
+            # understates what the draft can propose.
+            drafter.head.cover(ids)
+        logits = drafter.head_logits(h).astype(mx.float32)
         tok = drafter._to_token(mx.argmax(logits, axis=-1))
         conf = mx.max(mx.softmax(logits, axis=-1), axis=-1)
         mx.eval(tok, conf)

@@ -8,6 +8,7 @@ import random
 import pytest
 from specchat.engine.events import DraftSettings, GenerateRequest, Message
 from specchat.engine.session import Engine
+from tinymodels import prune_draft_head
 
 SPEC_MODES = [("draft", k) for k in [None, *range(1, 9)]] + [
     ("lookup", None), ("lookup", 3), ("hybrid", None), ("hybrid", 2), ("hybrid", 5)]
@@ -24,14 +25,16 @@ def _prompts(n_special: int, vocab: int) -> list[tuple[int, ...]]:
     return prompts
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-pruned-head"])
 def pair_engine(request, tiny_target, tiny_draft, tiny_qwen_target, tiny_qwen_draft):
     engine = Engine()
-    if request.param == "llama":
-        engine.load(tiny_target, tiny_draft)
-    else:  # padded-vocab qwen2 target with an unrelated unpadded qwen2 draft
+    if request.param == "qwen2":  # padded-vocab target, unrelated unpadded draft
         engine.load(tiny_qwen_target, tiny_qwen_draft)
-    engine.related_draft = request.param == "llama"
+    else:
+        engine.load(tiny_target, tiny_draft)
+    if request.param == "llama-pruned-head":
+        prune_draft_head(engine, keep=64)
+    engine.related_draft = request.param != "qwen2"
     return engine
 
 

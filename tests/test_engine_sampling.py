@@ -149,7 +149,27 @@ def exact_joint(engine, sampling, prompt=PROMPT):
     ("lookup", 3, SamplingParams(temperature=1.2, top_k=5)),
 ])
 def test_speculative_samples_follow_the_target(engine, echo_prompt, mode, k, sampling):
-    prompt = echo_prompt if mode == "lookup" else PROMPT
+    check_distribution(engine, echo_prompt if mode == "lookup" else PROMPT, mode, k, sampling)
+
+
+@pytest.fixture
+def pruned_engine(tiny_target, tiny_draft):
+    from tinymodels import prune_draft_head
+
+    e = Engine()
+    e.load(tiny_target, tiny_draft)
+    prune_draft_head(e, keep=64)
+    return e
+
+
+def test_pruned_draft_head_samples_follow_the_target(pruned_engine):
+    """q is the draft's distribution over its pruned rows (the target's top
+    tokens may lie outside them): rejection sampling stays exact."""
+    check_distribution(pruned_engine, PROMPT, "draft", 2,
+                       SamplingParams(temperature=1.0, top_k=8))
+
+
+def check_distribution(engine, prompt, mode, k, sampling):
     joint = exact_joint(engine, sampling, prompt)
     assert abs(sum(joint.values()) - 1) < 1e-4
     n = 1200

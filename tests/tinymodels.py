@@ -135,3 +135,14 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def prune_draft_head(engine, keep: int) -> None:
+    """Give a loaded engine's draft the pruned output head that real
+    150k-vocabulary drafts get (tiny vocabularies are never pruned on their
+    own): only ids below ``keep``, the end tokens, and ids seen in context."""
+    from specchat.engine.drafters import ModelDrafter
+
+    engine._model_drafter = ModelDrafter(engine.draft, extra_ids=sorted(engine.end_ids),
+                                         prune=True, keep=keep)
+    assert engine._model_drafter.head is not None

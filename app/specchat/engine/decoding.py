@@ -68,6 +68,8 @@ def decode(
     pending = slot.sync_to(prompt_ids)
     reused = len(prompt_ids) - len(pending)
     slot.prefill(pending[:-1])
+    if drafter is not None:
+        drafter.prepare(prompt_ids)
     prefill_s = time.perf_counter() - t_start
     tally.forward_s += prefill_s
 

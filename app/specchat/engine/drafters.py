@@ -1,7 +1,7 @@
 """Drafters: who proposes the tokens the target verifies.
 
-A drafter is anything with ``propose(context, k, ctl) -> Proposal`` and
-``reset()``. The context is every committed token (prompt and output so far);
+A drafter is anything with ``prepare(prompt)``, ``propose(context, ctl) ->
+Proposal`` and ``reset()``. The context is every committed token (prompt and output so far);
 a drafter keeps whatever state it likes (a KV cache, an n-gram index) and
 resynchronises it against the context on each call, so the loop never has to
 tell it what was accepted.
@@ -31,7 +31,7 @@ class Proposal:
     key: str = ""  # what the policy keeps statistics under (defaults to source)
     q: mx.array | None = None  # [k, V] processed draft probs (sampling only)
     confidences: list[float] = field(default_factory=list)
-    draft_s: float = 0.0  # seconds spent in draft forwards (excl. catch-up prefill)
+    draft_s: float = 0.0  # seconds spent in draft forwards (catching up included)
     forwards: int = 0  # draft forward passes behind draft_s
 
     def __post_init__(self) -> None:
@@ -59,6 +59,12 @@ class DraftControl:
 class Drafter(Protocol):
     name: str
 
+    def prepare(self, prompt: Sequence[int]) -> None:
+        """Called once per request during prefill, so that a drafter's own
+        prompt processing counts as prefill (time to first token), not as a
+        decoding step."""
+        ...
+
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal: ...
 
     def reset(self) -> None: ...
@@ -77,6 +83,9 @@ class LookupDrafter:
 
     def __init__(self, min_n: int = 2, max_n: int = 6):
         self.index = NgramIndex(min_n, max_n)
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        pass  # the n-gram index catches up lazily, in microseconds
 
     def match(self, context: Sequence[int]) -> tuple[list[int], int]:
         from specchat.engine.draft_policy import LOOKUP_CAP
@@ -103,6 +112,58 @@ class LookupDrafter:
 # compares tokens, and for sampling q is the real (pruned) distribution.
 PRUNE_ABOVE = 65_536
 PRUNE_KEEP = 32_768
+# Rows added for rare ids seen in conversations, before they are forgotten.
+CONTEXT_ROWS_MAX = 8_192
+
+
+class PrunedHead:
+    """The draft's output projection restricted to the frequent ids, the
+    special tokens, and every rarer id that has appeared in the context.
+
+    Frequency alone fails exactly where drafting should shine: an edit of
+    the user's code copies its identifiers, and a rare id outside the kept
+    rows can never be proposed. Those ids are in the prompt, so the rows for
+    the context's ids are added as they appear (a few hundred rows at most
+    per conversation, gathered once), and the draft can propose them again.
+    """
+
+    def __init__(self, weight: mx.array, keep: int, always: Sequence[int] = ()):
+        self.weight = weight  # the full [V, H] head, to gather context rows from
+        self.vocab = int(weight.shape[0])
+        base = sorted(set(range(min(keep, self.vocab))) | {i for i in always if 0 <= i < self.vocab})
+        self.base_ids = mx.array(base, dtype=mx.uint32)
+        self.base = weight[self.base_ids]
+        self.known = set(base)
+        self.extra: list[int] = []
+        self.extra_head: mx.array | None = None
+        self.rows = self.base_ids  # the token id behind each logit column
+        mx.eval(self.base)
+
+    def cover(self, tokens: Sequence[int]) -> None:
+        """Make sure every id in ``tokens`` can be proposed."""
+        new = {t for t in tokens if t not in self.known and 0 <= t < self.vocab}
+        if not new:
+            return
+        if len(self.extra) + len(new) > CONTEXT_ROWS_MAX:
+            self.known.difference_update(self.extra)
+            self.extra = []
+        self.extra.extend(sorted(new))
+        self.known.update(new)
+        ids = mx.array(self.extra, dtype=mx.uint32)
+        self.extra_head = self.weight[ids]
+        self.rows = mx.concatenate([self.base_ids, ids])
+        mx.eval(self.extra_head, self.rows)
+
+    def __call__(self, h: mx.array) -> mx.array:
+        """[L, H] hidden states -> [L, R] logits over ``rows``."""
+        logits = h @ self.base.T
+        if self.extra_head is not None:
+            logits = mx.concatenate([logits, h @ self.extra_head.T], axis=-1)
+        return logits
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes + (self.extra_head.nbytes if self.extra_head is not None else 0)
 
 
 class ModelDrafter:
@@ -110,52 +171,72 @@ class ModelDrafter:
 
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = (), prune: bool | None = None):
+    def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = (), prune: bool | None = None,
+                 keep: int = PRUNE_KEEP):
         self.loaded = draft
-        self.runner = Runner(draft.model, draft.info.model_type)
+        self.runner = Runner(draft.model, draft.info.model_type, draft.config)
         self.slot = CacheSlot(self.runner)
-        self.subset: mx.array | None = None
-        self.sub_head: mx.array | None = None
+        self.head: PrunedHead | None = None
         weight = self.runner.head_weight()
         vocab = weight.shape[0] if weight is not None else 0
         if prune is None:
             prune = vocab > PRUNE_ABOVE
-        if prune and weight is not None and vocab > PRUNE_KEEP:
-            keep = set(range(PRUNE_KEEP)) | {i for i in extra_ids if 0 <= i < vocab}
-            self.subset = mx.array(sorted(keep), dtype=mx.uint32)
-            self.sub_head = weight[self.subset]
-            mx.eval(self.sub_head)
+        if prune and weight is not None and vocab > keep:
+            self.head = PrunedHead(weight, keep, extra_ids)
 
     def reset(self) -> None:
         self.slot.reset()
 
     def bytes_per_token(self) -> int:
         total = self.runner.bytes_per_token()
-        if self.sub_head is not None:
-            total -= self.runner.head_weight().nbytes - self.sub_head.nbytes
+        if self.head is not None:
+            total -= self.head.weight.nbytes - self.head.nbytes
         return total
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self._catch_up(prompt, feed_max=1)
+
+    def _catch_up(self, context: Sequence[int], feed_max: int = 8) -> list[int]:
+        """Sync the draft's cache with ``context`` and return the ids still to
+        feed. Up to ``feed_max`` of them are left for the first draft forward,
+        which computes logits for the last one only; more are prefilled first
+        (in chunks, without logits)."""
+        pending = self.slot.sync_to(context)
+        if self.head is not None:
+            self.head.cover(pending)
+        if len(pending) > feed_max:
+            self.slot.prefill(pending[:-1])
+            pending = pending[-1:]
+        return pending
+
+    def head_logits(self, h: mx.array) -> mx.array:
+        """Logits for final hidden states [L, H]: over ``head.rows`` when pruned."""
+        if self.head is not None:
+            return self.head(h)
+        return self.runner.head(h)
 
     def _logits(self, tokens: list[int] | mx.array) -> mx.array:
         """[1, V'] logits after feeding ``tokens`` (V' = pruned width if pruned).
         A device array's ids are recorded as -1 until the block is read back."""
         ids = [-1] * tokens.size if isinstance(tokens, mx.array) else list(tokens)
-        if self.sub_head is None:
+        if self.head is None:
             return self.slot.feed(tokens, "last", ids=ids)
         h = self.runner.hidden(tokens, self.slot.cache)[-1:]
         self.slot.ids.extend(ids)
-        return h @ self.sub_head.T
+        return self.head(h)
 
     def _to_token(self, idx: mx.array) -> mx.array:
-        return self.subset[idx] if self.subset is not None else idx
+        return self.head.rows[idx] if self.head is not None else idx
 
     def _full_q(self, probs: mx.array, vocab: int) -> mx.array:
         """Draft probabilities over the target's vocabulary width."""
-        if self.subset is not None:
+        if self.head is not None:
+            rows = self.head.rows
             full = mx.zeros((probs.shape[0], vocab), probs.dtype)
-            keep = self.subset < vocab
-            idx = self.subset if bool(mx.all(keep)) else self.subset[keep]
-            src = probs if idx is self.subset else probs[:, keep]
-            full[:, idx] = src
+            keep = rows < vocab
+            if not bool(mx.all(keep)):
+                rows, probs = rows[keep], probs[:, keep]
+            full[:, rows] = probs
             return full
         w = probs.shape[-1]
         if w == vocab:
@@ -168,17 +249,15 @@ class ModelDrafter:
         k = ctl.cap(self.name)
         if k <= 0:
             return Proposal(tokens=[], source=self.name)
-        pending = self.slot.sync_to(context)
-        if len(pending) > 8:  # a new prompt: prefill is not part of drafting cost
-            self.slot.prefill(pending[:-1])
-            pending = pending[-1:]
+        t0 = time.perf_counter()
+        # Catch up on what was accepted since the last call (many tokens after
+        # a run of lookup proposals in hybrid mode): that is draft forward time.
+        feed: list[int] | mx.array = self._catch_up(context)
         greedy = ctl.sampling.greedy
         toks: list[mx.array] = []
         tokens: list[int] = []
         confs: list[float] = []
         q_rows: list[mx.array] = []
-        t0 = time.perf_counter()
-        feed: list[int] | mx.array = pending
         while True:
             logits = self._logits(feed).astype(mx.float32)
             if greedy:
@@ -228,6 +307,10 @@ class HybridDrafter:
         self.model = model
         self.lookup = lookup
         self.min_match = min_match
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self.model.prepare(prompt)
+        self.lookup.prepare(prompt)
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         found = self.lookup.match(context)

@@ -1,0 +1,88 @@
+"""The draft model's pruned output head: frequent ids, special tokens, and
+every rarer id the conversation has used, so edits can copy rare tokens."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+from specchat.engine import drafters
+from specchat.engine.drafters import PrunedHead
+from specchat.engine.events import DraftSettings, GenerateRequest
+from specchat.engine.session import Engine
+from tinymodels import prune_draft_head
+
+
+def _weight(v=300, h=16):
+    return mx.array(np.random.default_rng(0).normal(size=(v, h)).astype(np.float32))
+
+
+def test_pruned_head_adds_context_ids_as_they_appear():
+    w = _weight()
+    head = PrunedHead(w, keep=64, always=[299])
+    assert head.rows.tolist() == [*range(64), 299]
+    head.cover([5, 100, 200, 100, 63, 299])
+    assert head.rows.tolist() == [*range(64), 299, 100, 200]
+    h = mx.array(np.random.default_rng(1).normal(size=(3, 16)).astype(np.float32))
+    got = np.array(head(h))
+    want = np.array(h @ w[head.rows].T)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert head.nbytes == (64 + 3) * 16 * 4
+    before = head.rows
+    head.cover([100, 7, 400, -1])  # nothing new; out-of-range ids are ignored
+    assert head.rows is before
+
+
+def test_pruned_head_forgets_old_context_rows_past_its_budget(monkeypatch):
+    monkeypatch.setattr(drafters, "CONTEXT_ROWS_MAX", 3)
+    head = PrunedHead(_weight(), keep=64)
+    head.cover([100, 101])
+    head.cover([102, 103])
+    assert head.rows.tolist() == [*range(64), 102, 103]
+    head.cover([100])
+    assert head.rows.tolist() == [*range(64), 102, 103, 100]
+
+
+def test_the_drafter_covers_the_prompt_before_drafting(tiny_target, tiny_draft):
+    engine = Engine()
+    engine.load(tiny_target, tiny_draft)
+    prune_draft_head(engine, keep=64)
+    head = engine._model_drafter.head
+    prompt = (5, 300, 301, 7, 300)
+    assert 300 not in head.rows.tolist()
+    r = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=12,
+                                        draft=DraftSettings(mode="draft", k=3)))
+    rows = head.rows.tolist()
+    assert {300, 301} <= set(rows)
+    # Generated ids outside the base rows were added as they were committed
+    # (all but the last step's, which no later draft step saw).
+    assert {t for t in r.token_ids[:-2] if t >= 64} <= set(rows)
+    assert r.summary.drafted > 0
+
+
+def test_small_vocabularies_are_not_pruned(tiny_target, tiny_draft):
+    engine = Engine()
+    engine.load(tiny_target, tiny_draft)
+    assert engine._model_drafter.head is None
+
+
+def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_draft):
+    """The qwen2 target pads its vocabulary to 416 rows, the draft has 400:
+    ids 400..415 are valid for the target and must not make the draft read
+    past its embedding table (that gave NaN logits, now and then)."""
+    engine = Engine()
+    engine.load(tiny_qwen_target, tiny_qwen_draft)
+    runner = engine._model_drafter.runner
+    assert (engine._slot.runner.rows, runner.rows) == (416, 400)
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def last_logits(ids):
+        return np.array(runner(ids, make_prompt_cache(runner.model), "last"))
+
+    np.testing.assert_array_equal(last_logits([5, 410]), last_logits([5, 399]))
+    prompt = (5, 410, 415, 7, 410, 415, 7)
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
+                                            draft=DraftSettings(mode="plain")))
+    for mode in ("draft", "hybrid"):
+        spec = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
+                                               draft=DraftSettings(mode=mode)))
+        assert spec.token_ids == plain.token_ids
