@@ -41,13 +41,15 @@ MODES = ["plain", "spec", "spec-k2", "spec-k4", "lookup", "mlx-lm-plain", "mlx-l
 
 def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="compare SpecChat and mlx-lm decoding on the same weights")
-    b.add_argument("--target", required=True)
-    b.add_argument("--draft", required=True)
-    b.add_argument("--prompts", required=True, help="JSONL file of prompts")
-    b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE")
+    b.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")
+    b.add_argument("--draft", required=True, help="draft model sharing the target's tokenizer")
+    b.add_argument("--prompts", required=True,
+                   help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
+    b.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    b.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    b.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE",
+                   help="modes to run, interleaved per prompt (default: all of " + ", ".join(MODES) + ")")
     b.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
 
 

@@ -176,24 +176,28 @@ def _rounds(from_draft: list[bool]) -> list[int]:
 
 def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
     """Seconds per target forward over m tokens and per draft forward, on a
-    real context, for Leviathan's formula."""
+    real context, for Leviathan's formula. Each is timed as decoding runs it:
+    the target with logits for every position, the draft with logits for the
+    last position over its (pruned) head."""
 
-    def timed(model, m: int) -> float:
+    def timed(model, forward, m: int) -> float:
         cache = make_prompt_cache(model)
         _prefill(model, cache, ids)
         best = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            out = model(mx.array(ids[-m:])[None], cache=cache)
-            mx.eval(out)
+            mx.eval(forward(ids[-m:], cache))
             best.append(time.perf_counter() - t0)
             for c in cache:
                 c.trim(m)
         return statistics.median(best)
 
-    costs = {"target": {m: timed(engine.target.model, m) for m in (1, 3, 5, 9)}}
-    if engine.draft is not None:
-        costs["draft"] = timed(engine.draft.model, 1)
+    target = engine._slot.runner
+    costs = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
+                        for m in (1, 3, 5, 9)}}
+    drafter = engine._model_drafter
+    if drafter is not None:
+        costs["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)
     return costs
 
 

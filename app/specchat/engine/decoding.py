@@ -46,6 +46,54 @@ class _Tally:
             d["steps"] += 1
 
 
+class _Verifier:
+    """Feeds [last token, d1..dK] to the target and decides on the device what
+    to keep; ``step`` reads the decision back (one host sync).
+
+    Plain decoding runs one step ahead, as mlx-lm's ``generate_step`` does:
+    the next forward pass is queued on the still-lazy next token before the
+    current one is read back, so the device does not sit idle while Python
+    handles a token. The queued step's token joins the cache early; ``close``
+    drops it, leaving the cache exactly as the unpipelined loop would.
+    """
+
+    def __init__(self, slot: CacheSlot, sampling, rule: str, keys: KeyStream, pipelined: bool):
+        self.slot = slot
+        self.sampling = sampling
+        self.rule = rule
+        self.keys = keys
+        self.pipelined = pipelined
+        self._queued: mx.array | None = None
+
+    def _verdict(self, tokens: list[int] | mx.array, proposal: Proposal) -> mx.array:
+        lazy = isinstance(tokens, mx.array)
+        logits = self.slot.feed(tokens, "all", ids=[-1] if lazy else None).astype(mx.float32)
+        drafts = mx.array(proposal.tokens, dtype=mx.int32)
+        if self.sampling.greedy:
+            return acceptance.greedy(logits, drafts)
+        p = processed_logprobs(logits, self.sampling)
+        if self.rule == "equality":
+            return acceptance.equality(p, drafts, self.keys.next())
+        return acceptance.rejection(p, drafts, proposal.q, self.keys.next())
+
+    def step(self, last: int, proposal: Proposal) -> tuple[int, int]:
+        """(accepted drafts, the target's next token)."""
+        if not self.pipelined:
+            n, nxt = self._verdict([last, *proposal.tokens], proposal).tolist()
+            return n, nxt
+        current = self._queued if self._queued is not None else self._verdict([last], proposal)
+        self._queued = self._verdict(current[1:], proposal)
+        mx.async_eval(self._queued)
+        n, nxt = current.tolist()
+        self.slot.ids[-1] = nxt  # the queued step fed it before it was known
+        return n, nxt
+
+    def close(self) -> None:
+        if self._queued is not None:
+            self.slot.rewind(len(self.slot.ids) - 1)
+            self._queued = None
+
+
 def decode(
     slot: CacheSlot,
     tokenizer: TokenizerWrapper,
@@ -79,6 +127,7 @@ def decode(
     finish = "length"
     ttft = None
     no_draft = Proposal(tokens=[], source="")
+    verifier = _Verifier(slot, sampling, request.draft.acceptance, keys, pipelined=drafter is None)
 
     while True:
         if cancelled is not None and cancelled.is_set():
@@ -101,16 +150,7 @@ def decode(
             proposal = drafter.propose(context, ctl)
         k = proposal.k
         t_v = time.perf_counter()
-        logits = slot.feed([context[-1], *proposal.tokens], "all").astype(mx.float32)
-        drafts = mx.array(proposal.tokens, dtype=mx.int32)
-        if sampling.greedy:
-            verdict = acceptance.greedy(logits, drafts)
-        elif request.draft.acceptance == "equality":
-            verdict = acceptance.equality(processed_logprobs(logits, sampling), drafts, keys.next())
-        else:
-            verdict = acceptance.rejection(processed_logprobs(logits, sampling), drafts,
-                                           proposal.q, keys.next())
-        n, nxt = verdict.tolist()
+        n, nxt = verifier.step(context[-1], proposal)
         verify_s = time.perf_counter() - t_v
         slot.rewind(len(slot.ids) - (k - n))
         tally.forward_s += verify_s + proposal.draft_s
@@ -165,6 +205,7 @@ def decode(
         if done:
             break
 
+    verifier.close()
     tail = stream.finish()  # cancelled, or the budget ran out between steps
     if tail:
         text_parts.append(tail)

@@ -1,10 +1,10 @@
 """Drafters: who proposes the tokens the target verifies.
 
 A drafter is anything with ``prepare(prompt)``, ``propose(context, ctl) ->
-Proposal`` and ``reset()``. The context is every committed token (prompt and output so far);
-a drafter keeps whatever state it likes (a KV cache, an n-gram index) and
-resynchronises it against the context on each call, so the loop never has to
-tell it what was accepted.
+Proposal`` and ``reset()``. The context is every committed token (prompt and
+output so far); a drafter keeps whatever state it likes (a KV cache, an
+n-gram index) and resynchronises it against the context on each call, so the
+loop never has to tell it what was accepted.
 """
 
 from __future__ import annotations
@@ -215,15 +215,19 @@ class ModelDrafter:
             return self.head(h)
         return self.runner.head(h)
 
-    def _logits(self, tokens: list[int] | mx.array) -> mx.array:
-        """[1, V'] logits after feeding ``tokens`` (V' = pruned width if pruned).
-        A device array's ids are recorded as -1 until the block is read back."""
-        ids = [-1] * tokens.size if isinstance(tokens, mx.array) else list(tokens)
+    def forward_last(self, tokens: list[int] | mx.array, cache) -> mx.array:
+        """[1, V'] logits for the last of ``tokens`` fed into ``cache`` (V' =
+        the pruned width if pruned): one draft step."""
         if self.head is None:
-            return self.slot.feed(tokens, "last", ids=ids)
-        h = self.runner.hidden(tokens, self.slot.cache)[-1:]
-        self.slot.ids.extend(ids)
-        return self.head(h)
+            return self.runner(tokens, cache, "last")
+        return self.head(self.runner.hidden(tokens, cache)[-1:])
+
+    def _logits(self, tokens: list[int] | mx.array) -> mx.array:
+        """One draft step on the drafter's own cache. A device array's ids
+        are recorded as -1 until the block is read back."""
+        out = self.forward_last(tokens, self.slot.cache)
+        self.slot.ids.extend([-1] * tokens.size if isinstance(tokens, mx.array) else tokens)
+        return out
 
     def _to_token(self, idx: mx.array) -> mx.array:
         return self.head.rows[idx] if self.head is not None else idx
