@@ -111,6 +111,26 @@ def replay_one(rec: dict, mode: str, fixed_k: int | None, costs, draft_s: float,
     return n_tok * verify(1) / seconds
 
 
+def oracle_one(rec: dict, costs, draft_s: float, cap: int = dp.K_CAP) -> float:
+    """Speedup of a draft-model policy that knows in advance how many draft
+    tokens the target will accept: it drafts exactly those (when that pays)
+    and never wastes a draft forward. No real policy can do better with this
+    draft, so it bounds what smarter draft lengths could gain."""
+    t1, slope = costs
+    target, draft = rec["target"], rec["draft"]
+    n_tok, i, seconds = len(target), 0, 0.0
+    while i < n_tok:
+        run = 0
+        while i + run < n_tok - 1 and run < cap and draft[i + run] == target[i + run]:
+            run += 1
+        step = run * draft_s + t1 * (1 + slope * run)
+        if run and step / (run + 1) < t1:
+            seconds, i = seconds + step, i + run + 1
+        else:
+            seconds, i = seconds + t1, i + 1
+    return n_tok * t1 / seconds
+
+
 def replay(args) -> None:
     data = json.loads(Path(args.recording).read_text())
     costs = (args.t1, args.slope)
@@ -118,8 +138,12 @@ def replay(args) -> None:
             ("draft model, adaptive", "draft", None, args.draft_s),
             ("lookup, adaptive", "lookup", None, args.draft_s)]
     runs += [(f"draft model, K={k}", "draft", k, args.draft_s) for k in (2, 3, 4, 6)]
+    runs += [("draft model, oracle", "oracle", None, args.draft_s)]
     for name, mode, k, ds in runs:
-        sp = [replay_one(r, mode, k, costs, ds) for r in data]
+        if mode == "oracle":
+            sp = [oracle_one(r, costs, ds) for r in data]
+        else:
+            sp = [replay_one(r, mode, k, costs, ds) for r in data]
         by: dict[str, list[float]] = {}
         for r, s in zip(data, sp, strict=True):
             by.setdefault(r["kind"], []).append(s)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import specchat.engine  # noqa: E402,F401  (loads OpenBLAS before anything imports MLX)
+import specchat.engine  # noqa: E402,F401  (loads the system BLAS before anything imports MLX)
 from tinymodels import build_model, build_tokenizer  # noqa: E402
 
 

@@ -177,8 +177,8 @@ def test_ensure_redoes_an_import_of_other_files(home, fake_bundled, monkeypatch,
 # -- the real models (slow) -----------------------------------------------------------
 PROMPT = "Write a Python function that reverses a string."
 
-# Recorded from greedy runs (float32 on CPU, OpenBLAS) whose text was read for
-# coherence; the texts are the decoded ids.
+# Recorded from greedy runs (float32 on CPU; OpenBLAS then, the same with BLIS) whose text
+# was read for coherence; the texts are the decoded ids.
 SMOLLM_IDS = [3725, 5367, 198, 1604, 8535, 79, 5931, 24, 4525, 79, 1321, 727, 472, 1003, 3007,
               79, 1321, 43788, 33, 77, 198, 3725, 198, 198, 1348, 1517, 2925, 36875, 288, 8535,
               260, 3007, 4928, 30, 378, 2179, 43788, 33, 77, 80, 17227, 281, 5905, 314, 253,

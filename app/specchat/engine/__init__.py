@@ -1,7 +1,7 @@
 """The MLX engine: loading, drafters, acceptance, the speculative loop, stats.
 
 No Qt here, and it runs headless. Importing this package loads the system
-OpenBLAS first (see blas.py), so import it before anything imports MLX.
+BLAS first (see blas.py), so import it before anything imports MLX.
 """
 
 import os as _os

@@ -2,7 +2,7 @@
 
 On Apple GPUs decoding is bandwidth-bound and MLX's 4-bit kernels are fast,
 so weights are quantized to 4 bits. On CPU, MLX's bf16/quantized kernels are
-slow while float32 goes through BLAS (OpenBLAS when present), so float32 is
+slow while float32 goes through BLAS (BLIS or OpenBLAS when present), so float32 is
 the fast path there. The choice is made at run time from what MLX reports;
 SPECCHAT_DTYPE (float32, float16, bfloat16, q4) overrides it for experiments.
 """
@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-# The package's __init__ has already loaded OpenBLAS before this MLX import.
+# The package's __init__ has already loaded the system BLAS before this MLX import.
 from specchat.engine import blas
 from specchat.engine.events import ComputeInfo
 

@@ -157,7 +157,7 @@ class ModelInfo:
 class ComputeInfo:
     device: str  # "gpu" or "cpu"
     dtype: str  # "float32", "float16", "bfloat16" or "q4"
-    blas: str  # "openblas", "accelerate", "bundled"
+    blas: str  # "blis", "openblas", "accelerate", "bundled", or a library path
     note: str = ""
 
 

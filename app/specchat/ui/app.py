@@ -47,7 +47,7 @@ def create_app():
 def run(target: str | None = None, draft: str | None = None, lookup: bool = False) -> int:
     import qasync
 
-    import specchat.engine  # noqa: F401 - OpenBLAS before anything can import MLX
+    import specchat.engine  # noqa: F401 - system BLAS before anything can import MLX
     from specchat.store import db
     from specchat.store.settings import SettingsStore
     from specchat.ui.main_window import MainWindow

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import qasync
 
-    import specchat.engine  # noqa: F401 - OpenBLAS first
+    import specchat.engine  # noqa: F401 - system BLAS first
     from specchat.ui.app import create_app
     from specchat.ui.main_window import MainWindow
 

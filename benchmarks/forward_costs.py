@@ -1,0 +1,104 @@
+"""Where a decoding step's time goes: forward passes of the loaded pair over
+m tokens (whole model, and trunk without the vocabulary projection), and
+float32 matmuls of the shapes decoding uses, through whatever BLAS MLX has
+(see SPECCHAT_BLAS in docs/engine.md to compare libraries).
+
+    python benchmarks/forward_costs.py --target bundled:qwen2.5-coder-1.5b \\
+        --draft bundled:qwen2.5-coder-0.5b
+    SPECCHAT_BLAS=openblas python benchmarks/forward_costs.py --matmul-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+
+import specchat.engine  # noqa: E402,F401  (BLAS before MLX)
+from specchat.engine import blas  # noqa: E402
+
+
+def median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def forward_costs(target: str, draft: str | None, reps: int) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from specchat.engine.session import Engine
+    from specchat.library.refs import resolve
+
+    engine = Engine()
+    engine.load(resolve(target), resolve(draft) if draft else None)
+    cost = engine._cost  # what the drafting policy assumes (bytes, not timers)
+    print(f"policy costs: draft/target bytes per token c = {cost.draft:.3f}, "
+          f"verify slope s = {cost.slope:.3f}")
+    ids = list(range(1000, 1200))  # a 200-token context
+    models = [("target", engine.target.model)]
+    if engine.draft is not None:
+        models.append(("draft", engine.draft.model))
+    for name, model in models:
+        cache = make_prompt_cache(model)
+        model(mx.array(ids)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        for m in (1, 2, 5, 9, 13):
+            full = _step_time(lambda x, c, model=model: model(x, cache=c), ids, m, cache, reps)
+            trunk = _step_time(lambda x, c, model=model: model.model(x, c), ids, m, cache, reps)
+            print(f"{name} {m} token(s): {full * 1000:6.0f} ms  "
+                  f"(trunk {trunk * 1000:.0f} ms, vocabulary projection {(full - trunk) * 1000:.0f} ms)")
+
+
+def _step_time(fn, ids: list[int], m: int, cache, reps: int) -> float:
+    """Median seconds to feed the last m ids, rewinding the cache after each."""
+    import mlx.core as mx
+
+    def run():
+        mx.eval(fn(mx.array(ids[-m:])[None], cache))
+        for c in cache:
+            c.trim(m)
+
+    return median_time(run, reps)
+
+
+def matmul_costs(reps: int) -> None:
+    import mlx.core as mx
+
+    vocab, hidden, inter = 151936, 1536, 8960
+    for name, rows in (("vocabulary projection", vocab), ("MLP projection", inter)):
+        w = mx.random.normal((rows, hidden))
+        mx.eval(w)
+        for m in (1, 2, 5, 9):
+            x = mx.random.normal((m, hidden))
+            mx.eval(x)
+            t = median_time(lambda x=x, w=w: mx.eval(x @ w.T), reps)
+            print(f"{name} [{m} x {hidden}] @ [{hidden} x {rows}]: {t * 1000:7.2f} ms, "
+                  f"{w.nbytes / t / 1e9:5.1f} GB/s of weights")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--matmul-only", action="store_true")
+    args = ap.parse_args()
+    st = blas.status()
+    print(f"BLAS: {st.name} ({st.path or st.note})")
+    matmul_costs(max(args.reps, 7))
+    if not args.matmul_only:
+        if not args.target:
+            ap.error("--target is needed unless --matmul-only")
+        forward_costs(args.target, args.draft, args.reps)
+
+
+if __name__ == "__main__":
+    main()
