@@ -159,3 +159,30 @@ def test_dtype_and_available_memory(monkeypatch):
     monkeypatch.delenv("SPECCHAT_MEMORY_AVAILABLE", raising=False)
     avail = memory.available_memory()
     assert avail is None or avail > 0
+
+
+def test_tokenizer_facts_are_parsed_once_and_reread_when_the_file_changes(tmp_path,
+                                                                          tiny_qwen_draft):
+    # Re-parsing a real tokenizer.json holds the GIL for ~200 ms (a GUI stall),
+    # so a re-check of the same folder must not parse again, but an edited
+    # tokenizer must not be answered from the cache.
+    import json
+    import os
+
+    folder = edited_copy(tiny_qwen_draft, tmp_path / "tok-cache")
+    first = facts.tokenizer_facts(folder)
+    assert facts.tokenizer_facts(folder) is first
+    assert first.fingerprint() == first.fingerprint()
+
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["added_tokens"].append({"id": 999, "content": "<|new|>", "special": True,
+                                 "single_word": False, "lstrip": False, "rstrip": False,
+                                 "normalized": False})
+    path.write_text(json.dumps(data), encoding="utf-8")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    second = facts.tokenizer_facts(folder)
+    assert second is not first
+    assert second.added["<|new|>"] == 999
+    assert second.fingerprint() != first.fingerprint()

@@ -25,6 +25,14 @@ class TokenizerFacts:
         return (max(ids) + 1) if ids else 0
 
     def fingerprint(self) -> str:
+        """Memoised: hashing a 150K-entry vocabulary holds the GIL for ~100 ms."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            cached = self._hash()
+            object.__setattr__(self, "_fingerprint", cached)  # frozen, not a field
+        return cached
+
+    def _hash(self) -> str:
         blob = json.dumps(
             {"vocab": sorted(self.vocab.items()), "added": sorted(self.added.items()),
              "special": sorted((k, v or "") for k, v in self.special.items())},

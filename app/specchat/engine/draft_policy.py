@@ -29,7 +29,7 @@ bandwidth on Apple GPUs and CPUs alike, so c is the draft's bytes read per
 forward over the target's (0.25 for Qwen2.5 0.5B/1.5B in float32 with the
 draft's pruned head; timing them on the development machine gave 82 ms /
 277 ms = 0.30), and the verify slope s is a property of the device
-(CPU with BLIS: 9 tokens cost 1.73x one, 13 tokens 2.24x, so s ~ 0.1; see
+(CPU with BLIS: 9 tokens cost 1.8x one, 13 tokens 2.4x, so s ~ 0.1; see
 docs/benchmarks.md). Timing-free costs and per-request statistics
 make the policy deterministic, so a seeded request gives the same tokens
 every time even though K adapts.

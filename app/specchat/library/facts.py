@@ -222,17 +222,41 @@ def _pos_int(v) -> int | None:
     return int(v) if isinstance(v, int | float) and v else None
 
 
+# Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
+# is one C call that holds the GIL for about 200 ms, which stalls the GUI thread
+# whenever a worker thread re-checks a pair it has already checked.
+_TOKENIZER_CACHE: dict[tuple, object] = {}
+_TOKENIZER_CACHE_MAX = 16
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def tokenizer_facts(folder: Path):
     """TokenizerFacts from tokenizer.json, or None when the folder has only a
-    sentencepiece model (then compatibility cannot be checked without loading)."""
+    sentencepiece model (then compatibility cannot be checked without loading).
+    Cached until either tokenizer file changes; callers must not mutate it."""
     if not (folder / "tokenizer.json").exists():
         return None
     from specchat.engine.compat import facts_from_tokenizer_json
 
+    key = (str(folder.resolve()), _stamp(folder / "tokenizer.json"),
+           _stamp(folder / "tokenizer_config.json"))
+    if key in _TOKENIZER_CACHE:
+        return _TOKENIZER_CACHE[key]
     try:
-        return facts_from_tokenizer_json(folder)
+        facts = facts_from_tokenizer_json(folder)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LibraryError(f"{folder / 'tokenizer.json'} could not be read ({exc})") from exc
+    if len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
+        _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
+    _TOKENIZER_CACHE[key] = facts
+    return facts
 
 
 def read_folder(folder: str | os.PathLike) -> ModelFacts:

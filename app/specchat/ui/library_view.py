@@ -80,8 +80,8 @@ def model_choices() -> list[ModelChoice]:
     cat_models = list(getattr(cat, "models", []) or [])
     bundled_names = {m.ref: m.name for m in cat_models if m.ref.startswith("bundled:")}
     for ref in BUNDLED_REFS:
-        add(ModelChoice(ref, bundled_names.get(ref, ref.split(":", 1)[1]) + "  (built in)",
-                        "bundled"))
+        name = bundled_names.get(ref, ref.split(":", 1)[1]).removesuffix(" (bundled)")
+        add(ModelChoice(ref, f"{name}  (built in)", "bundled"))
     for m in installed_models():
         if getattr(m, "kind", "") == "bundled" or m.source.startswith("bundled:"):
             continue

@@ -32,7 +32,7 @@ class PairPicker(QFrame):
         for box in (self.target, self.draft):
             box.setEditable(True)
             box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-            box.setMinimumContentsLength(18)
+            box.setMinimumContentsLength(16)
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.target.setToolTip("The model whose replies you get (a name, folder, .gguf or hf:org/repo)")
         self.draft.setToolTip("A small model with the same tokenizer that proposes tokens, or "
@@ -43,6 +43,7 @@ class PairPicker(QFrame):
         self.verdict_label.setSizePolicy(QSizePolicy.Policy.Expanding,
                                          QSizePolicy.Policy.Preferred)
         self.verdict_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.verdict_label.setMinimumWidth(240)  # a reason in a few lines, not a column
         self.load_button = QPushButton("Load")
         self.load_button.setToolTip("Load this pair")
         self.manage_button = QPushButton("Models…")
@@ -98,6 +99,9 @@ class PairPicker(QFrame):
             box.addItem(ref, ref)
             i = box.count() - 1
         box.setCurrentIndex(max(i, 0))
+        # An editable combo leaves its cursor at the end, which scrolls a long
+        # name so that only its tail ("... Instruct") shows.
+        box.lineEdit().setCursorPosition(0)
 
     def set_pair(self, target: str | None, draft: str | None, check: bool = True) -> None:
         for box in (self.target, self.draft):
