@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -227,6 +228,7 @@ def _pos_int(v) -> int | None:
 # whenever a worker thread re-checks a pair it has already checked.
 _TOKENIZER_CACHE: dict[tuple, object] = {}
 _TOKENIZER_CACHE_MAX = 16
+_TOKENIZER_CACHE_LOCK = threading.Lock()  # checks run on executor threads
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -247,15 +249,17 @@ def tokenizer_facts(folder: Path):
 
     key = (str(folder.resolve()), _stamp(folder / "tokenizer.json"),
            _stamp(folder / "tokenizer_config.json"))
-    if key in _TOKENIZER_CACHE:
-        return _TOKENIZER_CACHE[key]
+    with _TOKENIZER_CACHE_LOCK:
+        if key in _TOKENIZER_CACHE:
+            return _TOKENIZER_CACHE[key]
     try:
         facts = facts_from_tokenizer_json(folder)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LibraryError(f"{folder / 'tokenizer.json'} could not be read ({exc})") from exc
-    if len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
-        _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
-    _TOKENIZER_CACHE[key] = facts
+    with _TOKENIZER_CACHE_LOCK:
+        while len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
+            _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
+        _TOKENIZER_CACHE[key] = facts
     return facts
 
 
