@@ -34,6 +34,7 @@ def median_time(fn, reps: int) -> float:
 def forward_costs(target: str, draft: str | None, reps: int) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
+    from specchat.engine.bench import prefill, step_time
     from specchat.engine.session import Engine
     from specchat.library.refs import resolve
 
@@ -48,25 +49,14 @@ def forward_costs(target: str, draft: str | None, reps: int) -> None:
         models.append(("draft", engine.draft.model))
     for name, model in models:
         cache = make_prompt_cache(model)
-        model(mx.array(ids)[None], cache=cache)
-        mx.eval([c.state for c in cache])
+        prefill(model, cache, ids)
         for m in (1, 2, 5, 9, 13):
-            full = _step_time(lambda x, c, model=model: model(x, cache=c), ids, m, cache, reps)
-            trunk = _step_time(lambda x, c, model=model: model.model(x, c), ids, m, cache, reps)
+            full = step_time(lambda x, c, model=model: model(mx.array(x)[None], cache=c),
+                             ids, m, cache, reps)
+            trunk = step_time(lambda x, c, model=model: model.model(mx.array(x)[None], c),
+                              ids, m, cache, reps)
             print(f"{name} {m} token(s): {full * 1000:6.0f} ms  "
                   f"(trunk {trunk * 1000:.0f} ms, vocabulary projection {(full - trunk) * 1000:.0f} ms)")
-
-
-def _step_time(fn, ids: list[int], m: int, cache, reps: int) -> float:
-    """Median seconds to feed the last m ids, rewinding the cache after each."""
-    import mlx.core as mx
-
-    def run():
-        mx.eval(fn(mx.array(ids[-m:])[None], cache))
-        for c in cache:
-            c.trim(m)
-
-    return median_time(run, reps)
 
 
 def matmul_costs(reps: int) -> None:

@@ -108,7 +108,7 @@ def run_ours(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
                overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps])
 
 
-def _prefill(model, cache, ids: list[int]) -> None:
+def prefill(model, cache, ids: list[int]) -> None:
     for i in range(0, len(ids), PREFILL_CHUNK):
         model(mx.array(ids[i:i + PREFILL_CHUNK])[None], cache=cache)
         mx.eval([c.state for c in cache])
@@ -125,7 +125,7 @@ def run_mlx_lm(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
     cache = make_prompt_cache(target)
-    _prefill(target, cache, ids[:-1])
+    prefill(target, cache, ids[:-1])
     last = mx.array(ids[-1:])
     if k == 0:
         gen = ((t, lp, False) for t, lp in generate_step(
@@ -133,7 +133,7 @@ def run_mlx_lm(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
     else:
         draft = engine.draft.model
         dcache = make_prompt_cache(draft)
-        _prefill(draft, dcache, ids[:-1])
+        prefill(draft, dcache, ids[:-1])
         gen = speculative_generate_step(last, target, draft, num_draft_tokens=k,
                                         max_tokens=max_tokens, sampler=sampler,
                                         prompt_cache=cache + dcache)
@@ -174,6 +174,19 @@ def _rounds(from_draft: list[bool]) -> list[int]:
 
 # -- forward-pass costs ------------------------------------------------------------------
 
+def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
+    """Median seconds for ``forward(last m ids, cache)``, rewinding the cache
+    after each run so every repetition sees the same context."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(forward(ids[-m:], cache))
+        times.append(time.perf_counter() - t0)
+        for c in cache:
+            c.trim(m)
+    return statistics.median(times)
+
+
 def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
     """Seconds per target forward over m tokens and per draft forward, on a
     real context, for Leviathan's formula. Each is timed as decoding runs it:
@@ -182,15 +195,8 @@ def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
 
     def timed(model, forward, m: int) -> float:
         cache = make_prompt_cache(model)
-        _prefill(model, cache, ids)
-        best = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            mx.eval(forward(ids[-m:], cache))
-            best.append(time.perf_counter() - t0)
-            for c in cache:
-                c.trim(m)
-        return statistics.median(best)
+        prefill(model, cache, ids)
+        return step_time(forward, ids, m, cache, reps)
 
     target = engine._slot.runner
     costs = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
