@@ -34,6 +34,7 @@ class PairPicker(QFrame):
             box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
             box.setMinimumContentsLength(16)
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.activated.connect(lambda _i, b=box: self._show_start(b))
         self.target.setToolTip("The model whose replies you get (a name, folder, .gguf or hf:org/repo)")
         self.draft.setToolTip("A small model with the same tokenizer that proposes tokens, or "
                               "prompt lookup (no second model)")
@@ -80,6 +81,7 @@ class PairPicker(QFrame):
                 box.setItemData(box.count() - 1, c.detail or c.ref, Qt.ItemDataRole.ToolTipRole)
         for box in (self.target, self.draft):
             box.blockSignals(False)
+            self._show_start(box)
         if keep:
             self.set_pair(*keep, check=False)
 
@@ -99,8 +101,12 @@ class PairPicker(QFrame):
             box.addItem(ref, ref)
             i = box.count() - 1
         box.setCurrentIndex(max(i, 0))
-        # An editable combo leaves its cursor at the end, which scrolls a long
-        # name so that only its tail ("... Instruct") shows.
+        self._show_start(box)
+
+    @staticmethod
+    def _show_start(box: QComboBox) -> None:
+        """An editable combo leaves its cursor at the end of a chosen item,
+        which scrolls a long name so that only its tail ("... Instruct") shows."""
         box.lineEdit().setCursorPosition(0)
 
     def set_pair(self, target: str | None, draft: str | None, check: bool = True) -> None:
