@@ -7,8 +7,8 @@ the development machine). A system BLAS loaded RTLD_GLOBAL before the first
 - BLIS (Debian ``libblis4-pthread``), preferred. Decoding multiplies one to
   a dozen rows by each weight matrix, and BLIS runs those skinny products
   without packing the weights first: on the development machine a whole
-  Qwen2.5-1.5B forward took 282 ms for one token and 425 ms for five,
-  against 532 ms and 894 ms with OpenBLAS (docs/benchmarks.md). Its threads
+  Qwen2.5-1.5B forward took 269 ms for one token and 408 ms for five,
+  against 549 ms and 827 ms with OpenBLAS (docs/benchmarks.md). Its threads
   are set by BLIS_NUM_THREADS, which is 1 unless set, so we set it to the
   cores this process may use.
 - OpenBLAS (``libopenblas0-pthread``), the fallback: about 100x the reference
