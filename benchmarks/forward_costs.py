@@ -40,7 +40,7 @@ def forward_costs(target: str, draft: str | None, reps: int) -> None:
 
     engine = Engine()
     engine.load(resolve(target), resolve(draft) if draft else None)
-    cost = engine._cost  # what the drafting policy assumes (bytes, not timers)
+    cost = engine.cost_model  # what the drafting policy assumes (bytes, not timers)
     print(f"policy costs: draft/target bytes per token c = {cost.draft:.3f}, "
           f"verify slope s = {cost.slope:.3f}")
     ids = list(range(1000, 1200))  # a 200-token context

@@ -42,7 +42,7 @@ def record(args) -> None:
 
     engine = Engine()
     engine.load(resolve(args.target), resolve(args.draft))
-    drafter = engine._model_drafter
+    drafter = engine.model_drafter
     out = []
     for p in load_prompts(args.prompts):
         ids = engine.prompt_ids(GenerateRequest(messages=p.messages))

@@ -46,7 +46,7 @@ def test_the_drafter_covers_the_prompt_before_drafting(tiny_target, tiny_draft):
     engine = Engine()
     engine.load(tiny_target, tiny_draft)
     prune_draft_head(engine, keep=64)
-    head = engine._model_drafter.head
+    head = engine.model_drafter.head
     prompt = (5, 300, 301, 7, 300)
     assert 300 not in head.rows.tolist()
     r = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=12,
@@ -62,7 +62,7 @@ def test_the_drafter_covers_the_prompt_before_drafting(tiny_target, tiny_draft):
 def test_small_vocabularies_are_not_pruned(tiny_target, tiny_draft):
     engine = Engine()
     engine.load(tiny_target, tiny_draft)
-    assert engine._model_drafter.head is None
+    assert engine.model_drafter.head is None
 
 
 def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_draft):
@@ -71,8 +71,8 @@ def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_d
     past its embedding table (that gave NaN logits, now and then)."""
     engine = Engine()
     engine.load(tiny_qwen_target, tiny_qwen_draft)
-    runner = engine._model_drafter.runner
-    assert (engine._slot.runner.rows, runner.rows) == (416, 400)
+    runner = engine.model_drafter.runner
+    assert (engine.target_runner.rows, runner.rows) == (416, 400)
     from mlx_lm.models.cache import make_prompt_cache
 
     def last_logits(ids):

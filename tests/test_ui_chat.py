@@ -107,7 +107,7 @@ def test_regenerate_replaces_last_reply(qtbot, window, tiny_target, tiny_draft):
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[-1] is not first
     assert msgs[-1].text == first.text  # greedy: same reply again
-    stored = window.conversations.messages(window.controller.conversation_id)
+    stored = window.conversations.blocking.messages(window.controller.conversation_id)
     assert [m.role for m in stored] == ["user", "assistant"]
 
 
@@ -122,7 +122,7 @@ def test_edit_and_resend_last_turn(qtbot, window, tiny_target, tiny_draft):
     wait_until(lambda: not window.controller.busy, timeout=60_000)
     msgs = window.chat_model.messages
     assert [m.text for m in msgs][0] == "First question, edited" and len(msgs) == 2
-    stored = window.conversations.messages(window.controller.conversation_id)
+    stored = window.conversations.blocking.messages(window.controller.conversation_id)
     assert stored[0].content == "First question, edited" and len(stored) == 2
 
 

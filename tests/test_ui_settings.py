@@ -44,4 +44,4 @@ def test_settings_saved_and_used(qtbot, window, tiny_target, tiny_draft):
     window.update_settings(max_tokens=7, temperature=0.0)
     msg = send_and_wait(qtbot, window)
     assert msg.summary["new_tokens"] <= 7
-    assert window.settings_store.load().max_tokens == 7
+    assert window.db.settings.blocking.load().max_tokens == 7

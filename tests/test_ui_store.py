@@ -4,13 +4,16 @@ while replies stream, read back by a new window."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from dataclasses import replace
 
 import pytest
 from specchat.store import db
 from specchat.store.conversations import ConversationStore
 from specchat.store.settings import AppSettings, SettingsStore, apply_preset, preset_of
+from specchat.store.worker import StoreWorker
 from ui_support import aloop, load, make_window, send_and_wait, ui_home, wait_until  # noqa: F401
 
 
@@ -54,6 +57,76 @@ def test_conversations_crud_search_export(store):
     assert store.get(a.id) is None and store.messages(a.id) == []
 
 
+def test_store_worker_runs_calls_in_order_on_its_own_thread(tmp_path):
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        worker = StoreWorker(tmp_path / "w.sqlite3")
+        remote = worker.conversations
+        assert worker.submit(threading.get_ident).result() != threading.get_ident()
+        # Writes queued without waiting, then a read: FIFO makes it see them all.
+        writes = [remote.create(f"chat {i}") for i in range(20)]
+        titles = [c.title for c in loop.run_until_complete(remote.list())]
+        assert sorted(titles) == sorted(f"chat {i}" for i in range(20))
+        assert all(f.done() for f in writes)
+        last = remote.create("queued before close")
+        worker.close()  # finishes the queue first
+        assert loop.run_until_complete(last).title == "queued before close"
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            loop.run_until_complete(remote.list())
+        again = StoreWorker(tmp_path / "w.sqlite3")
+        assert "queued before close" in [c.title for c in again.conversations.blocking.list()]
+        again.close()
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tiny_target,
+                                                      tiny_draft):
+    """Another process holds the file's write lock (a backup tool, a second
+    instance). The window keeps running while its writes wait, then saves
+    the turn; before the store had its own thread, Send blocked the GUI
+    thread until SQLite gave up with "database is locked"."""
+    from PySide6.QtCore import QTimer
+
+    w = make_window(qtbot)
+    w.settings = replace(w.settings, max_tokens=12)
+    load(qtbot, w, tiny_target, tiny_draft)
+    path = ui_home / "conversations.sqlite3"
+    ticks = []
+    timer = QTimer(interval=10)
+    timer.timeout.connect(lambda: ticks.append(1))
+    timer.start()
+
+    for stop in (False, True):
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        before = len(ticks)
+        w.composer.edit.setPlainText(f"Locked turn, stop={stop}")
+        w.composer.send_button.click()
+        if stop:
+            w.composer.stop_button.click()
+        wait_until(lambda b=before: len(ticks) >= b + 10, timeout=3000)  # the loop runs
+        assert [m.role for m in w.chat_model.messages[-2:]] == ["user", "assistant"]
+        assert w.controller.busy and w.chat_model.messages[-1].text == ""
+        assert blocker.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 * stop
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        wait_until(lambda: not w.controller.busy, timeout=60_000)
+
+    timer.stop()
+    assert not w.error_banner.isVisible()
+    msgs = w.chat_model.messages
+    assert [m.role for m in msgs] == ["user", "assistant"] * 2
+    assert msgs[1].text and msgs[1].summary["new_tokens"] > 0
+    assert msgs[3].text == "" and msgs[3].error == "Stopped."  # stopped before its first step
+    stored = w.conversations.blocking.messages(w.controller.conversation_id)
+    assert [(m.role, m.content, m.complete) for m in stored] == [
+        (m.role, m.text, True) for m in msgs]
+    w.close()
+
+
 def test_settings_roundtrip_and_presets(tmp_path):
     conn = db.connect(tmp_path / "s.sqlite3")
     st = SettingsStore(conn)
@@ -75,9 +148,11 @@ def test_history_persisted_and_reloaded(qtbot, aloop, ui_home, tiny_target, tiny
 
     # A new window (and store) on the same SQLite file.
     w2 = make_window(qtbot)
+    wait_until(lambda: w2.sidebar.model.items, timeout=5000)
     titles = [c.title for c in w2.sidebar.model.items]
     assert titles == ["Remember this conversation"]
     w2.sidebar.openRequested.emit(cid)
+    wait_until(lambda: w2.chat_model.rowCount() == 2, timeout=5000)
     msgs = w2.chat_model.messages
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[1].text == reply.text and msgs[1].summary["new_tokens"] == reply.summary[
@@ -104,6 +179,7 @@ def test_partial_reply_saved_while_streaming(qtbot, aloop, ui_home, tiny_target,
     assert w.controller.busy
     w.controller.stop()
     wait_until(lambda: not w.controller.busy, timeout=30_000)
+    w.db.submit(lambda: None).result()  # the final save is queued; wait until it ran
     with sqlite3.connect(path) as other:
         content, complete = other.execute(
             "SELECT content, complete FROM messages WHERE role='assistant'").fetchone()
@@ -113,27 +189,33 @@ def test_partial_reply_saved_while_streaming(qtbot, aloop, ui_home, tiny_target,
 
 def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path):
     w = make_window(qtbot)
-    store = w.conversations
+    store = w.conversations.blocking
     a = store.create("First chat")
     store.add_message(a.id, "user", "hello there")
     b = store.create("Second chat")
     store.add_message(b.id, "user", "something else")
     w.sidebar.refresh()
-    assert len(w.sidebar.model.items) == 2
+    wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
     w.sidebar.search.setText("hello")
     wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
     assert w.sidebar.model.items[0].title == "First chat"
     w.sidebar.search.clear()
     wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
     w.open_conversation(a.id)
+    assert w.controller.busy  # until its messages are read in
+    wait_until(lambda: w.chat_model.rowCount() == 1, timeout=5000)
     assert [m.text for m in w.chat_model.messages] == ["hello there"]
+    assert not w.controller.busy
     idx = w.sidebar.model.index(w.sidebar.model.row_of(a.id))
     assert w.sidebar.model.setData(idx, "Renamed")
-    assert store.get(a.id).title == "Renamed"
-    out = w.sidebar.export_current(str(tmp_path / "chat.md"))
-    assert open(out, encoding="utf-8").read().startswith("# Renamed")
+    assert w.sidebar.model.items[w.sidebar.model.row_of(a.id)].title == "Renamed"
+    assert store.get(a.id).title == "Renamed"  # queued after the rename
+    export = asyncio.ensure_future(w.sidebar.export_current(str(tmp_path / "chat.md")))
+    wait_until(export.done, timeout=5000)
+    assert open(export.result(), encoding="utf-8").read().startswith("# Renamed")
     w.sidebar.delete_current(confirm=False)
     assert store.get(a.id) is None
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
     assert w.chat_model.rowCount() == 0 and w.controller.conversation_id is None
     w.sidebar.new_button.click()
     assert w.controller.conversation_id is None
@@ -162,6 +244,7 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_t
 
     w2 = make_window(qtbot)
     w2.open_conversation(cid)
+    wait_until(lambda: w2.chat_model.rowCount() == 2, timeout=5000)
     reply = w2.chat_model.messages[-1]
     assert reply.role == "assistant" and reply.text and not reply.complete
     assert "interrupted" in w2.chat_view.delegate.footer(reply)

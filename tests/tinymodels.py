@@ -145,4 +145,4 @@ def prune_draft_head(engine, keep: int) -> None:
 
     engine._model_drafter = ModelDrafter(engine.draft, extra_ids=sorted(engine.end_ids),
                                          prune=True, keep=keep)
-    assert engine._model_drafter.head is not None
+    assert engine.model_drafter.head is not None

@@ -198,10 +198,10 @@ def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
         prefill(model, cache, ids)
         return step_time(forward, ids, m, cache, reps)
 
-    target = engine._slot.runner
+    target = engine.target_runner
     costs = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
                         for m in (1, 3, 5, 9)}}
-    drafter = engine._model_drafter
+    drafter = engine.model_drafter
     if drafter is not None:
         costs["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)
     return costs

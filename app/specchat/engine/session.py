@@ -125,6 +125,21 @@ class Engine:
         """Weight bytes held now (what loading another pair could free)."""
         return sum(m.info.weight_bytes for m in (self.target, self.draft) if m is not None)
 
+    # Read-only views for measuring tools (bench, benchmarks/): they time the
+    # very runner and drafter decoding uses, and print the costs its policy
+    # assumes, so their numbers describe what the engine does.
+    @property
+    def target_runner(self) -> Runner | None:
+        return self._slot.runner if self._slot is not None else None
+
+    @property
+    def model_drafter(self) -> ModelDrafter | None:
+        return self._model_drafter
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self._cost
+
     @property
     def end_ids(self) -> set[int]:
         """Token ids that end a reply (EOS and the chat template's end-of-turn)."""

@@ -3,8 +3,8 @@
 One file under the library's home (``SPECCHAT_HOME`` honoured), opened in WAL
 mode: a reply is written while it streams, and WAL keeps those frequent small
 commits cheap and never leaves a half-written page if the app is killed.
-The connection belongs to the GUI thread; every write is a few rows, so it
-never stalls the event loop.
+In the app the connection belongs to the store's own thread (worker.py):
+even a few rows can wait on an fsync, which the GUI thread must not.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
     # about), and only a power cut can lose the last commits.
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=2000")
+    # Another process holding the file (a backup, a second instance) is waited
+    # out on the store thread, not failed at once.
+    conn.execute("PRAGMA busy_timeout=5000")
     _migrate(conn)
     return conn
 

@@ -4,7 +4,9 @@ EngineController owns the EngineClient (whose single thread does all MLX
 work) and turns its Jobs into Qt signals. ChatController runs one reply at a
 time: it streams StepEvents into the chat model (coalesced to ~30 updates a
 second, so a fast engine cannot flood the view), feeds the gauges, and saves
-the partial reply to SQLite at most every 250 ms and once at the end.
+the partial reply to SQLite at most every 250 ms and once at the end. Every
+store call goes through the store's own thread (store/worker.py): a write
+waiting on the disk must not freeze the window.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from specchat.engine.events import (
 from specchat.engine.worker import JobDone, JobFailed
 from specchat.store.conversations import ConversationStore
 from specchat.store.settings import AppSettings
+from specchat.store.worker import Remote, report_failure
 from specchat.ui.chat_model import ChatMessage, ChatModel
 from specchat.ui.gauges import LiveStats
 from specchat.ui.lag import LagMonitor
@@ -174,7 +177,7 @@ class ChatController(QObject):
     conversationsChanged = Signal()
     conversationOpened = Signal(int)
 
-    def __init__(self, engine: EngineController, store: ConversationStore, model: ChatModel,
+    def __init__(self, engine: EngineController, store: Remote[ConversationStore], model: ChatModel,
                  settings, lag: LagMonitor | None = None, parent=None):
         """``settings`` is a callable returning the current AppSettings."""
         super().__init__(parent)
@@ -184,6 +187,9 @@ class ChatController(QObject):
         self._settings = settings
         self.lag = lag or LagMonitor()
         self.conversation_id: int | None = None
+        self._view = 0  # counts open() calls: a late read or create must not land in a newer view
+        self._opening: asyncio.Future | None = None
+        self._stop_requested = False
         self.task: asyncio.Future | None = None
         self.generating = False
         self.live: LiveStats | None = None
@@ -192,28 +198,54 @@ class ChatController(QObject):
 
     # -- conversations ---------------------------------------------------
     @property
+    def opening(self) -> bool:
+        """A conversation's messages are still being read in."""
+        return self._opening is not None
+
+    @property
     def busy(self) -> bool:
-        return self.generating
+        return self.generating or self.opening
 
     def open(self, conversation_id: int | None) -> None:
-        if self.busy:
+        """Show a conversation (None: a new, empty chat). Its messages are
+        read on the store's thread and shown when they arrive."""
+        if self.generating:
             self.stop()
         self.conversation_id = conversation_id
-        msgs = []
-        if conversation_id is not None:
-            for m in self.store.messages(conversation_id):
-                msgs.append(ChatMessage(m.role, m.content, [list(r) for r in m.runs], m.summary,
-                                        m.error, False, m.complete, m.id))
-        self.model.set_messages(msgs)
-        self.conversationOpened.emit(conversation_id or 0)
+        self._view += 1
+        self.model.set_messages([])
+        if conversation_id is None:
+            self._opening = None
+            self.conversationOpened.emit(0)
+            return
+        view = self._view
+        self._opening = self.store.messages(conversation_id)
+        self._opening.add_done_callback(lambda f: self._show(view, conversation_id, f))
 
-    def _ensure_conversation(self, first_text: str) -> int:
-        if self.conversation_id is None:
-            title = " ".join(first_text.split())[:48] or "New chat"
-            conv = self.store.create(title, self.engine.target_ref, self.engine.draft_ref)
+    def _show(self, view: int, conversation_id: int, read: asyncio.Future) -> None:
+        if view != self._view:
+            return  # another conversation was opened meanwhile
+        self._opening = None
+        if read.cancelled():
+            return
+        if read.exception() is not None:
+            self.errorRaised.emit(f"Could not read this conversation: {read.exception()}")
+        else:
+            self.model.set_messages([
+                ChatMessage(m.role, m.content, [list(r) for r in m.runs], m.summary, m.error,
+                            False, m.complete, m.id) for m in read.result()])
+        self.conversationOpened.emit(conversation_id)
+
+    async def _ensure_conversation(self, first_text: str) -> int:
+        if self.conversation_id is not None:
+            return self.conversation_id
+        view = self._view
+        title = " ".join(first_text.split())[:48] or "New chat"
+        conv = await self.store.create(title, self.engine.target_ref, self.engine.draft_ref)
+        if view == self._view:  # still showing this chat
             self.conversation_id = conv.id
-            self.conversationsChanged.emit()
-        return self.conversation_id
+        self.conversationsChanged.emit()
+        return conv.id
 
     # -- turns -------------------------------------------------------------
     def send(self, text: str) -> bool:
@@ -225,10 +257,9 @@ class ChatController(QObject):
             self.errorRaised.emit("No model is loaded yet: wait for loading to finish, or "
                                   "choose a pair above.")
             return False
-        conv = self._ensure_conversation(text)
-        mid = self.store.add_message(conv, "user", text)
-        self.model.append(ChatMessage("user", text, db_id=mid))
-        self._start_reply()
+        user = ChatMessage("user", text)
+        self.model.append(user)
+        self._start_reply(user)
         return True
 
     def regenerate(self) -> bool:
@@ -258,9 +289,11 @@ class ChatController(QObject):
     def _drop_from(self, row: int) -> None:
         for m in self.model.remove_from(row):
             if m.db_id is not None:
-                self.store.delete_message(m.db_id)
+                report_failure(self.store.delete_message(m.db_id), self.errorRaised.emit,
+                               "delete the old message")
 
     def stop(self) -> None:
+        self._stop_requested = True  # also stops a reply whose engine run has not begun
         self.engine.cancel_generation()
 
     def _history(self) -> list[Message]:
@@ -271,22 +304,38 @@ class ChatController(QObject):
             out.append(Message(m.role, m.text))
         return out
 
-    def _start_reply(self) -> None:
+    def _start_reply(self, user: ChatMessage | None = None) -> None:
+        """Show the reply's bubble now; the task saves the turn's rows, then
+        runs the engine (``user`` is a new message that still needs saving)."""
         settings = self._settings()
         mode = decode_mode(settings, self.engine.pair)
         request = build_request(settings, self._history(), mode)
-        mid = self.store.add_message(self.conversation_id, "assistant", "", complete=False)
-        row = self.model.append(ChatMessage("assistant", "", streaming=True, complete=False,
-                                            db_id=mid))
+        msg = ChatMessage("assistant", "", streaming=True, complete=False)
+        self.model.append(msg)
         self.generating = True
-        self.task = asyncio.ensure_future(self._reply(row, request, mode))
+        self._stop_requested = False
+        self.task = asyncio.ensure_future(self._turn(msg, user, request, mode))
         self.generatingChanged.emit(True)
+
+    async def _turn(self, msg: ChatMessage, user: ChatMessage | None,
+                    request: GenerateRequest, mode: str) -> None:
+        # The reply's row exists before its first token, so every periodic
+        # save has a row to update. Saving is one queued write (well under a
+        # millisecond unless the disk stalls); the window stays live meanwhile.
+        try:
+            first = next((m.text for m in self.model.messages if m.role == "user"), "")
+            conv = await self._ensure_conversation(first)
+            if user is not None:
+                user.db_id = await self.store.add_message(conv, "user", user.text)
+            msg.db_id = await self.store.add_message(conv, "assistant", "", complete=False)
+        except sqlite3.Error as exc:
+            self.errorRaised.emit(f"This conversation could not be saved: {exc}")
+        await self._reply(msg, request, mode)
 
     def _pair_key(self) -> tuple:
         return (self.engine.target_ref, self.engine.draft_ref)
 
-    async def _reply(self, row: int, request: GenerateRequest, mode: str) -> None:
-        msg = self.model.message(row)
+    async def _reply(self, msg: ChatMessage, request: GenerateRequest, mode: str) -> None:
         live = self.live = LiveStats(mode)
         base = self.plain_tps.get(self._pair_key())
         pending: list[tuple[str, tuple[str, ...]]] = []
@@ -314,14 +363,17 @@ class ChatController(QObject):
 
         summary: dict[str, Any] | None = None
         error = None
-        try:
-            result = await self.engine.run(request, on_step)
-            summary = asdict(result.summary)
-        except EngineError as exc:
-            error = str(exc)
-        except asyncio.CancelledError:
+        if self._stop_requested:  # stopped while its rows were being saved
             error = "Stopped."
-            self.engine.cancel_generation()
+        else:
+            try:
+                result = await self.engine.run(request, on_step)
+                summary = asdict(result.summary)
+            except EngineError as exc:
+                error = str(exc)
+            except asyncio.CancelledError:
+                error = "Stopped."
+                self.engine.cancel_generation()
         flush()
         self.last_reply_lag = self.lag.stats(since=started)
         if msg in self.model.messages:
@@ -341,13 +393,15 @@ class ChatController(QObject):
         self.generatingChanged.emit(False)
 
     def _save(self, msg: ChatMessage, complete: bool) -> None:
-        try:
+        """Queue the reply's current state; the window does not wait for it.
+        After the window closed the store refuses it, and the last periodic
+        save stands (the reply shows as interrupted)."""
+        if msg.db_id is None:
+            return  # its row could not be written: the error was shown then
+        report_failure(
             self.store.update_message(msg.db_id, msg.text, runs=msg.runs, summary=msg.summary,
-                                      error=msg.error, complete=complete)
-        except sqlite3.Error:
-            # The window closed mid-reply and took the database with it: the
-            # last periodic save stands, and the reply shows as interrupted.
-            pass
+                                      error=msg.error, complete=complete),
+            self.errorRaised.emit, "save the reply")
 
     # -- compare -----------------------------------------------------------
     async def compare(self, prompt: str, on_phase=None) -> CompareOutcome:

@@ -25,9 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.engine.events import LoadedPair
-from specchat.store import db
-from specchat.store.conversations import ConversationStore
-from specchat.store.settings import AppSettings, SettingsStore
+from specchat.store.settings import AppSettings
+from specchat.store.worker import StoreWorker, report_failure
 from specchat.ui import theme
 from specchat.ui.chat_model import ChatModel
 from specchat.ui.chat_view import ChatView
@@ -83,10 +82,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("SpecChat")
         self.resize(1180, 780)
         self.setMinimumSize(860, 560)
-        self._conn = db.connect(db_path)
-        self.conversations = ConversationStore(self._conn)
-        self.settings_store = SettingsStore(self._conn)
-        self.settings: AppSettings = self.settings_store.load()
+        self.db = StoreWorker(db_path)
+        self.conversations = self.db.conversations
+        self.settings: AppSettings = self.db.settings.blocking.load()  # start-up
         self.lag = LagMonitor()
         self.engine = EngineController(client, self)
         self.chat_model = ChatModel(self)
@@ -190,6 +188,8 @@ class MainWindow(QMainWindow):
         c.conversationsChanged.connect(self._conversations_changed)
         self.sidebar.openRequested.connect(self.open_conversation)
         self.sidebar.deleted.connect(self._conversation_deleted)
+        self.sidebar.failed.connect(self.show_error)
+        c.conversationOpened.connect(lambda _id: self._update_state())
         self.picker.loadRequested.connect(self.load_pair)
         self.picker.manageRequested.connect(self.open_model_manager)
         e.loadStarted.connect(self._load_started)
@@ -240,27 +240,23 @@ class MainWindow(QMainWindow):
         self._lag_timer.stop()
         self.save_settings()
         self.engine.close()
-        try:
-            self._conn.close()
-        except Exception:  # noqa: BLE001
-            pass
+        self.db.close()  # after the queued writes, this last settings save included
         super().closeEvent(event)
 
     def save_settings(self) -> None:
-        try:
-            self.settings_store.save(self.settings)
-        except Exception:  # noqa: BLE001 - closing; the db may be gone
-            pass
+        report_failure(self.db.settings.save(self.settings), self.show_error,
+                       "save the settings")
 
     def update_settings(self, **changes) -> None:
         self.settings = replace(self.settings, **changes)
-        self.settings_store.save(self.settings)
+        self.save_settings()
 
     # -- state -------------------------------------------------------------------
     def _update_state(self) -> None:
         busy = self.controller.busy
         has_turn = any(m.role == "user" for m in self.chat_model.messages)
-        self.composer.set_state(busy, self.engine.ready, has_turn)
+        self.composer.set_state(self.controller.generating,
+                                self.engine.ready and not self.controller.opening, has_turn)
         self.picker.load_button.setEnabled(not busy and (
             self.picker.verdict is None or self.picker.verdict.compatible is not False))
         self.compare_button.setEnabled(self.engine.ready and not busy)

@@ -1,6 +1,13 @@
-"""The conversation list: new, rename, delete, search, export."""
+"""The conversation list: new, rename, delete, search, export.
+
+Reads and writes go through the store's thread: the list fills when its
+query returns, and a rename or delete shows at once while its write runs.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import sqlite3
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -17,14 +24,18 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.store.conversations import Conversation, ConversationStore
+from specchat.store.worker import Remote, report_failure
 
 
 class ConversationListModel(QAbstractListModel):
-    def __init__(self, store: ConversationStore, parent=None):
+    failed = Signal(str)
+
+    def __init__(self, store: Remote[ConversationStore], parent=None):
         super().__init__(parent)
         self.store = store
         self.items: list[Conversation] = []
         self.search = ""
+        self._asked = 0  # the latest query; an older one that returns late is dropped
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.items)
@@ -48,16 +59,38 @@ class ConversationListModel(QAbstractListModel):
     def setData(self, index, value, role=Qt.ItemDataRole.EditRole) -> bool:  # noqa: N802
         if role != Qt.ItemDataRole.EditRole or not str(value).strip():
             return False
-        conv = self.items[index.row()]
-        self.store.rename(conv.id, str(value))
-        conv.title = str(value).strip()
-        self.dataChanged.emit(index, index)
+        self.rename(self.items[index.row()].id, str(value))
         return True
 
-    def reload(self) -> None:
-        self.beginResetModel()
-        self.items = self.store.list(self.search)
-        self.endResetModel()
+    def rename(self, conversation_id: int, title: str) -> None:
+        report_failure(self.store.rename(conversation_id, title), self.failed.emit,
+                       "rename the conversation")
+        row = self.row_of(conversation_id)
+        if row >= 0:
+            self.items[row].title = title.strip() or "Untitled"
+            self.dataChanged.emit(self.index(row), self.index(row))
+
+    def reload(self) -> asyncio.Future:
+        self._asked += 1
+        asked = self._asked
+        query = self.store.list(self.search)
+
+        def show(f: asyncio.Future) -> None:
+            if asked != self._asked or f.cancelled():
+                return
+            if f.exception() is not None:
+                self.failed.emit(f"Could not read the conversations: {f.exception()}")
+                return
+            self.beginResetModel()
+            self.items = f.result()
+            self.endResetModel()
+
+        query.add_done_callback(show)
+        return query
+
+    def find(self, conversation_id: int | None) -> Conversation | None:
+        row = self.row_of(conversation_id) if conversation_id is not None else -1
+        return self.items[row] if row >= 0 else None
 
     def row_of(self, conversation_id: int) -> int:
         return next((i for i, c in enumerate(self.items) if c.id == conversation_id), -1)
@@ -66,8 +99,9 @@ class ConversationListModel(QAbstractListModel):
 class Sidebar(QWidget):
     openRequested = Signal(object)  # conversation id, or None for a new chat
     deleted = Signal(int)
+    failed = Signal(str)
 
-    def __init__(self, store: ConversationStore, parent=None):
+    def __init__(self, store: Remote[ConversationStore], parent=None):
         super().__init__(parent)
         self.setObjectName("Sidebar")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)
@@ -108,7 +142,10 @@ class Sidebar(QWidget):
         self.list.customContextMenuRequested.connect(self._menu)
         self.rename_button.clicked.connect(self.rename_current)
         self.delete_button.clicked.connect(self.delete_current)
-        self.export_button.clicked.connect(self.export_current)
+        self.export_button.clicked.connect(self._export_clicked)
+        self.model.failed.connect(self.failed)
+        # A reset (a query returned) keeps the open conversation selected.
+        self.model.modelReset.connect(lambda: self.select(self.current_id))
         self.current_id: int | None = None
         self.model.reload()
 
@@ -116,9 +153,8 @@ class Sidebar(QWidget):
         self.model.search = self.search.text()
         self.refresh()
 
-    def refresh(self) -> None:
-        self.model.reload()
-        self.select(self.current_id)
+    def refresh(self) -> asyncio.Future:
+        return self.model.reload()
 
     def select(self, conversation_id: int | None) -> None:
         self.current_id = conversation_id
@@ -142,36 +178,38 @@ class Sidebar(QWidget):
         self._open_index(index)
         menu = QMenu(self)
         menu.addAction("Rename", self.rename_current)
-        menu.addAction("Export as Markdown…", self.export_current)
+        menu.addAction("Export as Markdown…", self._export_clicked)
         menu.addAction("Delete", self.delete_current)
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def rename_current(self) -> None:
-        if self.current_id is None:
+        conv = self.model.find(self.current_id)
+        if conv is None:
             return
-        conv = self.store.get(self.current_id)
         title, ok = QInputDialog.getText(self, "Rename conversation", "Title:", text=conv.title)
         if ok and title.strip():
-            self.store.rename(conv.id, title)
-            self.refresh()
+            self.model.rename(conv.id, title)
 
     def delete_current(self, confirm: bool = True) -> None:
-        if self.current_id is None:
+        conv = self.model.find(self.current_id)
+        if conv is None:
             return
-        conv = self.store.get(self.current_id)
         if confirm and QMessageBox.question(
                 self, "Delete conversation",
                 f"Delete “{conv.title}”? This cannot be undone.") != QMessageBox.StandardButton.Yes:
             return
-        self.store.delete(conv.id)
+        report_failure(self.store.delete(conv.id), self.failed.emit, "delete the conversation")
         self.current_id = None
-        self.refresh()
+        self.refresh()  # queued after the delete, so it no longer lists it
         self.deleted.emit(conv.id)
 
-    def export_current(self, path: str | None = None) -> str | None:
-        if self.current_id is None:
+    def _export_clicked(self) -> None:
+        asyncio.ensure_future(self.export_current())
+
+    async def export_current(self, path: str | None = None) -> str | None:
+        conv = self.model.find(self.current_id)
+        if conv is None:
             return None
-        conv = self.store.get(self.current_id)
         if path is None:
             safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip()
             path, _ = QFileDialog.getSaveFileName(self, "Export conversation",
@@ -179,6 +217,11 @@ class Sidebar(QWidget):
                                                   "Markdown (*.md)")
             if not path:
                 return None
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.store.export_markdown(conv.id))
+        try:
+            text = await self.store.export_markdown(conv.id)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except (OSError, sqlite3.Error) as exc:
+            self.failed.emit(f"Could not export the conversation to {path}: {exc}")
+            return None
         return path
