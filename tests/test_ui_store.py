@@ -249,3 +249,74 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_t
     assert reply.role == "assistant" and reply.text and not reply.complete
     assert "interrupted" in w2.chat_view.delegate.footer(reply)
     w2.close()
+
+
+KILLED = """
+import sys
+from dataclasses import replace
+import specchat.ui.main_window as mw
+orig = mw.MainWindow._loaded
+def loaded(self, pair):
+    orig(self, pair)
+    self.settings = replace(self.settings, max_tokens=1500)
+    self.composer.edit.setPlainText("A long reply please")
+    self.composer.send_button.click()
+mw.MainWindow._loaded = loaded
+from specchat.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+                                                   tiny_draft):
+    """The app process gets SIGKILL while it streams: what the store thread
+    had written survives (WAL), and the reply reads back as interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(ui_home))
+    app = subprocess.Popen([sys.executable, "-c", KILLED, "--target", str(tiny_target),
+                            "--draft", str(tiny_draft)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    path = ui_home / "conversations.sqlite3"
+
+    def partial() -> str:
+        try:
+            with sqlite3.connect(path) as other:
+                row = other.execute("SELECT content FROM messages WHERE role='assistant'"
+                                    ).fetchone()
+        except sqlite3.OperationalError:  # not created yet
+            return ""
+        return row[0] if row else ""
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(partial()) < 40:
+            assert app.poll() is None, app.stdout.read()
+            assert time.monotonic() < deadline, "no partial reply was saved"
+            time.sleep(0.1)
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait(timeout=30)
+    finally:
+        if app.poll() is None:
+            app.kill()
+        app.stdout.close()
+    assert app.returncode == -signal.SIGKILL
+
+    with sqlite3.connect(path) as other:
+        rows = other.execute("SELECT role, content, complete FROM messages ORDER BY position"
+                             ).fetchall()
+        cid = other.execute("SELECT id FROM conversations").fetchone()[0]
+    assert [(r[0], r[2]) for r in rows] == [("user", 1), ("assistant", 0)]
+    assert rows[0][1] == "A long reply please" and len(rows[1][1]) >= 40
+
+    w = make_window(qtbot)
+    w.open_conversation(cid)
+    wait_until(lambda: w.chat_model.rowCount() == 2, timeout=5000)
+    reply = w.chat_model.messages[-1]
+    assert reply.text == rows[1][1] and not reply.complete
+    assert "interrupted" in w.chat_view.delegate.footer(reply)
+    w.close()
