@@ -88,7 +88,9 @@ def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
     refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
     assert "tiny-imported" in refs
     dlg.installed.selectRow(names.index("tiny-imported"))
-    dlg.delete_selected(confirm=False)
+    deleting = dlg.delete_selected(confirm=False)
+    wait_until(deleting.done, timeout=30_000)
+    assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == "Deleted."
     assert "tiny-imported" not in [dlg.installed.item(r, 0).text()
                                    for r in range(dlg.installed.rowCount())]
 

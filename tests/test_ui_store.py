@@ -210,9 +210,14 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path
     assert w.sidebar.model.setData(idx, "Renamed")
     assert w.sidebar.model.items[w.sidebar.model.row_of(a.id)].title == "Renamed"
     assert store.get(a.id).title == "Renamed"  # queued after the rename
-    export = asyncio.ensure_future(w.sidebar.export_current(str(tmp_path / "chat.md")))
+    w.sidebar.search.setText("something")  # lists only the other chat
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    assert w.sidebar.export_button.isEnabled()  # the open chat, though hidden
+    export = w.sidebar.export_current(str(tmp_path / "chat.md"))
     wait_until(export.done, timeout=5000)
     assert open(export.result(), encoding="utf-8").read().startswith("# Renamed")
+    w.sidebar.search.clear()
+    wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
     w.sidebar.delete_current(confirm=False)
     assert store.get(a.id) is None
     wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)

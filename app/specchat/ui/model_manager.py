@@ -179,20 +179,29 @@ class ModelManager(QDialog):
         return rows[r] if 0 <= r < len(rows) else None
 
     # -- actions -------------------------------------------------------------
-    def delete_selected(self, confirm: bool = True) -> None:
+    def delete_selected(self, confirm: bool = True) -> asyncio.Future | None:
         m = self._selected(self.installed, self._installed_rows)
         if m is None:
-            return
+            return None
         if confirm and QMessageBox.question(
                 self, "Delete model", f"Delete {m.name} ({size_text(m.size_bytes)}) from disk?"
         ) != QMessageBox.StandardButton.Yes:
-            return
-        try:
-            from specchat.library import index
+            return None
+        row = self._add_task(f"Deleting {m.name} ({size_text(m.size_bytes)})")
+        row.cancel_button.setEnabled(False)  # it is unlisted first: nothing to cancel
+        return asyncio.ensure_future(self._delete(m.name, row))
 
-            index.remove(m.name)
-        except Exception as exc:  # noqa: BLE001
-            QMessageBox.warning(self, "Delete model", str(exc))
+    async def _delete(self, name: str, row: TaskRow) -> None:
+        # Unlinking gigabytes can take a while: off the GUI thread, which may
+        # be streaming a reply meanwhile.
+        from specchat.library import index
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, index.remove, name)
+        except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
+            row.finish(str(exc))
+        else:
+            row.finish("Deleted.")
         self.refresh()
         self.modelsChanged.emit()
 

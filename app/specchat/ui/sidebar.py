@@ -88,10 +88,6 @@ class ConversationListModel(QAbstractListModel):
         query.add_done_callback(show)
         return query
 
-    def find(self, conversation_id: int | None) -> Conversation | None:
-        row = self.row_of(conversation_id) if conversation_id is not None else -1
-        return self.items[row] if row >= 0 else None
-
     def row_of(self, conversation_id: int) -> int:
         return next((i for i, c in enumerate(self.items) if c.id == conversation_id), -1)
 
@@ -142,11 +138,12 @@ class Sidebar(QWidget):
         self.list.customContextMenuRequested.connect(self._menu)
         self.rename_button.clicked.connect(self.rename_current)
         self.delete_button.clicked.connect(self.delete_current)
-        self.export_button.clicked.connect(self._export_clicked)
+        self.export_button.clicked.connect(lambda: self.export_current())
         self.model.failed.connect(self.failed)
         # A reset (a query returned) keeps the open conversation selected.
         self.model.modelReset.connect(lambda: self.select(self.current_id))
         self.current_id: int | None = None
+        self._current: Conversation | None = None  # the open conversation, once listed
         self.model.reload()
 
     def _apply_search(self) -> None:
@@ -161,10 +158,13 @@ class Sidebar(QWidget):
         row = self.model.row_of(conversation_id) if conversation_id else -1
         if row >= 0:
             self.list.setCurrentIndex(self.model.index(row))
+            self._current = self.model.items[row]
         else:
             self.list.clearSelection()
+            if self._current is not None and self._current.id != conversation_id:
+                self._current = None  # (a search may hide the open one: keep it then)
         for b in (self.rename_button, self.delete_button, self.export_button):
-            b.setEnabled(conversation_id is not None)
+            b.setEnabled(self._current is not None)
 
     def _open_index(self, index: QModelIndex) -> None:
         cid = index.data(Qt.ItemDataRole.UserRole)
@@ -178,20 +178,21 @@ class Sidebar(QWidget):
         self._open_index(index)
         menu = QMenu(self)
         menu.addAction("Rename", self.rename_current)
-        menu.addAction("Export as Markdown…", self._export_clicked)
+        menu.addAction("Export as Markdown…", lambda: self.export_current())
         menu.addAction("Delete", self.delete_current)
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def rename_current(self) -> None:
-        conv = self.model.find(self.current_id)
+        conv = self._current
         if conv is None:
             return
         title, ok = QInputDialog.getText(self, "Rename conversation", "Title:", text=conv.title)
         if ok and title.strip():
             self.model.rename(conv.id, title)
+            conv.title = title.strip()  # also when a search hides it from the list
 
     def delete_current(self, confirm: bool = True) -> None:
-        conv = self.model.find(self.current_id)
+        conv = self._current
         if conv is None:
             return
         if confirm and QMessageBox.question(
@@ -199,15 +200,16 @@ class Sidebar(QWidget):
                 f"Delete “{conv.title}”? This cannot be undone.") != QMessageBox.StandardButton.Yes:
             return
         report_failure(self.store.delete(conv.id), self.failed.emit, "delete the conversation")
-        self.current_id = None
+        self.select(None)
         self.refresh()  # queued after the delete, so it no longer lists it
         self.deleted.emit(conv.id)
 
-    def _export_clicked(self) -> None:
-        asyncio.ensure_future(self.export_current())
-
-    async def export_current(self, path: str | None = None) -> str | None:
-        conv = self.model.find(self.current_id)
+    def export_current(self, path: str | None = None) -> asyncio.Future | None:
+        """Ask where (unless ``path`` is given), then write the Markdown once
+        the store has read it; the future gives the path, or None on failure.
+        The file dialog runs here, in the slot: a modal dialog inside an
+        asyncio task would run other tasks from within it."""
+        conv = self._current
         if conv is None:
             return None
         if path is None:
@@ -217,8 +219,11 @@ class Sidebar(QWidget):
                                                   "Markdown (*.md)")
             if not path:
                 return None
+        return asyncio.ensure_future(self._export(conv.id, path))
+
+    async def _export(self, conversation_id: int, path: str) -> str | None:
         try:
-            text = await self.store.export_markdown(conv.id)
+            text = await self.store.export_markdown(conversation_id)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         except (OSError, sqlite3.Error) as exc:
