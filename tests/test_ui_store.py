@@ -127,6 +127,22 @@ def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tin
     w.close()
 
 
+def test_unreadable_history_is_kept_aside_and_the_window_opens(qtbot, aloop, ui_home):
+    ui_home.mkdir(parents=True)
+    path = ui_home / "conversations.sqlite3"
+    junk = b"not a database, perhaps a half-copied file " * 200
+    path.write_bytes(junk)
+    w = make_window(qtbot, initial_pair=None)
+    kept = [p for p in ui_home.iterdir() if p.name.startswith("conversations.sqlite3.unreadable-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == junk  # nothing lost
+    text = w.error_banner.label.text()
+    assert w.error_banner.isVisible() and "could not be read" in text and str(kept[0]) in text
+    w.db.conversations.blocking.create("works again")
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    w.close()
+
+
 def test_settings_roundtrip_and_presets(tmp_path):
     conn = db.connect(tmp_path / "s.sqlite3")
     st = SettingsStore(conn)

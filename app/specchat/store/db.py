@@ -10,6 +10,7 @@ even a few rows can wait on an fsync, which the GUI thread must not.
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 FILENAME = "conversations.sqlite3"
@@ -58,17 +59,49 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
     if str(path) != ":memory:":
         path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), isolation_level=None)  # autocommit; explicit BEGIN
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
-    # NORMAL in WAL mode: durable against an app crash or kill (what we care
-    # about), and only a power cut can lose the last commits.
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA foreign_keys=ON")
-    # Another process holding the file (a backup, a second instance) is waited
-    # out on the store thread, not failed at once.
-    conn.execute("PRAGMA busy_timeout=5000")
-    _migrate(conn)
+    try:
+        conn.row_factory = sqlite3.Row
+        # First, so that even switching to WAL waits out another process
+        # holding the file (a backup, a second instance) instead of failing;
+        # the waiting happens on the store thread.
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: durable against an app crash or kill (what we
+        # care about), and only a power cut can lose the last commits.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        _migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+# SQLITE_CORRUPT, SQLITE_NOTADB: the file is there but is not a database
+# SQLite can read (as opposed to one that is busy or on a full disk).
+_UNREADABLE = {11, 26}
+
+
+def connect_or_set_aside(path: str | Path | None = None) -> tuple[sqlite3.Connection, str | None]:
+    """Open the store; if SQLite cannot read the file, move it aside (with
+    its WAL) and start an empty one. Why: the app must still open, and a
+    damaged history must stay on disk for whoever wants to recover it.
+    Returns the connection and, if a file was moved, a message for people."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        return connect(path), None
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) not in _UNREADABLE or str(path) == ":memory:":
+            raise
+        reason = str(exc)
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            part.rename(f"{aside}{suffix}")
+    return connect(path), (
+        f"Your conversation history could not be read ({reason}). The file was kept as "
+        f"{aside} and a new, empty history was started.")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

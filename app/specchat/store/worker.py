@@ -35,7 +35,7 @@ class StoreWorker:
         self._closed = False
         # Opened on the worker so the connection belongs to it (sqlite3
         # refuses use from other threads); waiting here is start-up time.
-        conn = self._pool.submit(db.connect, path).result()
+        conn, self.notice = self._pool.submit(db.connect_or_set_aside, path).result()
         self._conn = conn
         self.conversations: Remote[ConversationStore] = Remote(ConversationStore(conn), self)
         self.settings: Remote[SettingsStore] = Remote(SettingsStore(conn), self)

@@ -48,17 +48,13 @@ def run(target: str | None = None, draft: str | None = None, lookup: bool = Fals
     import qasync
 
     import specchat.engine  # noqa: F401 - system BLAS before anything can import MLX
-    from specchat.store import db
-    from specchat.store.settings import SettingsStore
     from specchat.ui.main_window import MainWindow
 
     app = create_app()
-    conn = db.connect()
-    pair = initial_pair(target, draft, lookup, SettingsStore(conn).load())
-    conn.close()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    window = MainWindow(initial_pair=pair)
+    window = MainWindow()
+    window.initial_pair = initial_pair(target, draft, lookup, window.settings)
     window.show()
     with loop:
         # Tasks may only be created once the loop runs: start from inside it.

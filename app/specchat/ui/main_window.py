@@ -229,6 +229,8 @@ class MainWindow(QMainWindow):
             target, draft = self.initial_pair
             self.picker.set_pair(target, draft)
             self.load_pair(target, draft)
+        if self.db.notice:  # after load_pair, which clears the error line
+            self.show_error(self.db.notice)
 
     def closeEvent(self, event) -> None:  # noqa: N802
         # A reply or load still finishing must not touch this window or its
