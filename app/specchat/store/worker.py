@@ -35,7 +35,8 @@ class StoreWorker:
         self._closed = False
         # Opened on the worker so the connection belongs to it (sqlite3
         # refuses use from other threads); waiting here is start-up time.
-        conn, self.notice = self._pool.submit(db.connect_or_set_aside, path).result()
+        conn, notice = self._pool.submit(db.connect_or_set_aside, path).result()
+        self.notice: str | None = notice  # set if an unreadable history was moved aside
         self._conn = conn
         self.conversations: Remote[ConversationStore] = Remote(ConversationStore(conn), self)
         self.settings: Remote[SettingsStore] = Remote(SettingsStore(conn), self)
