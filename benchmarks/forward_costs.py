@@ -6,6 +6,7 @@ float32 matmuls of the shapes decoding uses, through whatever BLAS MLX has
     python benchmarks/forward_costs.py --target bundled:qwen2.5-coder-1.5b \\
         --draft bundled:qwen2.5-coder-0.5b
     SPECCHAT_BLAS=openblas python benchmarks/forward_costs.py --matmul-only
+    python benchmarks/forward_costs.py --thread-sizes
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-import specchat.engine  # noqa: E402,F401  (BLAS before MLX)
+from specchat import startup  # noqa: E402
+
+startup.prepare()  # the system BLAS before anything imports MLX
 from specchat.engine import blas  # noqa: E402
 
 
@@ -74,15 +77,47 @@ def matmul_costs(reps: int) -> None:
                   f"{w.nbytes / t / 1e9:5.1f} GB/s of weights")
 
 
+def thread_costs(reps: int) -> None:
+    """Does a second BLAS thread pay, by matrix size? [m x hidden] @ [hidden x
+    inner] for MLP shapes from the tiny test models to Qwen2.5-1.5B, on one and
+    on every core (what engine/threads.py's PARALLEL_MIN_WEIGHTS rests on)."""
+    import mlx.core as mx
+
+    cores = blas.cores()
+    for hidden, inner in ((64, 128), (256, 1024), (512, 2048), (896, 4864), (1536, 8960)):
+        w = mx.random.normal((inner, hidden))
+        mx.eval(w)
+        for m in (5, 13):
+            x = mx.random.normal((m, hidden))
+            mx.eval(x)
+            times = {}
+            for n in (1, cores):
+                if not blas.set_threads(n):
+                    print("this BLAS cannot be told its thread count")
+                    return
+                for _ in range(5):
+                    mx.eval(x @ w.T)
+                times[n] = median_time(lambda x=x, w=w: mx.eval(x @ w.T), reps)
+            print(f"[{m:2d} x {hidden:4d}] @ [{hidden:4d} x {inner:4d}] ({hidden * inner / 1e6:5.2f}M "
+                  f"weights): 1 thread {times[1] * 1e3:7.3f} ms, {cores} threads "
+                  f"{times[cores] * 1e3:7.3f} ms")
+    blas.set_threads(cores)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--matmul-only", action="store_true")
+    ap.add_argument("--thread-sizes", action="store_true",
+                    help="only: one thread against every core, by matrix size")
     args = ap.parse_args()
     st = blas.status()
     print(f"BLAS: {st.name} ({st.path or st.note})")
+    if args.thread_sizes:
+        thread_costs(max(args.reps, 51))
+        return
     matmul_costs(max(args.reps, 7))
     if not args.matmul_only:
         if not args.target:

@@ -16,7 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import specchat.engine  # noqa: E402,F401  (loads the system BLAS before anything imports MLX)
+from specchat import startup  # noqa: E402
+
+startup.prepare()  # the system BLAS before anything imports MLX
 from tinymodels import build_model, build_tokenizer  # noqa: E402
 
 

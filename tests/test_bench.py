@@ -24,6 +24,11 @@ def test_shipped_prompts_cover_the_kinds():
     assert len({p.id for p in prompts}) == len(prompts)
 
 
+def test_shipped_repetitive_prompts():
+    prompts = load_prompts(ROOT / "benchmarks" / "prompts-repetitive.jsonl")
+    assert len(prompts) >= 3 and {p.kind for p in prompts} == {"repetitive"}
+
+
 def test_bad_prompt_file(tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"id": "x", "kind": "poetry", "messages": []}\n')
@@ -62,3 +67,27 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     # The human table prints the same modes.
     for mode in rep["modes"]:
         assert mode in p.stdout
+
+
+def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
+    """--background-load N runs the bench beside N spinning processes and says
+    so in the report, with the BLAS thread counts each mode's steps ran at."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "c1", "kind": "code",
+                                   "messages": [{"role": "user", "content": "Write a stack."}]}) + "\n")
+    out = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
+                        "--draft", str(tiny_draft), "--prompts", str(prompts), "--max-tokens", "24",
+                        "--modes", "plain", "spec", "mlx-lm-spec-k2", "--background-load", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["settings"]["background_load"] == 2
+    assert len(rep["machine"]["load_average"]) == 2
+    for mode in ("plain", "spec", "mlx-lm-spec-k2"):
+        assert sum(rep["modes"][mode]["blas_threads"].values()) > 0, mode
+    assert "background load: 2 spinning processes" in p.stdout
+    bad = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
+                          "--draft", str(tiny_draft), "--prompts", str(prompts),
+                          "--background-load", "-1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--background-load must be 0 or more" in bad.stderr

@@ -1,5 +1,6 @@
 """The BLAS half of the compute policy: which library MLX's CPU backend ends
-up with, in a fresh process (the preload only works before MLX is imported)."""
+up with, in a fresh process (the preload, ``specchat.startup.prepare()``, only
+works before MLX is imported)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from specchat.engine import blas
 PROBE = textwrap.dedent("""
     import json, os
     import numpy as np
-    import specchat.engine
+    from specchat import startup
+    startup.prepare()
     from specchat.engine import blas
     import mlx.core as mx
     a = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)

@@ -86,3 +86,63 @@ def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_d
         spec = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
                                                draft=DraftSettings(mode=mode)))
         assert spec.token_ids == plain.token_ids
+
+
+# -- prompt lookup through repeats -------------------------------------------------------------
+
+def test_lookup_proposes_through_a_repeat_not_one_period():
+    from specchat.engine.lookup import NgramIndex
+
+    idx = NgramIndex(2, 6)
+    assert idx.propose([7, 8, 9] * 6, 10) == ([7, 8, 9, 7, 8, 9, 7, 8, 9, 7], 6)
+    assert NgramIndex(2, 6).propose([5] * 10, 8) == ([5] * 8, 6)
+    # A line repeated: the whole next line and on, not its first token or two.
+    line = [11, 12, 13, 14, 15, 16, 17, 10]
+    assert NgramIndex(2, 6).propose(line * 3, 16) == ((line * 2), 6)
+    # Where the earlier occurrence went on differently, that is proposed.
+    ctx = [1, 2, 3, 4, 5, 6, 20, 21, 1, 2, 3]
+    assert NgramIndex(2, 6).propose(ctx, 5) == ([4, 5, 6, 20, 21], 3)
+    # A chance match a few tokens back, not yet a repeat: only what followed it.
+    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1], 6) == ([5, 1], 1)
+    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1, 5, 1], 6) == ([5, 1, 5, 1, 5, 1], 3)
+
+
+def test_lookup_drafts_long_blocks_on_a_repeating_reply(tiny_target):
+    """A reply that repeats itself (this tiny target falls into a loop, as
+    greedy decoding of small models does): once the loop is in the context,
+    each step drafts well past one period of it, and the reply stays exactly
+    plain decoding's."""
+    engine = Engine()
+    engine.load(tiny_target)
+    prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 4
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
+                                            draft=DraftSettings(mode="plain"))).token_ids
+    period, start = _loop(plain)
+    assert start < 60, "the reference reply should loop early"
+    steps = []
+    lookup = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
+                                             draft=DraftSettings(mode="lookup")),
+                             on_step=steps.append)
+    assert lookup.token_ids == plain
+    # Steps that start after two periods of the loop are in the context.
+    done, late = 0, []
+    for ev in steps:
+        if done >= start + 2 * period:
+            late.append(len(ev.token_ids))
+        done += len(ev.token_ids)
+    assert late and max(late) > period + 1  # more than one period's worth in one step
+    assert sum(late) / len(late) > 4
+
+
+
+def _loop(ids) -> tuple[int, int]:
+    """(period, start) of the cycle the sequence ends in: the smallest period
+    that repeats back from the end, and where that repetition begins."""
+    ids = list(ids)
+    for p in range(1, len(ids) // 3 + 1):
+        start = len(ids) - p
+        while start > 0 and ids[start - 1] == ids[start - 1 + p]:
+            start -= 1
+        if len(ids) - start >= 3 * p:
+            return p, start
+    raise AssertionError(f"the reply does not end in a loop: {ids}")

@@ -148,3 +148,22 @@ def test_step_events_add_up(pair_engine):
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
     assert 0 < s.ttft_s <= s.wall_s
     assert s.tokens_per_s > 0
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2"])
+def test_plain_decoding_matches_mlx_lm_generate_step(which, tiny_target, tiny_qwen_target):
+    """An independent decoder on the same weights: mlx-lm loads the folder
+    itself and decodes greedily with its own generate_step."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load
+
+    path = tiny_target if which == "llama" else tiny_qwen_target
+    engine = Engine()
+    engine.load(path)
+    model, _ = load(str(path))
+    for prompt in _prompts(3, 400)[2:6]:
+        ours = _run(engine, prompt, 64).token_ids
+        theirs = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=64)]
+        assert len(ours) == 64 or theirs[len(ours)] in engine.end_ids
+        assert list(ours) == theirs[:len(ours)], (which, prompt)

@@ -50,6 +50,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     b.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE",
                    help="modes to run, interleaved per prompt (default: all of " + ", ".join(MODES) + ")")
+    b.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="keep N processes spinning on the CPU beside the bench, to measure "
+                        "speed on a busy machine (default 0)")
     b.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
 
 
@@ -113,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specchat import startup
+
+    startup.prepare()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -133,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         print("specchat: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
-        from specchat.engine.errors import EngineError
+        from specchat.errors import SpecChatError
 
-        if isinstance(exc, EngineError):
+        if isinstance(exc, SpecChatError):
             print(f"specchat: error: {exc}", file=sys.stderr)
         else:
             print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -208,7 +214,9 @@ def cmd_generate(args) -> int:
     if args.json:
         out = result.to_json()
         out["compute"] = {"device": pair.compute.device, "dtype": pair.compute.dtype,
-                          "blas": pair.compute.blas}
+                          "blas": pair.compute.blas,
+                          # steps (and prefill chunks) at each BLAS thread count
+                          "blas_threads": {str(n): c for n, c in s.blas_threads.items()}}
         out["models"] = {"target": pair.target.name,
                          "draft": pair.draft.name if pair.draft else None}
         print(json.dumps(out, ensure_ascii=False))

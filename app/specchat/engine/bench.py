@@ -24,6 +24,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from specchat.engine import cpuload, threads
 from specchat.engine.draft_policy import expected_tokens
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
@@ -39,7 +40,7 @@ OURS = {
 }
 MLX_LM_K = {"mlx-lm-plain": 0, "mlx-lm-spec-k2": 2, "mlx-lm-spec-k3": 3, "mlx-lm-spec-k4": 4,
             "mlx-lm-spec-k6": 6}
-KINDS = ("code", "explain", "grounded")
+KINDS = ("code", "explain", "grounded", "repetitive")
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Run:
     overhead_s: float | None = None  # time outside forward passes (SpecChat only)
     wall_s: float = 0.0
     k_used: list[int] = field(default_factory=list)
+    blas_threads: dict = field(default_factory=dict)  # steps at each BLAS thread count
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,7 +107,8 @@ def run_ours(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
                decode_s=s.wall_s - s.prefill_s, steps=s.steps, drafted=s.drafted,
                accepted=s.accepted,
                rejections=sum(1 for e in steps if e.drafted and e.accepted < e.drafted),
-               overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps])
+               overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps],
+               blas_threads=s.blas_threads)
 
 
 def prefill(model, cache, ids: list[int]) -> None:
@@ -139,8 +142,13 @@ def run_mlx_lm(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
                                         prompt_cache=cache + dcache)
     out: list[int] = []
     from_draft: list[bool] = []
+    # mlx-lm gets the same BLAS thread policy as SpecChat's loop (a tick
+    # between the tokens it yields), so the comparison is of decoding alone.
+    governor = threads.governor()
+    governor.take_counts()
     t0 = time.perf_counter()
     for tok, _lp, fd in gen:
+        governor.tick()
         tok = int(tok)
         if tok in eos:
             break
@@ -154,7 +162,7 @@ def run_mlx_lm(engine: Engine, mode: str, prompt: Prompt, max_tokens: int,
     return Run(mode=mode, prompt=prompt.id, kind=prompt.kind, token_ids=out, decode_s=decode_s,
                steps=len(rounds), drafted=len(rounds) * k, accepted=sum(rounds),
                rejections=sum(1 for n in rounds if n < k), wall_s=decode_s,
-               k_used=[k] * len(rounds))
+               k_used=[k] * len(rounds), blas_threads=governor.take_counts())
 
 
 def _rounds(from_draft: list[bool]) -> list[int]:
@@ -246,6 +254,11 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
         "per_token_acceptance": _alpha(runs),
         "mean_k": (sum(sum(r.k_used) for r in runs) / steps) if steps else 0.0,
     }
+    used: dict[int, int] = {}
+    for r in runs:
+        for n, c in r.blas_threads.items():
+            used[n] = used.get(n, 0) + c
+    out["blas_threads"] = dict(sorted(used.items()))
     over = [r for r in runs if r.overhead_s is not None]
     if over:
         out["overhead_fraction"] = sum(r.overhead_s for r in over) / sum(r.wall_s for r in over)
@@ -284,12 +297,20 @@ def machine_info(engine: Engine) -> dict:
         "device": engine.compute.device,
         "dtype": engine.compute.dtype,
         "blas": engine.compute.blas,
+        "blas_threads": _thread_policy(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
+def _thread_policy() -> str:
+    gov = threads.governor()
+    if gov.active:
+        return f"auto (1 to {gov.ceiling})"
+    return f"fixed at {gov.threads}" if gov.fixed or gov.pinned else "not adjustable"
+
+
 def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_tokens: int,
-              sampling: SamplingParams, log=print) -> dict:
+              sampling: SamplingParams, log=print, background_load: int = 0) -> dict:
     if any(m.startswith("mlx-lm-spec") or m.startswith("spec") for m in modes) and engine.draft is None:
         raise EngineError("the bench needs a draft model for the speculative modes")
     greedy = sampling.greedy
@@ -360,7 +381,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
         },
         "settings": {"max_tokens": max_tokens, "temperature": sampling.temperature,
                      "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
-                     "prompts": len(prompts), "modes": modes},
+                     "prompts": len(prompts), "modes": modes, "background_load": background_load},
         "costs": {"target_forward_s": costs["target"], "draft_forward_s": costs.get("draft"),
                   "draft_over_target": c, "verify_slope": slope},
         "memory": {"peak_bytes": peak, "weights_bytes": weights, "kv_cache_bytes": kv,
@@ -384,13 +405,19 @@ def format_report(rep: dict) -> str:
     lines = []
     m = rep["machine"]
     lines.append(f"{m['cpu']} ({m['cores']} cores), {m['system']}, mlx {m['mlx']}, "
-                 f"mlx-lm {m['mlx_lm']}, {m['device']}/{m['dtype']}/{m['blas']}, {m['date']}")
+                 f"mlx-lm {m['mlx_lm']}, {m['device']}/{m['dtype']}/{m['blas']}"
+                 + (f" (threads {m['blas_threads']})" if m.get("blas_threads") else "")
+                 + f", {m['date']}")
     t, d = rep["models"]["target"], rep["models"]["draft"]
     lines.append(f"target {t['name']} ({t['params'] / 1e9:.2f}B {t['dtype']})"
                  + (f", draft {d['name']} ({d['params'] / 1e9:.2f}B {d['dtype']})" if d else ""))
     st = rep["settings"]
     lines.append(f"{st['prompts']} prompts, {st['max_tokens']} new tokens, temperature "
                  f"{st['temperature']}, seed {st['seed']}")
+    load = st.get("background_load", 0)
+    lines.append(f"background load: {load} spinning process{'es' if load != 1 else ''}"
+                 + (f" (load average {m['load_average'][0]} at the start, {m['load_average'][1]}"
+                    " at the end)" if m.get("load_average") else ""))
 
     def block(title: str, modes: dict) -> None:
         lines.append("")
@@ -418,6 +445,10 @@ def format_report(rep: dict) -> str:
         f"{m} tok {s * 1000:.0f} ms" for m, s in c["target_forward_s"].items())
         + (f"; draft 1 tok {c['draft_forward_s'] * 1000:.0f} ms (c = {c['draft_over_target']:.2f})"
            if c["draft_forward_s"] else ""))
+    used = {k: v["blas_threads"] for k, v in rep["modes"].items() if v.get("blas_threads")}
+    if used:
+        lines.append("BLAS threads (steps at each count): " + ", ".join(
+            f"{k} " + "/".join(f"{n}:{c}" for n, c in v.items()) for k, v in used.items()))
     over = {k: v["overhead_fraction"] for k, v in rep["modes"].items() if "overhead_fraction" in v}
     if over:
         lines.append("time outside forward passes: " + ", ".join(f"{k} {v:.1%}" for k, v in over.items()))
@@ -433,6 +464,8 @@ def main(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
     if args.max_tokens < 1:
         raise EngineError("--max-tokens must be at least 1")
+    if args.background_load < 0:
+        raise EngineError("--background-load must be 0 or more processes")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     from specchat.engine.events import LoadProgress
     from specchat.engine.worker import JobDone, JobFailed
@@ -452,8 +485,14 @@ def main(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    rep = client.call(lambda eng: run_bench(eng, prompts, list(args.modes), args.max_tokens,
-                                            sampling, log)).wait()
+    load_before = cpuload.load_average()
+    with cpuload.BackgroundLoad(args.background_load):
+        if args.background_load:
+            log(f"background load: {args.background_load} spinning processes")
+            time.sleep(3)  # let the scheduler spread them before the first run
+        rep = client.call(lambda eng: run_bench(eng, prompts, list(args.modes), args.max_tokens,
+                                                sampling, log, args.background_load)).wait()
+    rep["machine"]["load_average"] = [load_before, cpuload.load_average()]
     rep["command"] = " ".join(["specchat", *sys.argv[1:]])
     print(format_report(rep))
     if args.json_out:

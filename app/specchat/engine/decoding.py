@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from specchat.engine import acceptance
+from specchat.engine import acceptance, threads
 from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
@@ -108,6 +108,8 @@ def decode(
     on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
     t_start = time.perf_counter()
+    governor = threads.governor()
+    governor.take_counts()
     sampling = request.sampling
     keys = KeyStream(sampling.seed)
     stream = TextStream(tokenizer, request.stop_strings)
@@ -137,6 +139,7 @@ def decode(
         if remaining <= 0:
             finish = "length"
             break
+        governor.tick()
         proposal = no_draft
         if drafter is not None and remaining > 1:
             ctl = DraftControl(
@@ -233,5 +236,6 @@ def decode(
         forward_s=tally.forward_s,
         overhead_s=max(0.0, wall - tally.forward_s),
         drafted_by=tally.by_source,
+        blas_threads=governor.take_counts(),
     )
     return GenerationResult(text="".join(text_parts), token_ids=tuple(out), summary=summary)

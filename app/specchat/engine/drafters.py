@@ -183,6 +183,8 @@ class ModelDrafter:
             prune = vocab > PRUNE_ABOVE
         if prune and weight is not None and vocab > keep:
             self.head = PrunedHead(weight, keep, extra_ids)
+        self._mask_key: tuple[int, int] | None = None
+        self._mask: mx.array | None = None
 
     def reset(self) -> None:
         self.slot.reset()
@@ -232,8 +234,22 @@ class ModelDrafter:
     def _to_token(self, idx: mx.array) -> mx.array:
         return self.head.rows[idx] if self.head is not None else idx
 
+    def _target_ids_only(self, logits: mx.array, vocab: int) -> mx.array:
+        """The draft's logits over ids the target has. A draft whose output
+        layer is wider than the target's (a different padding of the same
+        tokenizer) could otherwise propose an id the target has no row for,
+        and acceptance would read some other token's probability for it."""
+        if self.head is None:
+            return logits[..., :vocab] if logits.shape[-1] > vocab else logits
+        rows = self.head.rows
+        if self._mask_key != (vocab, rows.size):
+            self._mask_key = (vocab, rows.size)
+            self._mask = None if int(mx.max(rows).item()) < vocab else rows < vocab
+        return logits if self._mask is None else mx.where(self._mask, logits, -mx.inf)
+
     def _full_q(self, probs: mx.array, vocab: int) -> mx.array:
-        """Draft probabilities over the target's vocabulary width."""
+        """Draft probabilities over the target's vocabulary width (ids past
+        it have probability 0: see ``_target_ids_only``)."""
         if self.head is not None:
             rows = self.head.rows
             full = mx.zeros((probs.shape[0], vocab), probs.dtype)
@@ -245,8 +261,6 @@ class ModelDrafter:
         w = probs.shape[-1]
         if w == vocab:
             return probs
-        if w > vocab:
-            return probs[:, :vocab]
         return mx.concatenate([probs, mx.zeros((probs.shape[0], vocab - w), probs.dtype)], axis=1)
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
@@ -263,7 +277,7 @@ class ModelDrafter:
         confs: list[float] = []
         q_rows: list[mx.array] = []
         while True:
-            logits = self._logits(feed).astype(mx.float32)
+            logits = self._target_ids_only(self._logits(feed).astype(mx.float32), ctl.vocab)
             if greedy:
                 idx = mx.argmax(logits, axis=-1)
                 conf = mx.max(mx.softmax(logits, axis=-1), axis=-1)

@@ -106,6 +106,8 @@ class Summary:
     forward_s: float
     overhead_s: float
     drafted_by: dict = field(default_factory=dict)
+    # steps (and prefill chunks) run at each BLAS thread count (engine/threads.py)
+    blas_threads: dict = field(default_factory=dict)
 
     def stats_dict(self) -> dict:
         keys = (

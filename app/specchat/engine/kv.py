@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from specchat.engine import threads
 from specchat.engine.runner import Runner
 
 PREFILL_CHUNK = 512
@@ -61,6 +62,7 @@ class CacheSlot:
     def prefill(self, tokens: Sequence[int]) -> None:
         """Feed tokens without computing logits, in chunks to bound memory."""
         for start in range(0, len(tokens), PREFILL_CHUNK):
+            threads.governor().tick()
             chunk = list(tokens[start : start + PREFILL_CHUNK])
             out = self.runner(chunk, self.cache, "none")
             mx.eval(out, [c.state for c in self.cache])

@@ -42,7 +42,16 @@ class NgramIndex:
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens continuing the longest matching suffix n-gram, and
-        the n of that match (0 when nothing matched)."""
+        the n of that match (0 when nothing matched).
+
+        The continuation is copied from the latest earlier occurrence. Where
+        that copy reaches the end of the context and the context already ends
+        in two full periods of the repeat, it goes on copying what it has just
+        proposed: text that repeats with period p (a list, a table, the same
+        line again) is proposed as k tokens of the repeat, not cut at one
+        period (an overlapping copy, as in LZ77). Without two periods the
+        match is as likely a chance one (a digit or a comma seen a few tokens
+        back), and a long copy of it would only cost verification."""
         if k <= 0 or not context:
             return [], 0
         self._sync(context)
@@ -54,5 +63,23 @@ class NgramIndex:
             pos = self._maps[n].get(tuple(ids[L - n:]))
             # pos == L would be the suffix itself (never indexed: e < L).
             if pos is not None and pos < L:
-                return list(ids[pos:pos + k]), n
+                if pos + k > L and not ends_in_repeat(ids, L - pos):
+                    return list(ids[pos:]), n
+                return repeat_from(ids, pos, k), n
         return [], 0
+
+
+def ends_in_repeat(ids: Sequence[int], period: int) -> bool:
+    """Whether ``ids`` ends in two full periods of the same tokens."""
+    end = len(ids)
+    return end >= 2 * period and list(ids[end - 2 * period:end - period]) == list(ids[end - period:])
+
+
+def repeat_from(ids: Sequence[int], pos: int, k: int) -> list[int]:
+    """k tokens that continue ``ids`` the way ``ids[pos:]`` continued the
+    same text before: ``out[j] = (ids + out)[pos + j]``."""
+    end = len(ids)
+    out = list(ids[pos:pos + k])
+    while len(out) < k:
+        out.append(out[pos + len(out) - end])
+    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specchat.engine import chat, compute
+from specchat.engine import chat, compute, threads
 from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import decode
 from specchat.engine.draft_policy import CostModel, DraftPolicy
@@ -65,6 +65,7 @@ class Engine:
             self._vocab = int(w.shape[0]) if w is not None else int(
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
+            threads.governor().set_ceiling(threads.parallel_ceiling(_largest_matrix(self.target.config)))
         draft_path = str(Path(draft).expanduser().resolve()) if draft else None
         if draft_path is None:
             self._drop_draft()
@@ -225,6 +226,17 @@ class Engine:
         eos = self._eos | set(request.stop_token_ids)
         return decode(self._slot, self.target.tokenizer, eos, ids, request, drafter,
                       policy, mode, self._vocab, cancelled, on_step)
+
+
+def _largest_matrix(config: dict) -> int:
+    """Weights in a transformer block's largest matrix (its MLP's), which
+    decides whether splitting products over threads pays; unknown counts as
+    large."""
+    cfg = config.get("text_config", config)
+    hidden, inner = cfg.get("hidden_size"), cfg.get("intermediate_size")
+    if not hidden or not inner:
+        return threads.PARALLEL_MIN_WEIGHTS
+    return int(hidden) * int(inner)
 
 
 def _cap_tokens(request: GenerateRequest, room: int) -> GenerateRequest:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specchat.engine.errors import EngineError
+from specchat.errors import SpecChatError
 
 
 @dataclass(frozen=True)
@@ -86,21 +87,26 @@ class Job:
             if isinstance(ev, JobDone | JobFailed):
                 return
 
-    def wait(self, timeout: float | None = None):
-        """Block until done; return the result or raise EngineError."""
+    def wait(self, timeout: float | None = None, on_event: Callable[[Any], None] | None = None):
+        """Block until done; return the result or raise EngineError. Every
+        event before the end (progress, steps) goes to ``on_event``: the one
+        loop over a job's events, for every caller."""
         if self._loop is None:
-            for _ in self:
-                pass
+            for ev in self:
+                if on_event is not None and not isinstance(ev, JobDone | JobFailed):
+                    on_event(ev)
         elif not self._finished.wait(timeout):
             raise TimeoutError("engine job did not finish in time")
         if isinstance(self.outcome, JobFailed):
             raise EngineError(self.outcome.message)
         return self.outcome.result
 
-    async def result(self):
-        """Drain events (asyncio) and return the result or raise EngineError."""
-        async for _ in self:
-            pass
+    async def result(self, on_event: Callable[[Any], None] | None = None):
+        """Drain events (asyncio) and return the result or raise EngineError;
+        events before the end go to ``on_event``, as in ``wait``."""
+        async for ev in self:
+            if on_event is not None and not isinstance(ev, JobDone | JobFailed):
+                on_event(ev)
         if isinstance(self.outcome, JobFailed):
             raise EngineError(self.outcome.message)
         return self.outcome.result
@@ -129,7 +135,7 @@ class EngineThread:
             fn, job = self._jobs.get()
             try:
                 job.emit(JobDone(fn(job)))
-            except EngineError as exc:
+            except SpecChatError as exc:
                 job.emit(JobFailed(str(exc)))
             except MemoryError:
                 job.emit(JobFailed("Out of memory: the models do not fit. Choose smaller models "

@@ -1,15 +1,16 @@
 """The model library's errors.
 
-LibraryError subclasses EngineError so the CLI (and the GUI) print its
-message as one line for the user instead of a traceback.
+LibraryError is a ``SpecChatError`` (specchat/errors.py), so the CLI and the
+GUI print its message as one line for the user instead of a traceback. It is
+not an ``EngineError``: the library does not depend on the engine.
 """
 
 from __future__ import annotations
 
-from specchat.engine.errors import EngineError
+from specchat.errors import SpecChatError
 
 
-class LibraryError(EngineError):
+class LibraryError(SpecChatError):
     """Something about models on disk or on the Hub that the user can act on:
     an unknown reference, a missing download, a pair that does not fit."""
 

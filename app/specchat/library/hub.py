@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.engine.errors import EngineError
+from specchat.errors import SpecChatError
 from specchat.library import index, paths
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
@@ -474,7 +474,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], storage: Path,
             # this only links it into the snapshot.
             hf.hf_hub_download(hub.repo, f.name, revision=commit, cache_dir=str(cache_dir),
                                endpoint=endpoint(), library_name="specchat", tqdm_class=bar)
-        except EngineError:  # DownloadCancelled, or a caller's progress callback refusing
+        except SpecChatError:  # DownloadCancelled, or a caller's progress callback refusing
             tracker.fail()
             raise
         except Exception as exc:  # noqa: BLE001

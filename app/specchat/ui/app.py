@@ -47,7 +47,8 @@ def create_app():
 def run(target: str | None = None, draft: str | None = None, lookup: bool = False) -> int:
     import qasync
 
-    import specchat.engine  # noqa: F401 - system BLAS before anything can import MLX
+    from specchat import startup
+    startup.prepare()  # the system BLAS before anything imports MLX
     from specchat.ui.main_window import MainWindow
 
     app = create_app()

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import qasync
 
-    import specchat.engine  # noqa: F401 - system BLAS first
+    from specchat import startup
+    startup.prepare()  # the system BLAS before anything imports MLX
     from specchat.ui.app import create_app
     from specchat.ui.main_window import MainWindow
 

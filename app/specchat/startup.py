@@ -1,0 +1,19 @@
+"""What a SpecChat process does once, first, before anything imports MLX.
+
+Importing a SpecChat package has no side effects; the entry points (the
+``specchat`` command, the test suite's conftest, the scripts in benchmarks/)
+call ``prepare()`` themselves, so nothing depends on which module happened
+to be imported first.
+"""
+
+import os
+
+
+def prepare() -> None:
+    """Load the system BLAS (it only takes effect before MLX is imported;
+    engine/blas.py) and quiet transformers' import-time warning that
+    PyTorch is missing (SpecChat never needs PyTorch)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from specchat.engine import blas
+
+    blas.preload()
