@@ -8,7 +8,7 @@ BLAS thread policy, several background loads, in one table.
 Each BLAS runs in its own process (it is chosen before MLX is imported),
 which loads the pair once. For each thread policy ("1", "2": pinned counts;
 "auto": the governor in app/specchat/engine/threads.py) and each load (that
-many processes spinning at normal priority beside it: engine/cpuload.py),
+many processes spinning at normal priority beside it: tools/cpuload.py),
 every prompt runs in every mode from an empty cache. A run that has not
 finished after --budget seconds of decoding is cancelled and its rate is what
 it produced in that time, so a collapse ends the run instead of the
@@ -31,14 +31,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 
+def run(engine, prompt, mode: str, max_tokens: int, budget: float) -> dict:
+    """One prompt in one bench variant from an empty cache, cut after
+    ``budget`` seconds (on the engine thread)."""
+    from specchat.engine.events import GenerateRequest, SamplingParams
+    from specchat.tools.variants import VARIANTS
+
+    engine.reset_cache()
+    cancel = threading.Event()
+    timer = threading.Timer(budget, cancel.set)
+    req = GenerateRequest(messages=prompt.messages, max_tokens=max_tokens,
+                          sampling=SamplingParams(), draft=VARIANTS[mode].settings())
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        r = engine.generate(req, cancelled=cancel)
+    finally:
+        timer.cancel()
+    s = r.summary
+    return {"tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s, "ttft_s": s.ttft_s,
+            "wall_s": time.perf_counter() - t0, "cancelled": s.finish_reason == "cancelled",
+            "accepted": s.accepted, "drafted": s.drafted, "steps": s.steps,
+            "blas_threads": s.blas_threads, "token_ids": list(r.token_ids)}
+
+
 def child(args: argparse.Namespace) -> None:
     from specchat import startup  # noqa: E402
 
     startup.prepare()  # the system BLAS before anything imports MLX
-    from specchat.engine import blas, cpuload, threads
-    from specchat.engine.bench import OURS, load_prompts
-    from specchat.engine.events import GenerateRequest, SamplingParams
+    from specchat.engine import blas, threads
     from specchat.library.engine_link import make_client
+    from specchat.tools import cpuload
+    from specchat.tools.prompts import load_prompts
 
     prompts = [p for p in load_prompts(args.prompts) if not args.ids or p.id in args.ids]
     client = make_client()
@@ -50,24 +74,6 @@ def child(args: argparse.Namespace) -> None:
 
     emit({"event": "loaded", "blas": pair.compute.blas, "blas_path": blas.status().path,
           "cores": blas.cores(), "ceiling": gov.ceiling, "pid": os.getpid()})
-
-    def run(engine, prompt, mode: str, max_tokens: int, budget: float) -> dict:
-        engine.reset_cache()
-        cancel = threading.Event()
-        timer = threading.Timer(budget, cancel.set)
-        req = GenerateRequest(messages=prompt.messages, max_tokens=max_tokens,
-                              sampling=SamplingParams(), draft=OURS[mode])
-        t0 = time.perf_counter()
-        timer.start()
-        try:
-            r = engine.generate(req, cancelled=cancel)
-        finally:
-            timer.cancel()
-        s = r.summary
-        return {"tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s, "ttft_s": s.ttft_s,
-                "wall_s": time.perf_counter() - t0, "cancelled": s.finish_reason == "cancelled",
-                "accepted": s.accepted, "drafted": s.drafted, "steps": s.steps,
-                "blas_threads": s.blas_threads, "token_ids": list(r.token_ids)}
 
     if args.nice:
         # After loading, so only decoding runs at the lower priority. Linux

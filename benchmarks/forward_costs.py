@@ -37,9 +37,9 @@ def median_time(fn, reps: int) -> float:
 def forward_costs(target: str, draft: str | None, reps: int) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
-    from specchat.engine.bench import prefill, step_time
     from specchat.engine.session import Engine
     from specchat.library.refs import resolve
+    from specchat.tools.forward_timing import prefill, step_time
 
     engine = Engine()
     engine.load(resolve(target), resolve(draft) if draft else None)

@@ -29,16 +29,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from specchat.engine import draft_policy as dp  # noqa: E402
+from specchat.engine import modes  # noqa: E402
+from specchat.engine.drafter_kinds import DRAFT_MODEL, LOOKUP  # noqa: E402
 from specchat.engine.drafters import DraftControl, LookupDrafter  # noqa: E402
 
 
 def record(args) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
-    from specchat.engine.bench import load_prompts
     from specchat.engine.events import DraftSettings, GenerateRequest
     from specchat.engine.session import Engine
     from specchat.library.refs import resolve
+    from specchat.tools.prompts import load_prompts
 
     engine = Engine()
     engine.load(resolve(args.target), resolve(args.draft))
@@ -68,10 +70,12 @@ def record(args) -> None:
     Path(args.out).write_text(json.dumps(out))
 
 
-def replay_one(rec: dict, mode: str, fixed_k: int | None, costs, draft_s: float,
-               min_match: int = 3) -> float:
-    """Speedup over plain decoding for one recorded prompt."""
+def replay_one(rec: dict, mode: str, fixed_k: int | None, costs, draft_s: float) -> float:
+    """Speedup over plain decoding for one recorded prompt: the mode's
+    drafters in order (lookup, then the recorded draft model)."""
     t1, slope = costs
+    drafters = modes.get(mode).drafters
+    use_lookup, use_model = LOOKUP.name in drafters, DRAFT_MODEL.name in drafters
 
     def verify(m: int) -> float:
         return t1 * (1 + slope * (m - 1))
@@ -84,16 +88,14 @@ def replay_one(rec: dict, mode: str, fixed_k: int | None, costs, draft_s: float,
     while i < n_tok:
         remaining = n_tok - i
         context = prompt + target[:i]
-        ctl = DraftControl(sampling=None, keys=None, vocab=0,
-                           cap=lambda s, r=remaining: min(policy.cap(s), r - 1))
-        proposal, key, confs = [], None, []
-        if remaining > 1 and mode in ("lookup", "hybrid"):
-            found = lookup.match(context)
-            if found[0] and (mode == "lookup" or found[1] >= min_match):
-                p = lookup.propose(context, ctl, found)
-                proposal, key = p.tokens, p.key
-        if not proposal and remaining > 1 and mode in ("draft", "hybrid"):
-            k = ctl.cap("draft")
+        ctl = DraftControl(sampling=None, keys=None, vocab=0, fallback=use_model,
+                           cap=lambda kind, key=None, r=remaining: min(policy.cap(kind, key), r - 1))
+        proposal, kind, key, confs = [], None, None, []
+        if remaining > 1 and use_lookup:
+            p = lookup.propose(context, ctl)
+            proposal, kind, key = p.tokens, p.source, p.key
+        if not proposal and remaining > 1 and use_model:
+            k = ctl.cap(DRAFT_MODEL.name)
             while len(proposal) < k:
                 pos = min(i + len(proposal), n_tok - 1)
                 proposal.append(draft[pos])
@@ -101,18 +103,18 @@ def replay_one(rec: dict, mode: str, fixed_k: int | None, costs, draft_s: float,
                 seconds += draft_s
                 if len(proposal) >= k or not policy.keep_going(confs):
                     break
-            key = "draft" if proposal else None
+            kind = key = DRAFT_MODEL.name if proposal else None
         k = len(proposal)
         n = 0
         while n < k and proposal[n] == target[i + n]:
             n += 1
         seconds += verify(k + 1)
-        policy.observe(key, k, n, confs)
+        policy.observe(kind if k else None, key, k, n, confs)
         i += n + 1
     return n_tok * verify(1) / seconds
 
 
-def oracle_one(rec: dict, costs, draft_s: float, cap: int = dp.K_CAP) -> float:
+def oracle_one(rec: dict, costs, draft_s: float, cap: int = DRAFT_MODEL.cap) -> float:
     """Speedup of a draft-model policy that knows in advance how many draft
     tokens the target will accept: it drafts exactly those (when that pays)
     and never wastes a draft forward. No real policy can do better with this

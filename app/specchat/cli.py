@@ -35,11 +35,10 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-MODES = ["plain", "spec", "spec-k2", "spec-k4", "lookup", "mlx-lm-plain", "mlx-lm-spec-k2",
-         "mlx-lm-spec-k3", "mlx-lm-spec-k4", "mlx-lm-spec-k6"]
-
-
 def _add_bench(sub) -> None:
+    from specchat.tools.variants import VARIANTS
+
+    names = list(VARIANTS)
     b = sub.add_parser("bench", help="compare SpecChat and mlx-lm decoding on the same weights")
     b.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")
     b.add_argument("--draft", required=True, help="draft model sharing the target's tokenizer")
@@ -48,8 +47,8 @@ def _add_bench(sub) -> None:
     b.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     b.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    b.add_argument("--modes", nargs="+", default=MODES, choices=MODES, metavar="MODE",
-                   help="modes to run, interleaved per prompt (default: all of " + ", ".join(MODES) + ")")
+    b.add_argument("--modes", nargs="+", default=names, choices=names, metavar="MODE",
+                   help="modes to run, interleaved per prompt (default: all of " + ", ".join(names) + ")")
     b.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="keep N processes spinning on the CPU beside the bench, to measure "
                         "speed on a busy machine (default 0)")
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "bench":
-            from specchat.engine import bench
+            from specchat.tools import bench
 
             return bench.main(args)
         if args.command == "models":
@@ -149,16 +148,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _request_from(args) -> tuple:
+    from specchat.engine import modes
     from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 
-    if args.plain:
-        mode = "plain"
-    elif args.lookup:
-        mode = "lookup"
-    elif args.draft:
-        mode = "draft" if args.no_lookup else "hybrid"
-    else:
-        mode = "plain"
+    mode = modes.for_pair(speculative=not args.plain and bool(args.lookup or args.draft),
+                          has_draft=bool(args.draft), lookup=not args.no_lookup)
     if not args.prompt.strip():
         from specchat.engine.errors import EngineError
 
@@ -171,7 +165,7 @@ def _request_from(args) -> tuple:
         messages=tuple(messages),
         max_tokens=args.max_tokens,
         sampling=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
-        draft=DraftSettings(mode=mode, k=args.k, acceptance=args.acceptance),
+        draft=DraftSettings(mode=mode.name, k=args.k, acceptance=args.acceptance),
         stop_strings=tuple(args.stop),
     )
     return request, mode
@@ -180,33 +174,27 @@ def _request_from(args) -> tuple:
 def cmd_generate(args) -> int:
     from specchat.engine.errors import EngineError
     from specchat.engine.events import LoadProgress, StepEvent
-    from specchat.engine.worker import JobDone, JobFailed
     from specchat.library.engine_link import make_client
 
     request, mode = _request_from(args)
     if args.max_tokens < 1:
         raise EngineError("--max-tokens must be at least 1")
-    client = make_client()
-    draft = args.draft if mode in ("draft", "hybrid") else None
-    pair = None
-    for ev in client.load(args.target, draft):
+
+    def progress(ev) -> None:
         if isinstance(ev, LoadProgress) and not args.json:
             print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
-        elif isinstance(ev, JobFailed):
-            raise EngineError(ev.message)
-        elif isinstance(ev, JobDone):
-            pair = ev.result
+
+    def stream(ev) -> None:
+        if isinstance(ev, StepEvent) and not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+
+    client = make_client()
+    pair = client.load(args.target, args.draft if mode.needs_draft_model else None).wait(
+        on_event=progress)
     job = client.generate(request)
-    result = None
     try:
-        for ev in job:
-            if isinstance(ev, StepEvent) and not args.json:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            elif isinstance(ev, JobFailed):
-                raise EngineError(ev.message)
-            elif isinstance(ev, JobDone):
-                result = ev.result
+        result = job.wait(on_event=stream)
     except KeyboardInterrupt:
         job.cancel()
         result = job.wait()

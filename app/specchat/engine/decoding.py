@@ -2,29 +2,71 @@
 one loop whose drafter may propose nothing.
 
 Each step feeds [last token, d1..dK] to the target in one forward pass,
-decides on the device how many drafts to keep (see acceptance.py), reads
-that decision back with one host sync, rewinds the target's KV cache past
-the rejected drafts, and emits a StepEvent. Plain decoding is the K = 0 case
-of the same step, so every mode shares stopping, streaming and statistics.
+decides on the device how many drafts to keep (verifier.py), reads that
+decision back with one host sync, rewinds the target's KV cache past the
+rejected drafts, and emits a StepEvent. Plain decoding is the K = 0 case of
+the same step, so every mode shares stopping, streaming and statistics.
+
+The loop is three small steps, in the spirit of mlx-lm's ``generate_step``:
+``verified_blocks`` is a generator of what each verify step accepted,
+``commit`` applies the stopping rules to a block and describes it as a
+StepEvent, and ``summarize`` turns what was produced into the result.
+``decode`` strings them together for one request, a ``Decoding``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
 
-import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from specchat.engine import acceptance, threads
+from specchat.engine import threads
 from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
-from specchat.engine.sampling import KeyStream, processed_logprobs
+from specchat.engine.sampling import KeyStream
 from specchat.engine.textstream import TextStream
+from specchat.engine.verifier import Verifier
+
+
+@dataclass
+class Decoding:
+    """One request, as the loop reads it (and never changes it)."""
+
+    slot: CacheSlot  # the target's cache
+    tokenizer: TokenizerWrapper
+    end_ids: set[int]  # tokens that end the reply
+    prompt_ids: Sequence[int]
+    request: GenerateRequest
+    drafter: Drafter | None  # None: plain decoding
+    policy: DraftPolicy
+    mode: str  # the mode's name, for the summary
+    vocab: int  # the target's logits width
+    cancelled: threading.Event | None = None
+
+
+@dataclass
+class Block:
+    """One verify step's outcome, before the stopping rules: the drafts the
+    target accepted, then its own next token."""
+
+    proposal: Proposal
+    accepted: int
+    next_token: int
+    started: float  # when the verify pass started (perf_counter)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.proposal.tokens[:self.accepted], self.next_token]
+
+    @property
+    def origins(self) -> list[str]:
+        return ["draft"] * self.accepted + ["target"]
 
 
 @dataclass
@@ -33,7 +75,7 @@ class _Tally:
     drafted: int = 0
     accepted: int = 0
     forward_s: float = 0.0
-    by_source: dict | None = None
+    by_source: dict = field(default_factory=dict)
 
     def add(self, source: str | None, k: int, n: int) -> None:
         self.steps += 1
@@ -46,196 +88,196 @@ class _Tally:
             d["steps"] += 1
 
 
-class _Verifier:
-    """Feeds [last token, d1..dK] to the target and decides on the device what
-    to keep; ``step`` reads the decision back (one host sync).
+@dataclass
+class Progress:
+    """What a request has produced so far. The step generator reads the
+    context and the token count; ``commit`` extends them."""
 
-    Plain decoding runs one step ahead, as mlx-lm's ``generate_step`` does:
-    the next forward pass is queued on the still-lazy next token before the
-    current one is read back, so the device does not sit idle while Python
-    handles a token. The queued step's token joins the cache early; ``close``
-    drops it, leaving the cache exactly as the unpipelined loop would.
-    """
-
-    def __init__(self, slot: CacheSlot, sampling, rule: str, keys: KeyStream, pipelined: bool):
-        self.slot = slot
-        self.sampling = sampling
-        self.rule = rule
-        self.keys = keys
-        self.pipelined = pipelined
-        self._queued: mx.array | None = None
-
-    def _verdict(self, tokens: list[int] | mx.array, proposal: Proposal) -> mx.array:
-        lazy = isinstance(tokens, mx.array)
-        logits = self.slot.feed(tokens, "all", ids=[-1] if lazy else None).astype(mx.float32)
-        drafts = mx.array(proposal.tokens, dtype=mx.int32)
-        if self.sampling.greedy:
-            return acceptance.greedy(logits, drafts)
-        p = processed_logprobs(logits, self.sampling)
-        if self.rule == "equality":
-            return acceptance.equality(p, drafts, self.keys.next())
-        return acceptance.rejection(p, drafts, proposal.q, self.keys.next())
-
-    def step(self, last: int, proposal: Proposal) -> tuple[int, int]:
-        """(accepted drafts, the target's next token)."""
-        if not self.pipelined:
-            n, nxt = self._verdict([last, *proposal.tokens], proposal).tolist()
-            return n, nxt
-        current = self._queued if self._queued is not None else self._verdict([last], proposal)
-        self._queued = self._verdict(current[1:], proposal)
-        mx.async_eval(self._queued)
-        n, nxt = current.tolist()
-        self.slot.ids[-1] = nxt  # the queued step fed it before it was known
-        return n, nxt
-
-    def close(self) -> None:
-        if self._queued is not None:
-            self.slot.rewind(len(self.slot.ids) - 1)
-            self._queued = None
+    started: float  # perf_counter at the request's start
+    context: list[int]  # committed ids; the last one is not in the cache yet
+    keys: KeyStream  # every random draw of the request, drafter and verifier alike
+    stream: TextStream
+    prefill_s: float = 0.0
+    reused: int = 0  # prompt tokens already in the cache
+    out: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish: str = "length"
+    done: bool = False
+    ttft: float | None = None
+    tally: _Tally = field(default_factory=_Tally)
 
 
-def decode(
-    slot: CacheSlot,
-    tokenizer: TokenizerWrapper,
-    eos_ids: set[int],
-    prompt_ids: Sequence[int],
-    request: GenerateRequest,
-    drafter: Drafter | None,
-    policy: DraftPolicy,
-    mode: str,
-    vocab: int,
-    cancelled: threading.Event | None = None,
-    on_step: Callable[[StepEvent], None] | None = None,
-) -> GenerationResult:
+def start(d: Decoding) -> Progress:
+    """Prefill the prompt (all but its last token, which the first step
+    feeds) and let the drafter catch up: both count toward time to first
+    token, not as a step. Starts the count of BLAS threads per step."""
     t_start = time.perf_counter()
-    governor = threads.governor()
-    governor.take_counts()
-    sampling = request.sampling
-    keys = KeyStream(sampling.seed)
-    stream = TextStream(tokenizer, request.stop_strings)
-    tally = _Tally(by_source={})
-
-    pending = slot.sync_to(prompt_ids)
-    reused = len(prompt_ids) - len(pending)
-    slot.prefill(pending[:-1])
-    if drafter is not None:
-        drafter.prepare(prompt_ids)
+    threads.governor().take_counts()
+    keys = KeyStream(d.request.sampling.seed)
+    stream = TextStream(d.tokenizer, d.request.stop_strings)
+    pending = d.slot.sync_to(d.prompt_ids)
+    d.slot.prefill(pending[:-1])
+    if d.drafter is not None:
+        d.drafter.prepare(d.prompt_ids)
     prefill_s = time.perf_counter() - t_start
-    tally.forward_s += prefill_s
+    run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,
+                   prefill_s=prefill_s, reused=len(d.prompt_ids) - len(pending))
+    run.tally.forward_s += prefill_s
+    return run
 
-    context = list(prompt_ids)  # committed ids; the last one is not in the cache yet
-    out: list[int] = []
-    text_parts: list[str] = []
-    finish = "length"
-    ttft = None
+
+def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
+    """The drafter's block for this step, capped by the policy and by the
+    token budget (the target's own token needs one)."""
+    if d.drafter is None or remaining <= 1:
+        return None
+    policy = d.policy
+    ctl = DraftControl(
+        sampling=d.request.sampling,
+        keys=run.keys,
+        vocab=d.vocab,
+        cap=lambda kind, key=None: min(policy.cap(kind, key), remaining - 1),
+        keep_going=policy.keep_going,
+        lazy=policy.fixed_k is not None,
+    )
+    return d.drafter.propose(run.context, ctl)
+
+
+def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
+    """Draft, verify, rewind: one Block per step, until the request is
+    cancelled or its budget spent (``run.finish`` says which). The caller
+    commits each block before asking for the next, and closes the generator
+    when it stops early, which drops a pipelined step's queued token."""
+    verifier = Verifier(d.slot, d.request.sampling, d.request.draft.acceptance, run.keys,
+                        pipelined=d.drafter is None)
+    governor = threads.governor()
     no_draft = Proposal(tokens=[], source="")
-    verifier = _Verifier(slot, sampling, request.draft.acceptance, keys, pipelined=drafter is None)
+    try:
+        while True:
+            if d.cancelled is not None and d.cancelled.is_set():
+                run.finish = "cancelled"
+                return
+            remaining = d.request.max_tokens - len(run.out)
+            if remaining <= 0:
+                run.finish = "length"
+                return
+            governor.tick()
+            proposal = _propose(d, run, remaining) or no_draft
+            k = proposal.k
+            t_v = time.perf_counter()
+            n, nxt = verifier.step(run.context[-1], proposal)
+            verify_s = time.perf_counter() - t_v
+            d.slot.rewind(len(d.slot.ids) - (k - n))
+            run.tally.forward_s += verify_s + proposal.draft_s
+            run.tally.add(proposal.source or None, k, n)
+            d.policy.observe(proposal.source or None, proposal.key or None, k, n,
+                             proposal.confidences)
+            yield Block(proposal, n, nxt, t_v)
+    finally:
+        verifier.close()
 
-    while True:
-        if cancelled is not None and cancelled.is_set():
-            finish = "cancelled"
-            break
-        remaining = request.max_tokens - len(out)
-        if remaining <= 0:
-            finish = "length"
-            break
-        governor.tick()
-        proposal = no_draft
-        if drafter is not None and remaining > 1:
-            ctl = DraftControl(
-                sampling=sampling,
-                keys=keys,
-                vocab=vocab,
-                cap=lambda src, r=remaining: min(policy.cap(src), r - 1),
-                keep_going=policy.keep_going,
-                lazy=policy.fixed_k is not None,
-            )
-            proposal = drafter.propose(context, ctl)
-        k = proposal.k
-        t_v = time.perf_counter()
-        n, nxt = verifier.step(context[-1], proposal)
-        verify_s = time.perf_counter() - t_v
-        slot.rewind(len(slot.ids) - (k - n))
-        tally.forward_s += verify_s + proposal.draft_s
-        tally.add(proposal.source or None, k, n)
-        policy.observe(proposal.key or None, k, n, proposal.confidences)
 
-        new = [*proposal.tokens[:n], nxt]
-        origins = ["draft"] * n + ["target"]
-        kept: list[int] = []
-        piece = []
-        done = False
-        for tok in new:
-            if tok in eos_ids:
-                finish, done = "stop", True
-                break
-            kept.append(tok)
-            piece.append(stream.add(tok))
-            if stream.stopped:
-                finish, done = "stop_string", True
-                break
-            if len(out) + len(kept) >= request.max_tokens:
-                finish, done = "length", True
-                break
-        out.extend(kept)
-        context.extend(kept)
-        if done:
-            tail = stream.finish()
-            if piece:
-                piece[-1] += tail
-            elif tail:
-                piece.append(tail)
-        text = "".join(piece)
-        text_parts.append(text)
-        now = time.perf_counter()
-        if ttft is None:
-            ttft = now - t_start
-        if on_step is not None:
-            on_step(StepEvent(
-                index=tally.steps - 1,
-                token_ids=tuple(kept),
-                text=text,
-                origins=tuple(origins[:len(kept)]),
-                pieces=tuple(piece) if len(piece) == len(kept) else (),
-                drafted=k,
-                accepted=n,
-                k=k,
-                drafter=proposal.source or None,
-                step_s=now - t_v + proposal.draft_s,
-                elapsed_s=now - t_start,
-                total_tokens=len(out),
-            ))
-        if done:
+def _keep(d: Decoding, run: Progress, tokens: list[int]) -> tuple[list[int], list[str]]:
+    """A block's tokens up to an end token, a stop string or the token
+    budget (which end the reply: ``run.done``), and the text each released."""
+    kept: list[int] = []
+    pieces: list[str] = []
+    for tok in tokens:
+        if tok in d.end_ids:
+            run.finish, run.done = "stop", True
             break
+        kept.append(tok)
+        pieces.append(run.stream.add(tok))
+        if run.stream.stopped:
+            run.finish, run.done = "stop_string", True
+            break
+        if len(run.out) + len(kept) >= d.request.max_tokens:
+            run.finish, run.done = "length", True
+            break
+    return kept, pieces
 
-    verifier.close()
-    tail = stream.finish()  # cancelled, or the budget ran out between steps
-    if tail:
-        text_parts.append(tail)
-        if on_step is not None:
-            on_step(StepEvent(index=tally.steps, token_ids=(), text=tail, origins=(), drafted=0,
-                              accepted=0, k=0, drafter=None, step_s=0.0,
-                              elapsed_s=time.perf_counter() - t_start, total_tokens=len(out)))
-    wall = time.perf_counter() - t_start
-    decode_s = max(wall - prefill_s, 1e-9)
+
+def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
+    """Add a block's kept tokens to the reply (flushing the text when the
+    reply ends) and describe the step."""
+    kept, pieces = _keep(d, run, block.tokens)
+    run.out.extend(kept)
+    run.context.extend(kept)
+    if run.done:
+        tail = run.stream.finish()
+        if pieces:
+            pieces[-1] += tail
+        elif tail:
+            pieces.append(tail)
+    text = "".join(pieces)
+    run.text.append(text)
+    now = time.perf_counter()
+    if run.ttft is None:
+        run.ttft = now - run.started
+    p = block.proposal
+    return StepEvent(
+        index=run.tally.steps - 1,
+        token_ids=tuple(kept),
+        text=text,
+        origins=tuple(block.origins[:len(kept)]),
+        pieces=tuple(pieces) if len(pieces) == len(kept) else (),
+        drafted=p.k,
+        accepted=block.accepted,
+        k=p.k,
+        drafter=p.source or None,
+        step_s=now - block.started + p.draft_s,
+        elapsed_s=now - run.started,
+        total_tokens=len(run.out),
+    )
+
+
+def _tail_event(run: Progress, tail: str) -> StepEvent:
+    """Text held back when the reply ended between steps (cancelled, or
+    the budget ran out): no tokens, just the rest of the text."""
+    return StepEvent(index=run.tally.steps, token_ids=(), text=tail, origins=(), drafted=0,
+                     accepted=0, k=0, drafter=None, step_s=0.0,
+                     elapsed_s=time.perf_counter() - run.started, total_tokens=len(run.out))
+
+
+def summarize(d: Decoding, run: Progress) -> GenerationResult:
+    wall = time.perf_counter() - run.started
+    decode_s = max(wall - run.prefill_s, 1e-9)
+    tally, n = run.tally, len(run.out)
     summary = Summary(
-        mode=mode,
-        finish_reason=finish,
-        new_tokens=len(out),
+        mode=d.mode,
+        finish_reason=run.finish,
+        new_tokens=n,
         steps=tally.steps,
         drafted=tally.drafted,
         accepted=tally.accepted,
         acceptance_rate=(tally.accepted / tally.drafted) if tally.drafted else 0.0,
-        tokens_per_step=(len(out) / tally.steps) if tally.steps else 0.0,
-        tokens_per_s=len(out) / decode_s,
-        ttft_s=ttft if ttft is not None else wall,
+        tokens_per_step=(n / tally.steps) if tally.steps else 0.0,
+        tokens_per_s=n / decode_s,
+        ttft_s=run.ttft if run.ttft is not None else wall,
         wall_s=wall,
-        prompt_tokens=len(prompt_ids),
-        reused_prompt_tokens=reused,
-        prefill_s=prefill_s,
+        prompt_tokens=len(d.prompt_ids),
+        reused_prompt_tokens=run.reused,
+        prefill_s=run.prefill_s,
         forward_s=tally.forward_s,
         overhead_s=max(0.0, wall - tally.forward_s),
         drafted_by=tally.by_source,
-        blas_threads=governor.take_counts(),
+        blas_threads=threads.governor().take_counts(),
     )
-    return GenerationResult(text="".join(text_parts), token_ids=tuple(out), summary=summary)
+    return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary)
+
+
+def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> GenerationResult:
+    """One reply: prefill, then verified blocks committed until the reply
+    ends, each step reported to ``on_step``."""
+    emit = on_step or (lambda _event: None)
+    run = start(d)
+    with closing(verified_blocks(d, run)) as blocks:
+        for block in blocks:
+            emit(commit(d, run, block))
+            if run.done:
+                break
+    tail = run.stream.finish()
+    if tail:
+        run.text.append(tail)
+        emit(_tail_event(run, tail))
+    return summarize(d, run)

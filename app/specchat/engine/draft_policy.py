@@ -36,14 +36,18 @@ every time even though K adapts.
 
 Prompt lookup costs nothing to draft (c = 0), so only part 1 applies to it;
 its blocks are as long as the verify cost curve justifies.
+
+What differs between drafters (cost per drafted token, prior acceptance,
+longest block, whether confidences are calibrated) is declared by each
+drafter kind (drafter_kinds.py); nothing here tests a drafter's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-K_CAP = 12
-LOOKUP_CAP = 16
+from specchat.engine import drafter_kinds
+
 # Verify-cost slope per extra token, relative to a one-token forward.
 VERIFY_SLOPE = {"cpu": 0.11, "gpu": 0.04}
 
@@ -68,7 +72,8 @@ class CostModel:
 
 @dataclass
 class SourceStats:
-    """Acceptance of one draft source ("draft" or "lookup") in one request."""
+    """Acceptance of one draft source in one request (a drafter kind, or a
+    finer key of one, such as lookup's match length)."""
 
     accept: float = 0.7  # prior per-token acceptance
     proposed: int = 0
@@ -147,10 +152,13 @@ class DraftPolicy:
         self._units = 0.0  # cost spent so far, in target-forward units
         self._tokens = 0  # tokens produced so far
 
-    def stats(self, source: str) -> SourceStats:
-        if source not in self.sources:
-            self.sources[source] = SourceStats(accept=0.5 if source.startswith("lookup") else 0.7)
-        return self.sources[source]
+    def stats(self, kind: str, key: str | None = None) -> SourceStats:
+        """Acceptance statistics under ``key`` (default: the kind's name),
+        starting from the kind's prior."""
+        key = key or kind
+        if key not in self.sources:
+            self.sources[key] = SourceStats(accept=drafter_kinds.get(kind).prior)
+        return self.sources[key]
 
     @property
     def rate(self) -> float:
@@ -158,21 +166,21 @@ class DraftPolicy:
         one more accepted draft token saves."""
         return (self._units + 4 * self.PRIOR_RATE) / (self._tokens + 4)
 
-    def cap(self, source: str) -> int:
-        """Upper bound on this step's draft length for a source."""
+    def cap(self, kind: str, key: str | None = None) -> int:
+        """Upper bound on this step's draft length for a drafter kind (its
+        statistics kept under ``key``)."""
         if self.fixed_k is not None:
             return self.fixed_k
-        lookup = source.startswith("lookup")
-        k = best_k(self.stats(source).accept, 0.0 if lookup else self.cost.draft, self.cost,
-                   LOOKUP_CAP if lookup else K_CAP)
+        spec = drafter_kinds.get(kind)
+        k = best_k(self.stats(kind, key).accept, spec.token_cost(self.cost), self.cost, spec.cap)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:
                 return 1  # probe, so a recovering drafter is noticed
             return 0
-        # For the draft model the formula only says whether drafting pays at
-        # all; how far to draft is the early stop's call, token by token.
-        return k if lookup else K_CAP
+        # For a calibrated drafter the formula only says whether drafting pays
+        # at all; how far to draft is the early stop's call, token by token.
+        return spec.cap if spec.calibrated else k
 
     def keep_going(self, confidences: list[float]) -> bool:
         """After drafting len(confidences) tokens, draft one more?
@@ -191,11 +199,16 @@ class DraftPolicy:
         worth = survive * self.calibration(confidences[-1]) * self.rate
         return worth >= self.cost.draft + self.cost.slope
 
-    def observe(self, source: str | None, k: int, n: int, confidences: list[float]) -> None:
-        self._units += (k * self.cost.draft if source == "draft" else 0.0) + self.cost.verify(k + 1)
+    def observe(self, kind: str | None, key: str | None, k: int, n: int,
+                confidences: list[float]) -> None:
+        """One verify step: ``k`` tokens drafted by ``kind`` (None: nothing
+        drafted), ``n`` accepted."""
+        spec = drafter_kinds.get(kind) if kind else None
+        drafting = k * spec.token_cost(self.cost) if spec is not None else 0.0
+        self._units += drafting + self.cost.verify(k + 1)
         self._tokens += n + 1
-        if source is None or k == 0:
+        if spec is None or k == 0:
             return
-        self.stats(source).observe(k, n)
-        if source == "draft":
+        self.stats(kind, key).observe(k, n)
+        if spec.calibrated:
             self.calibration.observe(confidences, n)

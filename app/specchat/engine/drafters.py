@@ -4,18 +4,21 @@ A drafter is anything with ``prepare(prompt)``, ``propose(context, ctl) ->
 Proposal`` and ``reset()``. The context is every committed token (prompt and
 output so far); a drafter keeps whatever state it likes (a KV cache, an
 n-gram index) and resynchronises it against the context on each call, so the
-loop never has to tell it what was accepted.
+loop never has to tell it what was accepted. What the policy needs to know
+about a kind of drafter (its cost, prior, longest block) is declared in
+drafter_kinds.py, under the drafter's ``name``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import mlx.core as mx
 
+from specchat.engine.drafter_kinds import DRAFT_MODEL, LOOKUP
 from specchat.engine.events import SamplingParams
 from specchat.engine.kv import CacheSlot
 from specchat.engine.loading import LoadedModel
@@ -27,7 +30,7 @@ from specchat.engine.sampling import KeyStream, processed_logprobs, sample
 @dataclass
 class Proposal:
     tokens: list[int]
-    source: str  # "draft" or "lookup"
+    source: str  # the drafter kind's name (drafter_kinds.py); "" when nothing is drafted
     key: str = ""  # what the policy keeps statistics under (defaults to source)
     q: mx.array | None = None  # [k, V] processed draft probs (sampling only)
     confidences: list[float] = field(default_factory=list)
@@ -49,11 +52,16 @@ class DraftControl:
     sampling: SamplingParams
     keys: KeyStream
     vocab: int  # target logits width; q rows are padded/cut to it
-    cap: Callable[[str], int]  # max draft length for a source this step
+    # Max draft length this step for a drafter kind (statistics under an
+    # optional finer key): cap(kind, key=None).
+    cap: Callable[..., int]
     keep_going: Callable[[list[float]], bool] = lambda confs: True
     # Fixed K: no early stop, so the draft tokens can stay on the device
     # until the block is done (one host sync per block instead of per token).
     lazy: bool = False
+    # Another drafter is asked if this one proposes nothing, so weak
+    # proposals may be left to it.
+    fallback: bool = False
 
 
 class Drafter(Protocol):
@@ -76,29 +84,28 @@ class LookupDrafter:
     Single-token matches are ignored (on the benchmark they were accepted a
     quarter of the time); acceptance is tracked per match length, since a
     6-token match continues correctly far more often than a 2-token one, and
-    the draft length follows from it.
+    the draft length follows from it. With another drafter to fall back on
+    (hybrid mode), matches shorter than ``min_match`` are left to it.
     """
 
-    name = "lookup"
+    name = LOOKUP.name
 
-    def __init__(self, min_n: int = 2, max_n: int = 6):
+    def __init__(self, min_n: int = 2, max_n: int = 6, min_match: int = 3):
         self.index = NgramIndex(min_n, max_n)
+        self.min_match = min_match
 
     def prepare(self, prompt: Sequence[int]) -> None:
         pass  # the n-gram index catches up lazily, in microseconds
 
     def match(self, context: Sequence[int]) -> tuple[list[int], int]:
-        from specchat.engine.draft_policy import LOOKUP_CAP
+        return self.index.propose(context, LOOKUP.cap)
 
-        return self.index.propose(context, LOOKUP_CAP)
-
-    def propose(self, context: Sequence[int], ctl: DraftControl,
-                found: tuple[list[int], int] | None = None) -> Proposal:
-        tokens, n = found if found is not None else self.match(context)
-        if not tokens:
+    def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
+        tokens, n = self.match(context)
+        if not tokens or (ctl.fallback and n < self.min_match):
             return Proposal(tokens=[], source=self.name)
-        key = f"lookup{min(n, 4)}"
-        return Proposal(tokens=tokens[:ctl.cap(key)], source=self.name, key=key)
+        key = f"{self.name}{min(n, 4)}"
+        return Proposal(tokens=tokens[:ctl.cap(self.name, key)], source=self.name, key=key)
 
     def reset(self) -> None:
         self.index = NgramIndex(self.index.min_n, self.index.max_n)
@@ -169,7 +176,7 @@ class PrunedHead:
 class ModelDrafter:
     """A small model that shares the target's tokenizer."""
 
-    name = "draft"
+    name = DRAFT_MODEL.name
 
     def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = (), prune: bool | None = None,
                  keep: int = PRUNE_KEEP):
@@ -314,30 +321,32 @@ class ModelDrafter:
                         draft_s=draft_s, forwards=len(tokens))
 
 
-class HybridDrafter:
-    """Prompt lookup when the context has an n-gram match of at least
-    ``min_match`` tokens, the draft model otherwise. Lookup is free, so
-    whenever the reply is copying from the prompt it wins outright."""
+class DrafterChain:
+    """Several drafters asked in order; the first that proposes wins the step.
 
-    name = "hybrid"
+    Hybrid mode is prompt lookup, then the draft model: lookup is free, so
+    whenever the reply is copying from the prompt it wins outright, and the
+    draft model drafts the rest. Every drafter but the last is told it has a
+    fallback (``DraftControl.fallback``), so it can leave weak proposals to
+    the next one.
+    """
 
-    def __init__(self, model: ModelDrafter, lookup: LookupDrafter, min_match: int = 3):
-        self.model = model
-        self.lookup = lookup
-        self.min_match = min_match
+    def __init__(self, drafters: Sequence[Drafter]):
+        self.drafters = list(drafters)
+        self.name = "+".join(d.name for d in self.drafters)
 
     def prepare(self, prompt: Sequence[int]) -> None:
-        self.model.prepare(prompt)
-        self.lookup.prepare(prompt)
+        for d in self.drafters:
+            d.prepare(prompt)
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
-        found = self.lookup.match(context)
-        if found[0] and found[1] >= self.min_match:
-            proposal = self.lookup.propose(context, ctl, found)
+        *first, last = self.drafters
+        for d in first:
+            proposal = d.propose(context, replace(ctl, fallback=True))
             if proposal.tokens:
                 return proposal
-        return self.model.propose(context, ctl)
+        return last.propose(context, ctl)
 
     def reset(self) -> None:
-        self.model.reset()
-        self.lookup.reset()
+        for d in self.drafters:
+            d.reset()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Mode = Literal["plain", "draft", "lookup", "hybrid"]
+from specchat.engine.modes import HYBRID
+
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
 
 
@@ -32,12 +33,13 @@ class SamplingParams:
 class DraftSettings:
     """How speculation runs for one request.
 
-    mode: "plain" (target only), "draft" (draft model), "lookup" (prompt
-    lookup, no draft model) or "hybrid" (lookup when the context has a match,
-    the draft model otherwise). k: None for adaptive, or a fixed draft length.
+    mode: a name in modes.MODES (plain: the target only; draft: the draft
+    model; lookup: prompt lookup, no draft model; hybrid: lookup when the
+    context has a match, the draft model otherwise). k: None for adaptive,
+    or a fixed draft length.
     """
 
-    mode: Mode = "hybrid"
+    mode: str = HYBRID.name
     k: int | None = None
     acceptance: Literal["rejection", "equality"] = "rejection"
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specchat.engine import chat, compute, threads
+from specchat.engine import chat, compute, drafter_kinds, modes, threads
 from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
-from specchat.engine.decoding import decode
+from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_policy import CostModel, DraftPolicy
-from specchat.engine.drafters import Drafter, HybridDrafter, LookupDrafter, ModelDrafter
+from specchat.engine.drafter_kinds import DrafterKind
+from specchat.engine.drafters import Drafter, DrafterChain, ModelDrafter
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     ComputeInfo,
@@ -40,7 +41,9 @@ class Engine:
         self._eos: set[int] = set()
         self._vocab = 0
         self._model_drafter: ModelDrafter | None = None
-        self._lookup = LookupDrafter()
+        # Drafters other than the draft model, built on first use and kept
+        # (with their state: an n-gram index) while the target stays loaded.
+        self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
 
@@ -107,7 +110,7 @@ class Engine:
         self._drop_draft()
         self.target = None
         self._slot = None
-        self._lookup.reset()
+        self._drafters.clear()
         gc.collect()
         mx.clear_cache()
 
@@ -168,7 +171,8 @@ class Engine:
             self._slot.reset()
         if self._model_drafter is not None:
             self._model_drafter.reset()
-        self._lookup.reset()
+        for drafter in self._drafters.values():
+            drafter.reset()
 
     # -- generation ------------------------------------------------------
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
@@ -192,20 +196,28 @@ class Engine:
                 f"read ({limit:,}). Start a new conversation or shorten the message.")
         return ids
 
-    def _drafter(self, request: GenerateRequest) -> tuple[Drafter | None, str]:
-        mode = request.draft.mode
-        if mode == "plain":
-            return None, "plain"
+    def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
+        """The drafter for a mode, and the mode it really runs in: without a
+        draft model, a mode with other drafters runs on those (hybrid runs as
+        prompt lookup)."""
+        if not mode.speculative:
+            return None, mode
         if not self._pair.speculative_ok and (
-                not self.target.info.trimmable or mode in ("draft", "hybrid")):
+                not self.target.info.trimmable or mode.needs_draft_model):
             raise EngineError(self._pair.reason)
-        if mode == "lookup" or (mode == "hybrid" and self._model_drafter is None):
-            return self._lookup, "lookup"
-        if self._model_drafter is None:
-            raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
-        if mode == "draft":
-            return self._model_drafter, "draft"
-        return HybridDrafter(self._model_drafter, self._lookup), "hybrid"
+        if mode.needs_draft_model and self._model_drafter is None:
+            mode = mode.without_draft_model()
+            if mode is None:
+                raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
+        chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
+        return (chain[0] if len(chain) == 1 else DrafterChain(chain)), mode
+
+    def _drafter_of(self, kind: DrafterKind) -> Drafter:
+        if kind.uses_draft_model:
+            return self._model_drafter
+        if kind.name not in self._drafters:
+            self._drafters[kind.name] = kind.make()
+        return self._drafters[kind.name]
 
     def generate(
         self,
@@ -213,6 +225,7 @@ class Engine:
         cancelled: threading.Event | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
     ) -> GenerationResult:
+        mode = modes.get(request.draft.mode)
         if request.max_tokens < 1:
             raise EngineError("max tokens must be at least 1")
         if request.draft.k is not None and not 1 <= request.draft.k <= 32:
@@ -221,11 +234,11 @@ class Engine:
         limit = self.target.max_context
         if limit is not None:
             request = _cap_tokens(request, limit - len(ids))
-        drafter, mode = self._drafter(request)
+        drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
-        return decode(self._slot, self.target.tokenizer, eos, ids, request, drafter,
-                      policy, mode, self._vocab, cancelled, on_step)
+        return decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
+                               policy, mode.name, self._vocab, cancelled), on_step)
 
 
 def _largest_matrix(config: dict) -> int:

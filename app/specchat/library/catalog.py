@@ -13,8 +13,12 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specchat.library.errors import LibraryError
+
+if TYPE_CHECKING:
+    from specchat.library.memory import MemoryEstimate
 
 
 def catalog_dir() -> Path:
@@ -60,7 +64,7 @@ class CatalogModel:
     def kv_elements_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
-    def memory(self, context_tokens: int = 4096, dtype: str | None = None):
+    def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
         from specchat.library import memory
 
         return memory.estimate(self, None, context_tokens, dtype=dtype, measure=False)
@@ -100,7 +104,7 @@ class Pair:
                 f"{_b(self.target.params)}), so drafting costs little next to verifying.")
         return f"{text} {self.note}".strip()
 
-    def memory(self, context_tokens: int = 4096, dtype: str | None = None):
+    def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
         """MemoryEstimate for the pair in ``dtype`` (default: this machine's
         compute dtype), without measuring what is available."""
         from specchat.library import memory

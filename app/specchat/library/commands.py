@@ -122,24 +122,15 @@ def cmd_where(args, as_json: bool) -> int:
 
 
 def _pull_one(ref: str, report: _Reporter, cancelled: threading.Event):
-    """Pull one reference; returns the InstalledModel."""
+    """Pull one reference through the sources that can pull (see
+    ``sources/``); returns the InstalledModel."""
     from pathlib import Path
 
-    from specchat.library import hub, index
-    from specchat.library.catalog import load_catalog
+    from specchat.library import hub, sources
 
-    if ref.startswith("hf:"):
-        return hub.pull(ref, report.download, cancelled)
-    if ref.startswith("bundled:"):
-        return hub.pull(ref, report.download, cancelled)
-    have = index.get(ref)
-    if have is not None:
-        if have.kind == "hub":
-            return hub.pull(have.source, report.download, cancelled)
-        return have
-    known = load_catalog().model(ref)
-    if known is not None:
-        return _pull_one(known.ref, report, cancelled)
+    pulled = sources.pull(ref, report.download, cancelled)
+    if pulled is not None:
+        return pulled
     if ref.count("/") == 1 and not Path(ref).exists():
         return hub.pull("hf:" + ref, report.download, cancelled)
     raise LibraryError(

@@ -20,55 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specchat.library import index
-from specchat.library.catalog import CatalogModel, load_catalog
-from specchat.library.errors import LibraryError
-from specchat.library.facts import ModelFacts
+from specchat.library.catalog import load_catalog
+from specchat.library.memory import MemoryEstimate
+from specchat.library.model_side import ModelSide, catalog_for_source
 from specchat.library.units import params_text
 
-
-@dataclass(frozen=True)
-class ModelSide:
-    """What is known about one side of a pair: files (``facts``) when the
-    model is on disk, otherwise its catalog entry."""
-
-    ref: str
-    name: str
-    path: str | None = None
-    facts: ModelFacts | None = None
-    catalog: CatalogModel | None = None
-
-    @property
-    def on_disk(self) -> bool:
-        return self.facts is not None
-
-    @property
-    def params(self) -> int | None:
-        if self.facts is not None and self.facts.params:
-            return self.facts.params
-        return self.catalog.params if self.catalog is not None else None
-
-    @property
-    def tokenizer_family(self) -> str | None:
-        return self.catalog.tokenizer.id if self.catalog is not None else None
-
-    def kv_elements_per_token(self) -> int | None:
-        if self.facts is not None:
-            return self.facts.kv_elements_per_token()
-        return self.catalog.kv_elements_per_token() if self.catalog is not None else None
-
-    def to_json(self) -> dict:
-        out = {"ref": self.ref, "name": self.name, "path": self.path, "on_disk": self.on_disk,
-               "params": self.params}
-        if self.facts is not None:
-            out.update({"model_type": self.facts.model_type,
-                        "tokenizer_fingerprint": self.facts.tokenizer_fingerprint,
-                        "vocab_size": self.facts.vocab_size,
-                        "attention": self.facts.attention,
-                        "quantization": self.facts.quantization})
-        if self.catalog is not None:
-            out["catalog_id"] = self.catalog.id
-            out["tokenizer_family"] = self.catalog.tokenizer.id
-        return out
+__all__ = ["CompatReport", "ModelSide", "Suggestion", "check", "describe", "suggest_drafts"]
 
 
 @dataclass(frozen=True)
@@ -81,13 +38,19 @@ class CompatReport:
     reasons: list[str]
     target: ModelSide
     draft: ModelSide
-    memory: object | None = None  # memory.MemoryEstimate
+    memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def verified(self) -> bool:
         """True when judged from the files themselves."""
         return self.target.on_disk and self.draft.on_disk
+
+    @property
+    def tokenizers_known(self) -> bool:
+        """Whether both tokenizers were known (from files or the catalog); if
+        not, "compatible" only means nothing else was found wrong."""
+        return self.target.tokenizer_known and self.draft.tokenizer_known
 
     def to_json(self) -> dict:
         return {"compatible": self.compatible, "reasons": list(self.reasons),
@@ -103,83 +66,12 @@ def describe(ref: str, allow_work: bool = True) -> ModelSide:
     """What is known about ``ref`` without downloading anything. Installed and
     local models are read from disk; Hub and catalog models not downloaded
     yet come from the catalog. With ``allow_work``, bundled models and GGUF
-    files not converted yet are converted (once) so they can be read."""
+    files not converted yet are converted (once) so they can be read. The
+    source that claims ``ref`` (see ``sources/``) answers."""
     from specchat.library import refs
 
-    ref = ref.strip()
-    cat = load_catalog()
-    if ref.startswith("hf:"):
-        from specchat.library import hub
-
-        have = hub.installed(ref)
-        if have is not None:
-            return _side_installed(ref, have)
-        known = cat.model(ref)
-        if known is not None:
-            return ModelSide(ref, known.id, catalog=known)
-        raise LibraryError(
-            f"{ref} is not downloaded and not in the catalog, so its tokenizer cannot be "
-            f"checked yet: run `specchat models pull {ref}` first.")
-    if ref.startswith("bundled:"):
-        have = index.find_source(ref)
-        if have is not None:
-            return _side_installed(ref, have)
-        known = cat.model(ref)
-        ready = _converted_bundled(ref[len("bundled:"):])
-        if ready is not None:
-            return _side_folder(ref, ready, known)
-        if not allow_work and known is not None:
-            return ModelSide(ref, known.id, catalog=known)
-        return _side_folder(ref, refs.resolve(ref), known)
-    path = Path(ref).expanduser()
-    if path.is_file():
-        have = index.find_source(f"gguf:{path.resolve()}")
-        if have is not None:
-            return _side_installed(ref, have)
-        if not allow_work:
-            raise LibraryError(f"{path.name} has not been imported yet, so it cannot be "
-                               "checked without converting it first.")
-    if path.exists():
-        return _side_folder(ref, refs.resolve(ref))
-    have = index.get(ref)
-    if have is not None:
-        return _side_installed(ref, have)
-    known = cat.model(ref)
-    if known is not None:
-        have = index.find_source(known.ref)
-        if have is not None:
-            return _side_installed(ref, have)
-        return ModelSide(ref, known.id, catalog=known)
-    refs.resolve(ref)  # raises the helpful "unknown model" message
-    raise LibraryError(f"Unknown model {ref!r}")
-
-
-def _converted_bundled(name: str) -> Path | None:
-    """The folder of a bundled model already converted (cheap to read)."""
-    try:
-        from specchat.library import bundled
-
-        return Path(bundled.folder(name)) if bundled.is_ready(name) else None
-    except Exception:  # noqa: BLE001 - unknown name or no bundled files: not ready
-        return None
-
-
-def _catalog_for_source(source: str) -> CatalogModel | None:
-    if source.startswith(("hf:", "bundled:")):
-        return load_catalog().model(source.split("@", 1)[0] if source.startswith("hf:")
-                                    else source)
-    return None
-
-
-def _side_installed(ref: str, model) -> ModelSide:
-    return ModelSide(ref, model.name, model.path, model.facts, _catalog_for_source(model.source))
-
-
-def _side_folder(ref: str, folder: Path, known: CatalogModel | None = None) -> ModelSide:
-    from specchat.library.facts import read_folder
-
-    folder = Path(folder)
-    return ModelSide(ref, folder.name, str(folder), read_folder(folder), known)
+    ref, source = refs.source_for(ref)
+    return source.describe(ref, allow_work)
 
 
 # -- the verdict ----------------------------------------------------------------------
@@ -293,7 +185,7 @@ def suggest_drafts(target_ref: str) -> list[Suggestion]:
             continue
         same = (t_fp and m.tokenizer_fingerprint == t_fp) or (
             not t_fp and t.tokenizer_family is not None
-            and (c := _catalog_for_source(m.source)) is not None
+            and (c := catalog_for_source(m.source)) is not None
             and c.tokenizer.id == t.tokenizer_family)
         if not same:
             continue

@@ -49,13 +49,14 @@ _QUANT_LABELS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": 
 @dataclass(frozen=True)
 class ModelFacts:
     """Facts about one model folder; everything is a plain value so it can be
-    stored in the index as JSON."""
+    stored in the index as JSON. (The field order is the order in which
+    ``specchat models list --json`` prints them, after the index's own fields.)"""
 
-    model_type: str | None
+    size_bytes: int  # bytes on disk of the model's files
     params: int | None  # logical parameters (quantized weights counted unpacked)
     quantization: str | None  # "q4", "q8", "bfloat16", "float16", "float32"
-    size_bytes: int  # bytes on disk of the model's files
     tokenizer_fingerprint: str | None
+    model_type: str | None
     vocab_size: int | None  # tokenizer size (what speculation compares)
     attention: str  # "full", "sliding" or "recurrent"
     untrimmable_reason: str | None

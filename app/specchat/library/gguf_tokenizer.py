@@ -14,6 +14,8 @@ supported; that covers Qwen2/2.5, Llama 3 and SmolLM GGUFs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from specchat.library.errors import LibraryError
 
 # llama.cpp token types (tokenizer.ggml.token_type).
@@ -84,6 +86,32 @@ _ADD_BOS_DEFAULT = {"llama3"}
 def build(meta: dict, context_length: int | None = None) -> tuple[dict, dict]:
     """(tokenizer.json, tokenizer_config.json) contents for the GGUF metadata
     ``meta`` (which must include the arrays in TOKENIZER_ARRAYS)."""
+    family = _family(meta)
+    tokens, vocab, added = _vocabulary(meta)
+    merges = [_merge(m) for m in meta.get("tokenizer.ggml.merges") or []]
+    roles = _Roles.read(meta, tokens, family)
+    preset = _PRESETS[family]
+    tokenizer_json = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": preset["normalizer"],
+        "pre_tokenizer": preset["pre_tokenizer"],
+        "post_processor": _post_processor(roles.bos if roles.add_bos else None,
+                                          roles.eos if roles.add_eos else None, tokens),
+        "decoder": preset["decoder"],
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": preset["ignore_merges"],
+                  "vocab": vocab, "merges": merges},
+    }
+    return tokenizer_json, _config(meta, roles, context_length)
+
+
+def _family(meta: dict) -> str:
+    """The split-rule family (a _PRESETS key) of a byte-level BPE GGUF;
+    LibraryError names what else it is."""
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         kind = {"llama": "SentencePiece ('llama')", "bert": "WordPiece ('bert')",
@@ -97,20 +125,23 @@ def build(meta: dict, context_length: int | None = None) -> tuple[dict, dict]:
         raise LibraryError(
             f"This GGUF's pre-tokenizer {pre_name!r} is not supported "
             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-    preset = _PRESETS[family]
+    return family
 
+
+def _vocabulary(meta: dict) -> tuple[list[str], dict[str, int], list[dict]]:
+    """(every token by id, the BPE vocabulary, the added tokens). UNUSED
+    tokens (llama.cpp's [PAD...] fillers) are dropped; CONTROL tokens become
+    special added tokens, USER_DEFINED ones plain added tokens."""
     tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
     if not tokens:
         raise LibraryError("This GGUF has no vocabulary (tokenizer.ggml.tokens is missing)")
     types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     if len(types) != len(tokens):
         raise LibraryError("This GGUF's token types do not match its vocabulary (damaged file?)")
-    merges = [_merge(m) for m in meta.get("tokenizer.ggml.merges") or []]
-
     vocab: dict[str, int] = {}
     added: list[dict] = []
     for i, (tok, kind) in enumerate(zip(tokens, types, strict=True)):
-        if kind == UNUSED or tok in vocab:  # UNUSED: llama.cpp's [PAD...] filler
+        if kind == UNUSED or tok in vocab:
             continue
         # Added tokens stay in the model vocabulary too: ``tokenizers`` keeps
         # an added token's id only if the vocabulary has it, else renumbers.
@@ -118,44 +149,47 @@ def build(meta: dict, context_length: int | None = None) -> tuple[dict, dict]:
         if kind in (CONTROL, USER_DEFINED):
             added.append({"id": i, "content": tok, "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": kind == CONTROL})
+    return tokens, vocab, added
 
-    def role(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
-    bos, eos, pad = role("bos"), role("eos"), role("padding")
-    unk = role("unknown")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", family in _ADD_BOS_DEFAULT))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if add_bos and bos is None:
-        add_bos = False
+@dataclass(frozen=True)
+class _Roles:
+    """The special tokens by role, and whether BOS / EOS are added."""
 
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": preset["normalizer"],
-        "pre_tokenizer": preset["pre_tokenizer"],
-        "post_processor": _post_processor(bos if add_bos else None, eos if add_eos else None,
-                                          tokens),
-        "decoder": preset["decoder"],
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
-                  "byte_fallback": False, "ignore_merges": preset["ignore_merges"],
-                  "vocab": vocab, "merges": merges},
-    }
+    bos: str | None
+    eos: str | None
+    pad: str | None
+    unk: str | None
+    add_bos: bool
+    add_eos: bool
+
+    @classmethod
+    def read(cls, meta: dict, tokens: list[str], family: str) -> _Roles:
+        def role(key: str) -> str | None:
+            i = meta.get(f"tokenizer.ggml.{key}_token_id")
+            return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+        bos = role("bos")
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", family in _ADD_BOS_DEFAULT))
+        return cls(bos=bos, eos=role("eos"), pad=role("padding"), unk=role("unknown"),
+                   add_bos=add_bos and bos is not None,
+                   add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+
+
+def _config(meta: dict, roles: _Roles, context_length: int | None) -> dict:
+    """tokenizer_config.json: the roles, the length limit and the chat template."""
     config: dict = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk,
-        "add_bos_token": add_bos, "add_eos_token": add_eos,
+        "bos_token": roles.bos, "eos_token": roles.eos, "pad_token": roles.pad,
+        "unk_token": roles.unk,
+        "add_bos_token": roles.add_bos, "add_eos_token": roles.add_eos,
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(context_length) if context_length else 131072,
     }
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str) and template.strip():
         config["chat_template"] = template
-    return tokenizer_json, config
+    return config
 
 
 def _merge(m: str) -> list[str]:

@@ -412,7 +412,9 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
         known = load_catalog().model(ref)
         ref = known.ref if known is not None else ref
         if ref.startswith("bundled:"):
-            return _ensure_bundled(ref, progress, cancelled)
+            from specchat.library.sources.bundled import BundledSource
+
+            return BundledSource().pull(ref, progress, cancelled)
     hub = parse_ref(ref)
     say = progress or (lambda _p: None)
     have = installed(hub)
@@ -529,27 +531,6 @@ def prune(storage: Path) -> None:
         for blob in blobs.iterdir():
             if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
                 blob.unlink(missing_ok=True)
-
-
-def _ensure_bundled(ref: str, progress, cancelled) -> InstalledModel:
-    """A bundled model (it ships with SpecChat, so "pulling" it means
-    converting it once), listed in the index like any other."""
-    from specchat.library import bundled
-    from specchat.library.facts import read_folder
-
-    name = ref[len("bundled:"):]
-
-    def report(message: str, fraction: float | None = None) -> None:
-        if progress is not None:
-            progress(DownloadProgress(0, None, 0.0, message, step_fraction=fraction))
-
-    folder = Path(bundled.ensure(name, report, cancelled))
-    have = index.find_source(ref)
-    if have is not None and Path(have.path) == folder:
-        return have
-    model = InstalledModel.create(index.unique_name(name, source=ref), ref, "bundled", folder,
-                                  read_folder(folder))
-    return index.add(model)
 
 
 def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None,

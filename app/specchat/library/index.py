@@ -31,9 +31,15 @@ INDEX_VERSION = 1
 _thread_lock = threading.Lock()
 
 
+# The index's own fields, which ``to_json`` puts before the folder's facts.
+_PROVENANCE = ("name", "source", "kind", "path", "revision")
+
+
 @dataclass(frozen=True)
-class InstalledModel:
-    """One installed model, as the GUI and ``models list --json`` show it.
+class InstalledModel(ModelFacts):
+    """One installed model, as the GUI and ``models list --json`` show it:
+    the facts about its folder (it *is* a ModelFacts, so the index stores
+    them flat) and where it came from.
 
     ``source`` says where it came from: ``hf:org/repo``, ``import:/folder``,
     ``gguf:/file.gguf`` or ``bundled:name``; ``kind`` is hub, import, gguf or
@@ -45,18 +51,6 @@ class InstalledModel:
     kind: str
     path: str
     revision: str | None
-    size_bytes: int
-    params: int | None
-    quantization: str | None
-    tokenizer_fingerprint: str | None
-    model_type: str | None
-    vocab_size: int | None
-    attention: str
-    untrimmable_reason: str | None
-    num_layers: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    max_context: int | None
     installed_at: str
 
     @classmethod
@@ -68,6 +62,7 @@ class InstalledModel:
 
     @property
     def facts(self) -> ModelFacts:
+        """Just the folder's facts (what a model on disk but not listed has too)."""
         return ModelFacts.from_json(asdict(self))
 
     @property
@@ -75,12 +70,9 @@ class InstalledModel:
         """The reference that names this model everywhere (its installed name)."""
         return self.name
 
-    @property
-    def trimmable(self) -> bool:
-        return self.untrimmable_reason is None
-
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        return {**{k: data.pop(k) for k in _PROVENANCE}, **data}
 
     @classmethod
     def from_json(cls, data: dict) -> InstalledModel:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 from specchat.library.errors import LibraryError
 
@@ -168,8 +169,20 @@ class MemoryEstimate:
         return out
 
 
-def estimate(target, draft=None, context_tokens: int = 4096, dtype: str | None = None,
-             available: int | None = None, measure: bool = True) -> MemoryEstimate:
+class SizedModel(Protocol):
+    """What an estimate needs to know of a model. ModelFacts (files on
+    disk), CatalogModel (not downloaded yet) and ModelSide (either) all
+    answer it, so one estimate serves every kind of reference."""
+
+    @property
+    def params(self) -> int | None: ...
+
+    def kv_elements_per_token(self) -> int | None: ...
+
+
+def estimate(target: SizedModel, draft: SizedModel | None = None, context_tokens: int = 4096,
+             dtype: str | None = None, available: int | None = None,
+             measure: bool = True) -> MemoryEstimate:
     """Estimate for a target (and optional draft) given as anything with
     ``params`` and ``kv_elements_per_token()`` (ModelFacts, CatalogModel).
 

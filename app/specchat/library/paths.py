@@ -20,17 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-APP_NAME = "SpecChat"
-
-
-def home() -> Path:
-    """The library's root folder (not created here)."""
-    override = os.environ.get("SPECCHAT_HOME", "").strip()
-    if override:
-        return Path(override).expanduser().resolve()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+from specchat.home import home
 
 
 def _sub(name: str, create: bool) -> Path:

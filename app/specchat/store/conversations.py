@@ -13,6 +13,8 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
+from specchat.store.summary import ReplySummary
+
 
 @dataclass
 class Conversation:
@@ -30,7 +32,7 @@ class StoredMessage:
     role: str
     content: str
     runs: list[tuple[str, str]] = field(default_factory=list)
-    summary: dict | None = None
+    summary: ReplySummary | None = None
     error: str | None = None
     complete: bool = True
 
@@ -42,7 +44,7 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 
 def _message(row: sqlite3.Row) -> StoredMessage:
     runs = [tuple(r) for r in json.loads(row["runs"])] if row["runs"] else []
-    summary = json.loads(row["summary"]) if row["summary"] else None
+    summary = ReplySummary.from_json(json.loads(row["summary"])) if row["summary"] else None
     return StoredMessage(row["id"], row["role"], row["content"], runs, summary, row["error"],
                          bool(row["complete"]))
 
@@ -115,13 +117,14 @@ class ConversationStore:
         return cur.lastrowid
 
     def update_message(self, message_id: int, content: str, *,
-                       runs: list[tuple[str, str]] | None = None, summary: dict | None = None,
+                       runs: list[tuple[str, str]] | None = None,
+                       summary: ReplySummary | None = None,
                        error: str | None = None, complete: bool = False) -> None:
         """Save a reply's current state (called while streaming and at the end)."""
         self._db.execute(
             "UPDATE messages SET content=?, runs=?, summary=?, error=?, complete=? WHERE id=?",
             (content, json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs
-             else None, json.dumps(summary) if summary else None, error, int(complete),
+             else None, json.dumps(summary.to_json()) if summary else None, error, int(complete),
              message_id))
 
     def delete_message(self, message_id: int) -> None:
@@ -140,20 +143,6 @@ class ConversationStore:
         for m in self.messages(conversation_id):
             out += [f"## {names.get(m.role, m.role.title())}", "", m.content.rstrip(), ""]
             if m.summary:
-                out += [f"*{summary_line(m.summary)}*", ""]
+                out += [f"*{m.summary.line()}*", ""]
         return "\n".join(out).rstrip() + "\n"
 
-
-def summary_line(s: dict) -> str:
-    """The one-line summary shown under a reply (and in exports)."""
-    parts = [f"{s.get('new_tokens', 0)} tokens", f"{s.get('tokens_per_s', 0.0):.1f} tok/s",
-             f"first token {s.get('ttft_s', 0.0):.2f} s"]
-    if s.get("drafted"):
-        parts.append(f"acceptance {s.get('acceptance_rate', 0.0):.0%}")
-        parts.append(f"{s.get('tokens_per_step', 1.0):.2f} tokens/step")
-    parts.append(s.get("mode", "plain"))
-    if s.get("finish_reason") == "cancelled":
-        parts.append("stopped")
-    elif s.get("finish_reason") == "length":
-        parts.append("max tokens reached")
-    return " · ".join(parts)

@@ -48,9 +48,9 @@ _MIGRATIONS: tuple[str, ...] = (
 
 
 def default_path() -> Path:
-    from specchat.library import paths
+    from specchat.home import home
 
-    return paths.home() / FILENAME
+    return home() / FILENAME
 
 
 def connect(path: str | Path | None = None) -> sqlite3.Connection:

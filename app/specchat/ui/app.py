@@ -50,12 +50,14 @@ def run(target: str | None = None, draft: str | None = None, lookup: bool = Fals
     from specchat import startup
     startup.prepare()  # the system BLAS before anything imports MLX
     from specchat.ui.main_window import MainWindow
+    from specchat.ui.session import AppSession
 
     app = create_app()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    window = MainWindow()
-    window.initial_pair = initial_pair(target, draft, lookup, window.settings)
+    session = AppSession()
+    window = MainWindow(session=session,
+                        initial_pair=initial_pair(target, draft, lookup, session.settings))
     window.show()
     with loop:
         # Tasks may only be created once the loop runs: start from inside it.

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
+from specchat.store.summary import ReplySummary
+
 MessageRole = Qt.ItemDataRole.UserRole + 1
 _uids = itertools.count(1)
 
@@ -25,7 +27,7 @@ class ChatMessage:
     role: str  # "user" or "assistant"
     text: str = ""
     runs: list[list[str]] = field(default_factory=list)  # [[origin, text], ...] merged
-    summary: dict | None = None
+    summary: ReplySummary | None = None
     error: str | None = None
     streaming: bool = False
     complete: bool = True

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QTreeView,
 )
 
-from specchat.store.conversations import summary_line
+from specchat.store.summary import ReplySummary
 from specchat.ui import theme
 from specchat.ui.chat_model import ChatMessage, MessageRole
 from specchat.ui.markdown import (
@@ -101,9 +101,10 @@ class MessageDelegate(QStyledItemDelegate):
     def clear_cache(self) -> None:
         self._cache.clear()
 
-    def forget(self, uids: set[int]) -> None:
-        for uid in uids:
-            self._cache.pop(uid, None)
+    def keep_only(self, uids: set[int]) -> None:
+        """Drop the renderings of messages no longer in the model."""
+        for uid in set(self._cache) - uids:
+            del self._cache[uid]
 
     # -- layout ----------------------------------------------------------
     def _font(self) -> QFont:
@@ -188,7 +189,7 @@ class MessageDelegate(QStyledItemDelegate):
         types and enums on first use (~50 ms), better at start than at the
         first token."""
         sample = ChatMessage("assistant", "**Hi** `x`\n\n```python\nprint(1)\n```\n\n- a",
-                             summary={"new_tokens": 1, "mode": "plain"})
+                             summary=ReplySummary(new_tokens=1))
         builds = self.builds
         self.rendered(sample)
         self.footer(sample)
@@ -205,7 +206,7 @@ class MessageDelegate(QStyledItemDelegate):
             return "generating…"
         if not msg.complete:
             return "interrupted (the app closed during this reply)"
-        return summary_line(msg.summary) if msg.summary else ""
+        return msg.summary.line() if msg.summary else ""
 
     def _footer_height(self, msg: ChatMessage) -> int:
         if not self.footer(msg):
@@ -326,7 +327,7 @@ class ChatView(QTreeView):
 
     def _prune(self) -> None:
         live = {m.uid for m in self.model().messages}
-        self.delegate.forget(set(self.delegate._cache) - live)
+        self.delegate.keep_only(live)
 
     def _on_scrolled(self, value: int) -> None:
         self._stick = value >= self.verticalScrollBar().maximum() - 8
@@ -334,6 +335,22 @@ class ChatView(QTreeView):
     def _on_range(self, _lo: int, hi: int) -> None:
         if self._stick:
             self.verticalScrollBar().setValue(hi)
+
+    # -- configuration (the window's view of the delegate) -----------------
+    @property
+    def color_tokens(self) -> bool:
+        return self.delegate.color_tokens
+
+    def set_color_tokens(self, on: bool) -> None:
+        """Tint accepted draft tokens or not (the model's refresh_all then
+        has every row drawn again)."""
+        self.delegate.set_color_tokens(on)
+
+    def set_colors(self, colors: theme.Colors) -> None:
+        self.delegate.set_colors(colors)
+
+    def warm_up(self) -> None:
+        self.delegate.warm_up()
 
     def stick_to_bottom(self) -> None:
         self._stick = True

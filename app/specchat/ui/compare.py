@@ -1,8 +1,8 @@
 """Plain vs speculative on the same prompt, side by side.
 
-Both runs use the same settings, one after the other on the engine thread,
-so the only difference is the decoding mode. With greedy sampling the two
-texts must be identical; the dialog says whether they are.
+The runs are CompareRunner's (compare_runner.py); this dialog asks for them
+and shows both replies, their speeds, and whether the texts are identical
+(with greedy sampling they must be).
 """
 
 from __future__ import annotations
@@ -21,20 +21,21 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from specchat.engine import modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerationResult
-from specchat.store.conversations import summary_line
-from specchat.ui.controller import ChatController, CompareOutcome
+from specchat.ui.compare_runner import CompareOutcome, CompareRunner
+from specchat.ui.requests import reply_summary
 
 
 class CompareDialog(QDialog):
     finished_run = Signal(object)  # CompareOutcome or None
 
-    def __init__(self, controller: ChatController, prompt: str = "", parent=None):
+    def __init__(self, runner: CompareRunner, prompt: str = "", parent=None):
         super().__init__(parent)
         self.setWindowTitle("SpecChat — compare plain and speculative")
         self.resize(980, 620)
-        self.controller = controller
+        self.runner = runner
         self.prompt = QPlainTextEdit(prompt)
         self.prompt.setPlaceholderText("A prompt to run twice")
         self.prompt.setFixedHeight(70)
@@ -76,7 +77,7 @@ class CompareDialog(QDialog):
         text = self.prompt.toPlainText().strip()
         if not text or (self.task and not self.task.done()):
             return
-        if self.controller.busy:
+        if self.runner.busy:
             self.status.setText("A reply is still being written; try again when it is done.")
             return
         self.run_button.setEnabled(False)
@@ -87,13 +88,13 @@ class CompareDialog(QDialog):
         self.spec_stats.clear()
         self.task = asyncio.ensure_future(self._run(text))
 
-    def _phase(self, mode: str) -> None:
-        self.status.setText("Running plain…" if mode == "plain" else f"Running {mode}…")
+    def _phase(self, mode: modes.Mode) -> None:
+        self.status.setText(f"Running {mode.name}…")
 
     async def _run(self, text: str) -> None:
         outcome = None
         try:
-            outcome = await self.controller.compare(text, self._phase)
+            outcome = await self.runner.run(text, self._phase)
         except EngineError as exc:
             self.status.setText(str(exc))
         else:
@@ -105,9 +106,7 @@ class CompareDialog(QDialog):
 
     def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
         view.setMarkdown(result.text)
-        from dataclasses import asdict
-
-        stats.setText(summary_line(asdict(result.summary)))
+        stats.setText(reply_summary(result.summary).line())
 
     def show_outcome(self, o: CompareOutcome) -> None:
         self._fill(self.plain_text, self.plain_stats, o.plain)

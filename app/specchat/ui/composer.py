@@ -73,6 +73,9 @@ class Composer(QWidget):
         if text.strip():
             self.sendRequested.emit(text)
 
+    def text(self) -> str:
+        return self.edit.toPlainText()
+
     def clear(self) -> None:
         self.edit.clear()
 

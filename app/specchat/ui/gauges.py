@@ -3,6 +3,7 @@
 Accepted tokens arrive in bursts (a step can add K+1 tokens at once), so the
 speed shown is a rate over the last two seconds of engine time, not the
 last step's; acceptance and tokens per step are cumulative for the reply.
+"vs plain" compares with the last plain reply on the same pair (PlainSpeeds).
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
 
+from specchat.engine import modes
 from specchat.engine.events import StepEvent
+from specchat.store.summary import ReplySummary
+
+MIN_BASE_TOKENS = 8  # a shorter plain reply says little about the pair's speed
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,7 @@ class GaugeValues:
     tokens_per_s: float = 0.0
     k: int = 0
     drafter: str | None = None
-    mode: str = ""
+    mode: modes.Mode | None = None
     speedup: float | None = None  # vs the last plain reply on this pair
     live: bool = False
 
@@ -38,8 +43,22 @@ class GaugeValues:
         return self.tokens / self.steps if self.steps else 0.0
 
 
+class PlainSpeeds:
+    """The speed of the last plain reply on each pair: what "vs plain" divides by."""
+
+    def __init__(self):
+        self._tokens_per_s: dict[tuple, float] = {}
+
+    def note(self, pair_key: tuple, summary: ReplySummary) -> None:
+        if not modes.get(summary.mode).speculative and summary.new_tokens >= MIN_BASE_TOKENS:
+            self._tokens_per_s[pair_key] = summary.tokens_per_s
+
+    def get(self, pair_key: tuple) -> float | None:
+        return self._tokens_per_s.get(pair_key)
+
+
 class LiveStats:
-    def __init__(self, mode: str = "", window_s: float = 2.0):
+    def __init__(self, mode: modes.Mode | None = None, window_s: float = 2.0):
         self.mode = mode
         self.window_s = window_s
         self._points: deque[tuple[float, int]] = deque([(0.0, 0)])  # (elapsed_s, total tokens)
@@ -69,7 +88,8 @@ class LiveStats:
 
     def values(self, speedup_base: float | None = None, live: bool = True) -> GaugeValues:
         tps = self.tokens_per_s
-        speedup = tps / speedup_base if speedup_base and self.mode != "plain" else None
+        speculative = self.mode is None or self.mode.speculative
+        speedup = tps / speedup_base if speedup_base and speculative else None
         return GaugeValues(self.tokens, self.steps, self.drafted, self.accepted, tps, self.k,
                            self.drafter, self.mode, speedup, live)
 
@@ -127,7 +147,15 @@ class GaugeStrip(QFrame):
         self.per_step.value.setText(f"{v.tokens_per_step:.2f}" if v.steps else "–")
         self.k.value.setText(str(v.k) if v.k else "–")
         self.speedup.value.setText(f"×{v.speedup:.2f}" if v.speedup else "–")
-        mode = v.mode or "–"
-        if v.drafter and v.mode == "hybrid":
-            mode = f"hybrid ({v.drafter})"
-        self.mode.value.setText(mode)
+        text = v.mode.name if v.mode else "–"
+        if v.drafter and v.mode and len(v.mode.drafters) > 1:  # say which one drafted last
+            text = f"{v.mode.name} ({v.drafter})"
+        self.mode.value.setText(text)
+
+    def clear(self) -> None:
+        self.show_values(GaugeValues())
+
+    def preview(self, mode: modes.Mode) -> None:
+        """Before a reply, say how the next one will be decoded."""
+        if not self.values.steps:
+            self.mode.value.setText(mode.name)

@@ -59,6 +59,10 @@ class LagMonitor:
             while self._samples and self._samples[0][0] < now - self.keep_s:
                 self._samples.popleft()
 
+    def worst(self, since: float, count: int = 3) -> list[tuple[float, float]]:
+        """The ``count`` largest lags after ``since``, as (lag s, monotonic time)."""
+        return sorted(((lag, t) for t, lag in self._samples if t >= since), reverse=True)[:count]
+
     def stats(self, since: float | None = None, last_s: float | None = None) -> LagStats:
         """Lag over samples taken after ``since`` (a time.monotonic() value) or
         in the last ``last_s`` seconds; everything kept if neither."""

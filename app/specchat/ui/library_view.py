@@ -1,15 +1,22 @@
 """What the windows need from the model library, as plain values.
 
-The library (specchat.library) is imported lazily and read defensively:
-the picker must still open, with what can be listed, if a part of it is
-missing or a file on disk is damaged. Nothing here touches MLX.
+The library (specchat.library) is imported lazily and its errors are
+caught: the picker must still open, with what can be listed, if a file on
+disk is damaged. Its results are typed dataclasses, read field by field.
+Nothing here touches MLX.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specchat.library.units import params_text, size_text
+
+if TYPE_CHECKING:
+    from specchat.library.catalog import Catalog, CatalogModel
+    from specchat.library.compatibility import CompatReport
+    from specchat.library.index import InstalledModel
 
 FALLBACK_TARGET = "bundled:qwen2.5-coder-1.5b"
 FALLBACK_DRAFT = "bundled:qwen2.5-coder-0.5b"
@@ -48,7 +55,7 @@ def default_pair() -> tuple[str, str | None]:
         return FALLBACK_TARGET, FALLBACK_DRAFT
 
 
-def installed_models() -> list:
+def installed_models() -> list[InstalledModel]:
     try:
         from specchat.library import index
 
@@ -57,13 +64,19 @@ def installed_models() -> list:
         return []
 
 
-def catalog():
+def catalog() -> Catalog | None:
     try:
         from specchat.library import catalog as cat
 
         return cat.load_catalog()
     except Exception:  # noqa: BLE001
         return None
+
+
+def catalog_models() -> list[CatalogModel]:
+    """The catalog's models, or none when the catalog cannot be read."""
+    cat = catalog()
+    return list(cat.models) if cat is not None else []
 
 
 def model_choices() -> list[ModelChoice]:
@@ -76,21 +89,20 @@ def model_choices() -> list[ModelChoice]:
             seen.add(choice.ref)
             out.append(choice)
 
-    cat = catalog()
-    cat_models = list(getattr(cat, "models", []) or [])
-    bundled_names = {m.ref: m.name for m in cat_models if m.ref.startswith("bundled:")}
+    cat_models = catalog_models()
+    bundled_names = {m.ref: m.name for m in cat_models if m.bundled}
     for ref in BUNDLED_REFS:
         name = bundled_names.get(ref, ref.split(":", 1)[1]).removesuffix(" (bundled)")
         add(ModelChoice(ref, f"{name}  (built in)", "bundled"))
     for m in installed_models():
-        if getattr(m, "kind", "") == "bundled" or m.source.startswith("bundled:"):
+        if m.kind == "bundled" or m.source.startswith("bundled:"):
             continue
         detail = " · ".join(x for x in (params_text(m.params) if m.params else "",
                                          size_text(m.size_bytes) if m.size_bytes else "") if x)
         add(ModelChoice(m.ref, f"{m.name}  (installed{', ' + detail if detail else ''})",
                         "installed", m.source))
     for m in cat_models:
-        if m.ref.startswith("bundled:"):
+        if m.bundled:
             continue
         add(ModelChoice(m.ref, f"{m.name}  (download {size_text(m.download_bytes)})", "catalog",
                         m.ref))
@@ -113,27 +125,25 @@ def check_pair(target: str, draft: str | None) -> Verdict:
         report = compatibility.check(target, draft, allow_work=False)
     except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
         return Verdict(None, (f"Checked when the pair loads ({exc}).",))
-    reasons = tuple(getattr(report, "reasons", ()) or ())
-    notes = tuple(getattr(report, "notes", ()) or ())
-    if report.compatible and not _tokenizers_known(report):
+    return _verdict(report)
+
+
+def _verdict(report: CompatReport) -> Verdict:
+    """The library's report in the picker's terms: unknown (None) rather
+    than a tick when the tokenizers could not be compared yet."""
+    reasons, notes = tuple(report.reasons), tuple(report.notes)
+    if report.compatible and not report.tokenizers_known:
         # Nothing wrong was found, but the tokenizers could not be compared
         # yet: do not show a tick the files might contradict.
         return Verdict(None, (*notes, *reasons) or ("Checked when the pair loads.",))
-    return Verdict(bool(report.compatible), reasons + tuple(n for n in notes if report.compatible))
-
-
-def _tokenizers_known(report) -> bool:
-    sides = (getattr(report, "target", None), getattr(report, "draft", None))
-    return all(side is not None and (getattr(side, "facts", None) is not None
-                                     or getattr(side, "tokenizer_family", None))
-               for side in sides)
+    return Verdict(report.compatible, reasons + tuple(n for n in notes if report.compatible))
 
 
 def suggest_drafts(target: str) -> list[str]:
     try:
         from specchat.library import compatibility
 
-        return [getattr(s, "ref", s) for s in compatibility.suggest_drafts(target)]
+        return [s.ref for s in compatibility.suggest_drafts(target)]
     except Exception:  # noqa: BLE001
         return []
 

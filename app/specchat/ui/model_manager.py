@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -32,6 +33,11 @@ from PySide6.QtWidgets import (
 
 from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
+
+if TYPE_CHECKING:
+    from specchat.library.catalog import CatalogModel
+    from specchat.library.hub import DownloadProgress
+    from specchat.library.index import InstalledModel
 
 
 class TaskRow(QWidget):
@@ -141,8 +147,8 @@ class ModelManager(QDialog):
         self.download_button.clicked.connect(self.download_selected)
         self.import_folder_button.clicked.connect(self.import_folder)
         self.import_gguf_button.clicked.connect(self.import_gguf)
-        self._installed_rows: list = []
-        self._catalog_rows: list = []
+        self._installed_rows: list[InstalledModel] = []
+        self._catalog_rows: list[CatalogModel] = []
         self.refresh()
 
     # -- listing -------------------------------------------------------------
@@ -163,13 +169,12 @@ class ModelManager(QDialog):
                                    params_text(m.params) if m.params else "")):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
         installed_sources = {m.source for m in models}
-        cat = library_view.catalog()
-        cmodels = list(getattr(cat, "models", []) or [])
+        cmodels = library_view.catalog_models()
         self._catalog_rows = cmodels
         self.catalog.setRowCount(len(cmodels))
         for i, m in enumerate(cmodels):
             status = "installed" if m.ref in installed_sources else (
-                "built in" if m.ref.startswith("bundled:") else "")
+                "built in" if m.bundled else "")
             for j, v in enumerate((m.name, m.ref, size_text(m.download_bytes), status)):
                 self.catalog.setItem(i, j, QTableWidgetItem(v))
         self.delete_button.setEnabled(bool(models))
@@ -227,9 +232,8 @@ class ModelManager(QDialog):
             row.finish("Downloads are not available in this build (specchat.library.hub).")
             return
 
-        def progress(p) -> None:
-            loop.call_soon_threadsafe(row.progress, getattr(p, "done_bytes", None),
-                                      getattr(p, "total_bytes", None), getattr(p, "message", ""))
+        def progress(p: DownloadProgress) -> None:
+            loop.call_soon_threadsafe(row.progress, p.done_bytes, p.total_bytes, p.message)
 
         try:
             await loop.run_in_executor(None, lambda: hub.pull(ref, progress, row.cancelled))

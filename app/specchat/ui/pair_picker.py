@@ -178,6 +178,11 @@ class PairPicker(QFrame):
         self.verdict_label.style().polish(self.verdict_label)
         self.load_button.setEnabled(True)  # the person may fix files and retry
 
+    def set_busy(self, busy: bool) -> None:
+        """While a reply streams or a conversation opens, no load starts."""
+        self.load_button.setEnabled(not busy and (
+            self.verdict is None or self.verdict.compatible is not False))
+
     def _load_clicked(self) -> None:
         target, draft = self.selection()
         if target and (self.verdict is None or self.verdict.compatible is not False):

@@ -77,9 +77,15 @@ class SettingsDialog(QDialog):
         self.preset.setCurrentText(name)
         self.preset.blockSignals(False)
 
+    def edited(self) -> dict:
+        """What this dialog edits, as AppSettings fields: the window hands
+        them to ``AppSession.update_settings``, so settings changed elsewhere
+        meanwhile (the last pair) stay as they are."""
+        return dict(system_prompt=self.system.toPlainText(),
+                    temperature=round(self.temperature.value(), 3),
+                    top_p=round(self.top_p.value(), 3), top_k=self.top_k.value(),
+                    max_tokens=self.max_tokens.value(),
+                    seed=None if self.seed.value() < 0 else self.seed.value())
+
     def values(self) -> AppSettings:
-        return replace(self._base, system_prompt=self.system.toPlainText(),
-                       temperature=round(self.temperature.value(), 3),
-                       top_p=round(self.top_p.value(), 3), top_k=self.top_k.value(),
-                       max_tokens=self.max_tokens.value(),
-                       seed=None if self.seed.value() < 0 else self.seed.value())
+        return replace(self._base, **self.edited())

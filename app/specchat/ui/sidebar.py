@@ -153,6 +153,12 @@ class Sidebar(QWidget):
     def refresh(self) -> asyncio.Future:
         return self.model.reload()
 
+    def relist(self, current_id: int | None) -> asyncio.Future:
+        """The conversations changed (one was created, or a reply was saved):
+        list them again, with ``current_id`` selected once they are in."""
+        self.current_id = current_id
+        return self.refresh()
+
     def select(self, conversation_id: int | None) -> None:
         self.current_id = conversation_id
         row = self.model.row_of(conversation_id) if conversation_id else -1

@@ -1,0 +1,69 @@
+"""Drafter kinds: what the engine and the draft-length policy need to know
+about each kind of drafter, declared once, by the drafter's author.
+
+A kind says how to build its drafter, what one drafted token costs (in
+one-token target forwards), the per-token acceptance to assume before any is
+measured, the longest block it may propose, and whether its confidences are
+probabilities worth calibrating (then the policy stops a block token by
+token; otherwise the block is as long as Leviathan's formula allows). The
+policy reads these instead of testing drafter names, so a new drafter is one
+module plus one ``register`` line; a mode (modes.py) then names it.
+
+This module imports no MLX (drafters are imported when first built), so
+modes.py, and through it the window, may read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specchat.engine import registry
+
+if TYPE_CHECKING:
+    from specchat.engine.draft_policy import CostModel
+    from specchat.engine.drafters import Drafter
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    # Builds a drafter (once per loaded target; it keeps its own state).
+    # None: the engine's loaded draft model is the drafter.
+    make: Callable[[], Drafter] | None
+    prior: float  # per-token acceptance before any is measured
+    cap: int  # longest block
+    calibrated: bool = False  # confidences are probabilities: stop blocks by them
+    cost: float = 0.0  # per drafted token, in target forwards (a draft model's: the pair's)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.make is None
+
+    def token_cost(self, costs: CostModel) -> float:
+        """One drafted token, in one-token target forwards: for the draft
+        model the pair's measured ratio, otherwise what the kind declares."""
+        return costs.draft if self.uses_draft_model else self.cost
+
+
+def _lazy(module: str, name: str) -> Callable[[], Drafter]:
+    """A constructor imported when first called, so the registry imports no MLX."""
+    return lambda: getattr(importlib.import_module(module), name)()
+
+
+# Lookup is free, so its blocks run as long as the verify cost curve allows;
+# the draft model's length is the early stop's call, up to 12.
+LOOKUP = DrafterKind("lookup", _lazy("specchat.engine.drafters", "LookupDrafter"), prior=0.5, cap=16)
+DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
+
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (LOOKUP, DRAFT_MODEL)}
+
+
+def register(kind: DrafterKind) -> DrafterKind:
+    return registry.add(KINDS, kind)
+
+
+def get(name: str) -> DrafterKind:
+    return registry.lookup(KINDS, name, "drafter")

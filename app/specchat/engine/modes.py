@@ -1,0 +1,70 @@
+"""Decoding modes: the one registry that the CLI, the app, the session and the
+bench read. A mode is its name, the words for it, and the drafters it uses
+(by drafter kind, see drafter_kinds.py); nothing outside this module compares
+mode strings.
+
+This module imports no MLX, so the window may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specchat.engine import drafter_kinds, registry
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    label: str  # for people: gauges, menus, reports
+    # Drafter kinds, in the order they are asked (the first that proposes
+    # wins a step); empty for plain decoding.
+    drafters: tuple[str, ...] = ()
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.drafters)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return any(drafter_kinds.get(d).uses_draft_model for d in self.drafters)
+
+    def without_draft_model(self) -> Mode | None:
+        """What this mode runs as when no draft model is loaded: its other
+        drafters (hybrid runs as prompt lookup), or None when it has none."""
+        rest = tuple(d for d in self.drafters if not drafter_kinds.get(d).uses_draft_model)
+        if not rest:
+            return None
+        return next((m for m in MODES.values() if m.drafters == rest),
+                    Mode(self.name, self.label, rest))
+
+
+PLAIN = Mode("plain", "plain decoding")
+LOOKUP = Mode("lookup", "prompt lookup", ("lookup",))
+DRAFT = Mode("draft", "draft model", ("draft",))
+HYBRID = Mode("hybrid", "draft model + prompt lookup", ("lookup", "draft"))
+
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, LOOKUP, DRAFT, HYBRID)}
+
+
+def register(mode: Mode) -> Mode:
+    """Add a mode (its drafters registered in drafter_kinds.py)."""
+    for d in mode.drafters:
+        drafter_kinds.get(d)
+    return registry.add(MODES, mode)
+
+
+def get(name: str) -> Mode:
+    return registry.lookup(MODES, name, "decoding mode")
+
+
+def for_pair(speculative: bool, has_draft: bool, speculative_ok: bool = True,
+             lookup: bool = True) -> Mode:
+    """The mode a reply runs in: plain when speculation is off or cannot run
+    on this pair; prompt lookup without a draft model; the draft model (with
+    prompt lookup unless ``lookup`` is False) with one."""
+    if not speculative or not speculative_ok:
+        return PLAIN
+    if not has_draft:
+        return LOOKUP
+    return HYBRID if lookup else DRAFT

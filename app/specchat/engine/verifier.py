@@ -1,0 +1,62 @@
+"""The target's side of a step: one forward pass over [last token, d1..dK]
+and the acceptance decision, made on the device and read back with one host
+sync (see acceptance.py for the rules)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from specchat.engine import acceptance
+from specchat.engine.drafters import Proposal
+from specchat.engine.events import SamplingParams
+from specchat.engine.kv import CacheSlot
+from specchat.engine.sampling import KeyStream, processed_logprobs
+
+
+class Verifier:
+    """Feeds [last token, d1..dK] to the target and decides on the device what
+    to keep; ``step`` reads the decision back (one host sync).
+
+    Plain decoding runs one step ahead, as mlx-lm's ``generate_step`` does:
+    the next forward pass is queued on the still-lazy next token before the
+    current one is read back, so the device does not sit idle while Python
+    handles a token. The queued step's token joins the cache early; ``close``
+    drops it, leaving the cache exactly as the unpipelined loop would.
+    """
+
+    def __init__(self, slot: CacheSlot, sampling: SamplingParams, rule: str, keys: KeyStream,
+                 pipelined: bool):
+        self.slot = slot
+        self.sampling = sampling
+        self.rule = rule
+        self.keys = keys
+        self.pipelined = pipelined
+        self._queued: mx.array | None = None
+
+    def _verdict(self, tokens: list[int] | mx.array, proposal: Proposal) -> mx.array:
+        lazy = isinstance(tokens, mx.array)
+        logits = self.slot.feed(tokens, "all", ids=[-1] if lazy else None).astype(mx.float32)
+        drafts = mx.array(proposal.tokens, dtype=mx.int32)
+        if self.sampling.greedy:
+            return acceptance.greedy(logits, drafts)
+        p = processed_logprobs(logits, self.sampling)
+        if self.rule == "equality":
+            return acceptance.equality(p, drafts, self.keys.next())
+        return acceptance.rejection(p, drafts, proposal.q, self.keys.next())
+
+    def step(self, last: int, proposal: Proposal) -> tuple[int, int]:
+        """(accepted drafts, the target's next token)."""
+        if not self.pipelined:
+            n, nxt = self._verdict([last, *proposal.tokens], proposal).tolist()
+            return n, nxt
+        current = self._queued if self._queued is not None else self._verdict([last], proposal)
+        self._queued = self._verdict(current[1:], proposal)
+        mx.async_eval(self._queued)
+        n, nxt = current.tolist()
+        self.slot.ids[-1] = nxt  # the queued step fed it before it was known
+        return n, nxt
+
+    def close(self) -> None:
+        if self._queued is not None:
+            self.slot.rewind(len(self.slot.ids) - 1)
+            self._queued = None

@@ -1,0 +1,54 @@
+"""A ``.gguf`` file: converted to an MLX folder once, listed, then reused.
+
+It claims every existing file, so a file that is not a GGUF model gets a
+clear refusal instead of "unknown model".
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from specchat.library.errors import LibraryError
+from specchat.library.index import InstalledModel
+from specchat.library.model_side import ModelSide, folder_side, installed_side
+from specchat.library.sources.base import Progress, Source
+
+
+class GgufFileSource(Source):
+    accepted = "a .gguf file"
+    mention = 4
+
+    def claims(self, ref: str) -> bool:
+        return Path(ref).expanduser().is_file()
+
+    def resolve(self, ref: str, progress: Progress | None = None,
+                cancelled: threading.Event | None = None) -> Path:
+        from specchat.library import importing
+
+        path = Path(ref).expanduser()
+        if not importing.is_gguf(path):
+            from specchat.library.sources import accepted
+
+            raise LibraryError(f"{path} is a file but not a GGUF model; pass {accepted()}.")
+        existing = _imported(path)
+        if existing is not None:
+            return Path(existing.path)
+        return Path(importing.import_path(path, progress=progress, cancelled=cancelled).path)
+
+    def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
+        path = Path(ref).expanduser()
+        have = _imported(path)
+        if have is not None:
+            return installed_side(ref, have)
+        if not allow_work:
+            raise LibraryError(f"{path.name} has not been imported yet, so it cannot be "
+                               "checked without converting it first.")
+        return folder_side(ref, self.resolve(ref))
+
+
+def _imported(path: Path) -> InstalledModel | None:
+    """The index entry of an earlier import of this file, if any."""
+    from specchat.library import index
+
+    return index.find_source(f"gguf:{path.resolve()}")

@@ -1,0 +1,56 @@
+"""``hf:org/repo[@revision]``: a Hugging Face Hub repo, downloaded with
+progress when it is not in the library yet."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from specchat.library.catalog import load_catalog
+from specchat.library.errors import LibraryError
+from specchat.library.model_side import ModelSide, catalog_side, installed_side
+from specchat.library.sources.base import Progress, Source
+
+
+class HubSource(Source):
+    accepted = "hf:org/repo[@revision]"
+    mention = 5
+    pullable = True
+
+    def claims(self, ref: str) -> bool:
+        return ref.startswith("hf:")
+
+    def resolve(self, ref: str, progress: Progress | None = None,
+                cancelled: threading.Event | None = None) -> Path:
+        from specchat.library import hub
+
+        return hub.resolve(ref, _download_reporter(progress), cancelled)
+
+    def pull(self, ref: str, progress=None, cancelled=None):
+        from specchat.library import hub
+
+        return hub.pull(ref, progress, cancelled)
+
+    def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
+        from specchat.library import hub
+
+        have = hub.installed(ref)
+        if have is not None:
+            return installed_side(ref, have)
+        known = load_catalog().model(ref)
+        if known is not None:
+            return catalog_side(ref, known)
+        raise LibraryError(
+            f"{ref} is not downloaded and not in the catalog, so its tokenizer cannot be "
+            f"checked yet: run `specchat models pull {ref}` first.")
+
+
+def _download_reporter(progress: Progress | None):
+    """DownloadProgress -> (message, fraction), with the numbers in words."""
+    if progress is None:
+        return None
+
+    def report(p) -> None:
+        progress(p.describe(), p.fraction)
+
+    return report

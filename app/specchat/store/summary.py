@@ -1,0 +1,63 @@
+"""A reply's summary as the history keeps it.
+
+The engine's Summary is a frozen record of one run; what is saved with a
+reply must also read back from history files written by older versions,
+which lack some of today's fields or carry ones since dropped. So the store
+keeps its own small record: the numbers the window shows by name, and every
+other key exactly as it came, so saving a summary again loses nothing. The
+JSON is the same object older versions wrote (the engine Summary as a dict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReplySummary:
+    mode: str = "plain"
+    """A name from the engine's mode registry (specchat.engine.modes)."""
+    finish_reason: str = ""
+    """"stop", "length", "cancelled", ...; empty in a summary that lacks it."""
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    """Drafted tokens per drafter kind (hybrid modes draft with several)."""
+    acceptance_rate: float = 0.0
+    tokens_per_step: float = 1.0
+    tokens_per_s: float = 0.0
+    ttft_s: float = 0.0
+    """Seconds to the first token, prefill included."""
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Everything else the engine reported (steps, prefill, BLAS threads, ...),
+    kept as it came."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplySummary:
+        """Read a stored summary: missing keys take their defaults, unknown
+        ones are kept in ``extra``."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.extra)
+        out.update((k, v) for k, v in asdict(self).items() if k != "extra")
+        return out
+
+    def line(self) -> str:
+        """The one line shown under a reply (and in exports)."""
+        parts = [f"{self.new_tokens} tokens", f"{self.tokens_per_s:.1f} tok/s",
+                 f"first token {self.ttft_s:.2f} s"]
+        if self.drafted:
+            parts.append(f"acceptance {self.acceptance_rate:.0%}")
+            parts.append(f"{self.tokens_per_step:.2f} tokens/step")
+        parts.append(self.mode)
+        if self.finish_reason == "cancelled":
+            parts.append("stopped")
+        elif self.finish_reason == "length":
+            parts.append("max tokens reached")
+        return " · ".join(parts)

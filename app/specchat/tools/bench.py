@@ -1,0 +1,122 @@
+"""``specchat bench``: SpecChat's decoding modes against mlx-lm's, in one
+process, on the same loaded weights, interleaved prompt by prompt.
+
+What runs is a list of variants (variants.py); one run is bench_runs.py,
+the forward-pass costs forward_timing.py, the report bench_report.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from specchat.engine.errors import EngineError
+from specchat.engine.events import GenerateRequest, LoadProgress, Message, SamplingParams
+from specchat.engine.session import Engine
+from specchat.tools import cpuload
+from specchat.tools.bench_report import add_theory, format_report, machine_info, model_json, tables
+from specchat.tools.bench_runs import Run, run_variant
+from specchat.tools.forward_timing import relative_costs
+from specchat.tools.prompts import Prompt, load_prompts
+from specchat.tools.variants import VARIANTS, Variant
+
+
+def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_tokens: int,
+            sampling: SamplingParams, log=print) -> dict[str, list[Run]]:
+    """Every variant on every prompt, after one uncounted warm-up run each
+    (first-call allocations); peak memory counts from after the warm-up."""
+    warm = Prompt("warmup", "code", (Message("user", "Say hi."),))
+    for v in variants:
+        run_variant(engine, v, warm, 4, sampling)
+    mx.reset_peak_memory()
+    runs: dict[str, list[Run]] = {v.name: [] for v in variants}
+    for i, prompt in enumerate(prompts):
+        # Rotate the order so no variant always runs first (or last).
+        rot = variants[i % len(variants):] + variants[:i % len(variants)]
+        for v in rot:
+            r = run_variant(engine, v, prompt, max_tokens, sampling)
+            runs[v.name].append(r)
+            log(f"  {prompt.id:<22} {v.name:<15} {len(r.token_ids):>4} tok  "
+                f"{r.tokens_per_s:6.2f} tok/s  accepted {r.accepted}/{r.drafted}")
+    return runs
+
+
+def _memory(engine: Engine, prompts: list[Prompt], max_tokens: int, peak: int) -> dict:
+    """Peak memory against the weights plus a KV cache for the longest run."""
+    kv_tokens = max(len(engine.prompt_ids(GenerateRequest(messages=p.messages))) for p in prompts)
+    kv_tokens += max_tokens + 16
+    weights = engine.target.info.weight_bytes + (engine.draft.info.weight_bytes if engine.draft else 0)
+    kv = engine.kv_bytes(kv_tokens)
+    return {"peak_bytes": peak, "weights_bytes": weights, "kv_cache_bytes": kv,
+            "ratio": peak / (weights + kv) if weights + kv else None}
+
+
+def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_tokens: int,
+              sampling: SamplingParams, log=print, background_load: int = 0) -> dict:
+    """The whole bench on the engine thread: the runs, their statistics, the
+    forward-pass costs and theoretical speedups, memory, the machine."""
+    variants = [VARIANTS[m] for m in modes]
+    if any(v.needs_draft_model for v in variants) and engine.draft is None:
+        raise EngineError("the bench needs a draft model for the speculative modes")
+    runs = run_all(engine, prompts, variants, max_tokens, sampling, log)
+    peak = mx.get_peak_memory()
+    modes_out, by_kind = tables(runs, sampling.greedy)
+    costs = relative_costs(engine, engine.prompt_ids(GenerateRequest(messages=prompts[0].messages)))
+    add_theory(modes_out, costs)
+    memory = _memory(engine, prompts, max_tokens, peak)
+    return {
+        "machine": machine_info(engine),
+        "models": {
+            "target": model_json(engine.target.info),
+            "draft": model_json(engine.draft.info) if engine.draft else None,
+        },
+        "settings": {"max_tokens": max_tokens, "temperature": sampling.temperature,
+                     "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
+                     "prompts": len(prompts), "modes": modes, "background_load": background_load},
+        "costs": costs,
+        "memory": memory,
+        "modes": modes_out,
+        "by_kind": by_kind,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from specchat.library.engine_link import make_client
+
+    prompts = load_prompts(args.prompts)
+    if args.max_tokens < 1:
+        raise EngineError("--max-tokens must be at least 1")
+    if args.background_load < 0:
+        raise EngineError("--background-load must be 0 or more processes")
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    def progress(ev) -> None:
+        if isinstance(ev, LoadProgress):
+            log(f"[{ev.stage}] {ev.message}")
+
+    client = make_client()
+    pair = client.load(args.target, args.draft).wait(on_event=progress)
+    log(f"loaded {pair.target.name} + {pair.draft.name if pair.draft else '-'} on "
+        f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}")
+    load_before = cpuload.load_average()
+    with cpuload.BackgroundLoad(args.background_load):
+        if args.background_load:
+            log(f"background load: {args.background_load} spinning processes")
+            time.sleep(3)  # let the scheduler spread them before the first run
+        rep = client.call(lambda eng: run_bench(eng, prompts, list(args.modes), args.max_tokens,
+                                                sampling, log, args.background_load)).wait()
+    rep["machine"]["load_average"] = [load_before, cpuload.load_average()]
+    rep["command"] = " ".join(["specchat", *sys.argv[1:]])
+    print(format_report(rep))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(rep, indent=2))
+    client.close()
+    return 0

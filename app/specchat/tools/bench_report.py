@@ -1,0 +1,219 @@
+"""The bench's report: per-variant statistics (speed, acceptance, identity
+with plain decoding, theoretical speedup), the machine it ran on, and the
+table people read."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from specchat.engine import threads
+from specchat.engine.kv import common_prefix
+from specchat.engine.session import Engine
+from specchat.tools.bench_runs import Run
+from specchat.tools.forward_timing import leviathan
+from specchat.tools.prompts import KINDS
+from specchat.tools.variants import MLX_LM_PLAIN, PLAIN, VARIANTS
+
+
+def _alpha(runs: list[Run]) -> float | None:
+    acc = sum(r.accepted for r in runs)
+    trials = acc + sum(r.rejections for r in runs)
+    return acc / trials if trials else None
+
+
+def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | None,
+              mlx_plain_tps: float | None) -> dict:
+    tps = statistics.median(r.tokens_per_s for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    steps = sum(r.steps for r in runs)
+    tokens = sum(len(r.token_ids) for r in runs)
+    divergences = []
+    for r in runs:
+        ref = plain.get(r.prompt)
+        if ref is None:
+            continue
+        if r.token_ids != ref:
+            divergences.append({"prompt": r.prompt,
+                                "position": common_prefix(r.token_ids, ref)})
+    out = {
+        "tokens_per_s": tps,
+        "acceptance_rate": (sum(r.accepted for r in runs) / drafted) if drafted else None,
+        "tokens_per_step": tokens / steps if steps else None,
+        "speedup_vs_plain": tps / base_tps if base_tps else None,
+        "speedup_vs_mlx_lm_plain": tps / mlx_plain_tps if mlx_plain_tps else None,
+        "identical_to_plain": (not divergences) if plain else None,
+        "divergences": divergences,
+        "prompts": len(runs),
+        "new_tokens": tokens,
+        "per_token_acceptance": _alpha(runs),
+        "mean_k": (sum(sum(r.k_used) for r in runs) / steps) if steps else 0.0,
+    }
+    used: dict[int, int] = {}
+    for r in runs:
+        for n, c in r.blas_threads.items():
+            used[n] = used.get(n, 0) + c
+    out["blas_threads"] = dict(sorted(used.items()))
+    over = [r for r in runs if r.overhead_s is not None]
+    if over:
+        out["overhead_fraction"] = sum(r.overhead_s for r in over) / sum(r.wall_s for r in over)
+    return out
+
+
+def tables(runs: dict[str, list[Run]], greedy: bool) -> tuple[dict, dict]:
+    """Statistics per variant over every prompt, and per prompt kind. Speedups
+    are against plain decoding, SpecChat's and mlx-lm's; with greedy decoding
+    every variant's tokens are checked against plain decoding's."""
+    plain_ids = {r.prompt: r.token_ids for r in runs.get(PLAIN.name, [])} if greedy else {}
+
+    def median_tps(selected: dict[str, list[Run]], name: str) -> float | None:
+        rs = selected.get(name)
+        return statistics.median(r.tokens_per_s for r in rs) if rs else None
+
+    def table(selected: dict[str, list[Run]]) -> dict:
+        base, mlxb = median_tps(selected, PLAIN.name), median_tps(selected, MLX_LM_PLAIN.name)
+        return {m: summarize(rs, plain_ids if m != PLAIN.name else {}, base, mlxb)
+                for m, rs in selected.items() if rs}
+
+    by_kind = {}
+    for kind in KINDS:
+        sel = {m: [r for r in rs if r.kind == kind] for m, rs in runs.items()}
+        if any(sel.values()):
+            by_kind[kind] = table(sel)
+    return table(runs), by_kind
+
+
+def add_theory(modes_out: dict, costs: dict) -> None:
+    """Leviathan's speedup for each speculative variant at its measured
+    acceptance and the measured costs (the best K for adaptive variants),
+    and how much of it the variant reached."""
+    slope, c = costs["verify_slope"], costs["draft_over_target"]
+
+    def verify(m: int) -> float:
+        return 1 + slope * (m - 1)
+
+    for name, s in modes_out.items():
+        variant, a = VARIANTS[name], s.get("per_token_acceptance")
+        if a is None or not variant.speculative:
+            continue
+        cost_c = variant.draft_cost(c)
+        if variant.k is not None:
+            s["theoretical_speedup"] = leviathan(a, variant.k, cost_c, verify)
+        else:
+            s["theoretical_speedup"] = max(leviathan(a, k, cost_c, verify) for k in range(1, 17))
+        if s.get("speedup_vs_plain"):
+            s["fraction_of_theory"] = s["speedup_vs_plain"] / s["theoretical_speedup"]
+
+
+def machine_info(engine: Engine) -> dict:
+    import importlib.metadata as md
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return {
+        "system": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_bytes": mem,
+        "python": platform.python_version(),
+        "mlx": md.version("mlx"),
+        "mlx_lm": md.version("mlx-lm"),
+        "device": engine.compute.device,
+        "dtype": engine.compute.dtype,
+        "blas": engine.compute.blas,
+        "blas_threads": _thread_policy(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _thread_policy() -> str:
+    gov = threads.governor()
+    if gov.active:
+        return f"auto (1 to {gov.ceiling})"
+    return f"fixed at {gov.threads}" if gov.fixed or gov.pinned else "not adjustable"
+
+
+def model_json(info) -> dict:
+    """A loaded model, as the report names it."""
+    return {"name": info.name, "path": info.path, "model_type": info.model_type,
+            "params": info.n_params, "dtype": info.dtype, "weight_bytes": info.weight_bytes}
+
+
+def _cell(v, fmt: str, width: int, suffix: str = "") -> str:
+    text = format(v, fmt) + suffix if isinstance(v, int | float) else "-"
+    return text.rjust(width)
+
+
+def format_report(rep: dict) -> str:
+    lines = []
+    m = rep["machine"]
+    lines.append(f"{m['cpu']} ({m['cores']} cores), {m['system']}, mlx {m['mlx']}, "
+                 f"mlx-lm {m['mlx_lm']}, {m['device']}/{m['dtype']}/{m['blas']}"
+                 + (f" (threads {m['blas_threads']})" if m.get("blas_threads") else "")
+                 + f", {m['date']}")
+    t, d = rep["models"]["target"], rep["models"]["draft"]
+    lines.append(f"target {t['name']} ({t['params'] / 1e9:.2f}B {t['dtype']})"
+                 + (f", draft {d['name']} ({d['params'] / 1e9:.2f}B {d['dtype']})" if d else ""))
+    st = rep["settings"]
+    lines.append(f"{st['prompts']} prompts, {st['max_tokens']} new tokens, temperature "
+                 f"{st['temperature']}, seed {st['seed']}")
+    load = st.get("background_load", 0)
+    lines.append(f"background load: {load} spinning process{'es' if load != 1 else ''}"
+                 + (f" (load average {m['load_average'][0]} at the start, {m['load_average'][1]}"
+                    " at the end)" if m.get("load_average") else ""))
+
+    def block(title: str, modes: dict) -> None:
+        lines.append("")
+        lines.append(title)
+        lines.append(f"{'mode':<16}{'tok/s':>8}{'accept':>8}{'tok/step':>9}{'vs plain':>9}"
+                     f"{'vs mlx-lm':>10}{'theory':>8}  identical")
+        for name, s in modes.items():
+            ident = {True: "yes", False: "NO", None: "-"}[s.get("identical_to_plain")]
+            if s.get("divergences"):
+                ident += " (" + ", ".join(f"{d['prompt']}@{d['position']}"
+                                          for d in s["divergences"][:3]) + ")"
+            lines.append(f"{name:<16}{_cell(s['tokens_per_s'], '.2f', 8)}"
+                         f"{_cell(s['acceptance_rate'], '.0%', 8)}"
+                         f"{_cell(s['tokens_per_step'], '.2f', 9)}"
+                         f"{_cell(s['speedup_vs_plain'], '.2f', 9, 'x')}"
+                         f"{_cell(s['speedup_vs_mlx_lm_plain'], '.2f', 10, 'x')}"
+                         f"{_cell(s.get('theoretical_speedup'), '.2f', 8, 'x')}  {ident}")
+
+    block("all prompts (tokens/s: median over prompts)", rep["modes"])
+    for kind, modes in rep["by_kind"].items():
+        block(f"{kind} prompts", modes)
+    c = rep["costs"]
+    lines.append("")
+    lines.append("forward passes: target " + ", ".join(
+        f"{m} tok {s * 1000:.0f} ms" for m, s in c["target_forward_s"].items())
+        + (f"; draft 1 tok {c['draft_forward_s'] * 1000:.0f} ms (c = {c['draft_over_target']:.2f})"
+           if c["draft_forward_s"] else ""))
+    used = {k: v["blas_threads"] for k, v in rep["modes"].items() if v.get("blas_threads")}
+    if used:
+        lines.append("BLAS threads (steps at each count): " + ", ".join(
+            f"{k} " + "/".join(f"{n}:{c}" for n, c in v.items()) for k, v in used.items()))
+    over = {k: v["overhead_fraction"] for k, v in rep["modes"].items() if "overhead_fraction" in v}
+    if over:
+        lines.append("time outside forward passes: " + ", ".join(f"{k} {v:.1%}" for k, v in over.items()))
+    mem = rep["memory"]
+    lines.append(f"peak memory {mem['peak_bytes'] / 2**30:.2f} GiB = {mem['ratio']:.2f}x "
+                 f"(weights {mem['weights_bytes'] / 2**30:.2f} GiB + KV {mem['kv_cache_bytes'] / 2**30:.3f} GiB)")
+    return "\n".join(lines)

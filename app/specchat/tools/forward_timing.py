@@ -1,0 +1,71 @@
+"""Timing forward passes of a loaded pair the way decoding runs them, for
+the bench's cost table and theoretical speedups (and
+benchmarks/forward_costs.py)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from specchat.engine.draft_policy import expected_tokens
+from specchat.engine.kv import PREFILL_CHUNK
+from specchat.engine.session import Engine
+
+
+def prefill(model, cache, ids: list[int]) -> None:
+    """Fill ``cache`` with ``ids`` in the engine's prefill chunks."""
+    for i in range(0, len(ids), PREFILL_CHUNK):
+        model(mx.array(ids[i:i + PREFILL_CHUNK])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
+def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
+    """Median seconds for ``forward(last m ids, cache)``, rewinding the cache
+    after each run so every repetition sees the same context."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(forward(ids[-m:], cache))
+        times.append(time.perf_counter() - t0)
+        for c in cache:
+            c.trim(m)
+    return statistics.median(times)
+
+
+def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
+    """Seconds per target forward over m tokens and per draft forward, on a
+    real context, for Leviathan's formula. Each is timed as decoding runs it:
+    the target with logits for every position, the draft with logits for the
+    last position over its (pruned) head."""
+
+    def timed(model, forward, m: int) -> float:
+        cache = make_prompt_cache(model)
+        prefill(model, cache, ids)
+        return step_time(forward, ids, m, cache, reps)
+
+    target = engine.target_runner
+    costs = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
+                        for m in (1, 3, 5, 9)}}
+    drafter = engine.model_drafter
+    if drafter is not None:
+        costs["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)
+    return costs
+
+
+def relative_costs(engine: Engine, ids: list[int]) -> dict:
+    """The measured costs, and in one-token target forwards the draft
+    forward (c) and each extra verified token (the verify slope)."""
+    costs = measure_costs(engine, ids)
+    t1 = costs["target"][1]
+    return {"target_forward_s": costs["target"], "draft_forward_s": costs.get("draft"),
+            "draft_over_target": costs.get("draft", 0.0) / t1,
+            "verify_slope": (costs["target"][9] - t1) / 8 / t1}
+
+
+def leviathan(alpha: float, k: int, c: float, verify) -> float:
+    """Leviathan et al.'s speedup over plain decoding: expected tokens per
+    step over the step's cost, with K drafts at per-token acceptance alpha."""
+    return expected_tokens(alpha, k) / (k * c + verify(k + 1))

@@ -1,0 +1,55 @@
+"""What the bench can run: SpecChat's decoding modes (modes.py), some with a
+fixed draft length, and mlx-lm's own generators as the baseline.
+
+One registry, so ``specchat bench --modes`` offers exactly what the bench
+runs, and the bench asks a variant what it is instead of parsing its name.
+Imports no MLX: the command line reads it before anything is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specchat.engine import modes
+from specchat.engine.events import DraftSettings
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    mode: modes.Mode | None  # SpecChat's mode; None: mlx-lm's generators
+    k: int | None = None  # fixed draft length (None: adaptive; mlx-lm: 0 is plain)
+
+    @property
+    def mlx_lm(self) -> bool:
+        return self.mode is None
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.k) if self.mlx_lm else self.mode.speculative
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return bool(self.k) if self.mlx_lm else self.mode.needs_draft_model
+
+    def draft_cost(self, draft_forward: float) -> float:
+        """One drafted token in target forwards, given one draft forward's."""
+        return draft_forward if self.needs_draft_model else 0.0
+
+    def settings(self) -> DraftSettings:
+        """SpecChat's settings for this variant."""
+        return DraftSettings(mode=self.mode.name, k=self.k)
+
+
+PLAIN = Variant("plain", modes.PLAIN)
+MLX_LM_PLAIN = Variant("mlx-lm-plain", None, 0)
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    PLAIN,
+    Variant("spec", modes.HYBRID),
+    Variant("spec-k2", modes.DRAFT, 2),
+    Variant("spec-k4", modes.DRAFT, 4),
+    Variant("lookup", modes.LOOKUP),
+    MLX_LM_PLAIN,
+    *(Variant(f"mlx-lm-spec-k{k}", None, k) for k in (2, 3, 4, 6)),
+)}

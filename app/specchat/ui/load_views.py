@@ -1,0 +1,56 @@
+"""Views over the engine's loading: the progress banner (with Cancel) and
+the pair in the status bar. Each follows EngineController's load signals
+itself, so the window only decides what a finished or failed load means."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel
+
+from specchat.engine.events import LoadedPair
+from specchat.ui.banner import Banner
+from specchat.ui.engine_controller import EngineController
+
+NO_PAIR = "No model loaded"
+
+
+class LoadBanner(Banner):
+    def __init__(self, engine: EngineController, parent=None):
+        super().__init__("Banner", closable=False, parent=parent)
+        engine.loadStarted.connect(self._started)
+        engine.loadProgress.connect(self._progress)
+        engine.loaded.connect(self.hide)
+        engine.loadFailed.connect(self.hide)
+        self.button.clicked.connect(engine.cancel_load)
+
+    def _started(self, target: str, draft: str | None) -> None:
+        what = target + (f" + {draft}" if draft else " (prompt lookup)")
+        self.show_message(f"Loading {what}…", None, progress=True)
+
+    def _progress(self, stage: str, message: str, fraction: float | None) -> None:
+        self.show_message(f"{stage}: {message}", fraction, progress=True)
+
+
+def pair_name(pair: LoadedPair) -> str:
+    return f"{pair.target.name} + {pair.draft.name if pair.draft else 'prompt lookup'}"
+
+
+class PairStatus(QLabel):
+    """The loaded pair and where it runs (device, dtype, BLAS)."""
+
+    def __init__(self, engine: EngineController, parent=None):
+        super().__init__(NO_PAIR, parent)
+        self._engine = engine
+        engine.loadStarted.connect(self._started)
+        engine.loaded.connect(self._loaded)
+        engine.loadFailed.connect(self._failed)
+
+    def _started(self, *_args) -> None:
+        self.setText("Loading…")
+
+    def _loaded(self, pair: LoadedPair) -> None:
+        c = pair.compute
+        self.setText(f"{pair_name(pair)}  ·  {c.device} · {c.dtype} · {c.blas}")
+
+    def _failed(self, _message: str) -> None:
+        if self._engine.pair is None:
+            self.setText(NO_PAIR)

@@ -1,0 +1,116 @@
+"""The speculative options under the pair bar: the switch (and its
+shortcut), the draft length K, colouring by token origin, Compare and
+Settings.
+
+A view over the session's settings: a change here goes to
+``AppSession.update_settings`` (which saves it), and a change from anywhere
+shows here through ``settingsChanged``.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton
+
+from specchat.engine.events import LoadedPair
+from specchat.store.settings import AppSettings
+from specchat.ui.session import AppSession
+
+SPEC_SHORTCUT = "Ctrl+Shift+S"
+MAX_K = 8
+
+
+class OptionsBar(QFrame):
+    compareRequested = Signal()
+    settingsRequested = Signal()
+    notice = Signal(str)  # a short message for the status bar
+
+    def __init__(self, session: AppSession, parent=None):
+        super().__init__(parent)
+        self.setObjectName("PairBar")
+        self.session = session
+        self._build()
+        self.show_settings(session.settings)
+        session.settingsChanged.connect(self.show_settings)
+
+    def _build(self) -> None:
+        # The shortcut works anywhere in the window (WindowShortcut).
+        self.spec_action = QAction("Speculative decoding", self)
+        self.spec_action.setCheckable(True)
+        self.spec_action.setShortcut(QKeySequence(SPEC_SHORTCUT))
+        self.spec_action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        self.addAction(self.spec_action)
+        self.spec_action.triggered.connect(self._toggle_speculative)
+        self.spec_box = QCheckBox("Speculative decoding")
+        self.spec_box.setToolTip(f"Draft tokens and verify them in one pass ({SPEC_SHORTCUT}). "
+                                 "Takes effect on the next reply.")
+        self.spec_box.toggled.connect(self._speculative_changed)
+        self.k_box = QComboBox()
+        self.k_box.addItem("K auto", None)
+        for k in range(1, MAX_K + 1):
+            self.k_box.addItem(f"K = {k}", k)
+        self.k_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.k_box.setToolTip("Draft length: adaptive, or a fixed number of tokens per step")
+        self.k_box.currentIndexChanged.connect(self._k_changed)
+        self.color_box = QCheckBox("Colour tokens")
+        self.color_box.setToolTip("Tint the text that came from accepted draft tokens")
+        self.color_box.toggled.connect(self._color_changed)
+        self.spec_reason = QLabel()
+        self.spec_reason.setObjectName("ErrorBanner")
+        self.spec_reason.setWordWrap(True)
+        self.spec_reason.hide()
+        self.compare_button = QPushButton("Compare…")
+        self.compare_button.setToolTip("Run one prompt plain and speculative, side by side")
+        self.compare_button.clicked.connect(self.compareRequested)
+        self.settings_button = QPushButton("Settings…")
+        self.settings_button.clicked.connect(self.settingsRequested)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(12, 4, 12, 4)
+        lay.addWidget(self.spec_box)
+        lay.addWidget(self.k_box)
+        lay.addWidget(self.color_box)
+        lay.addWidget(self.spec_reason, 1)
+        lay.addStretch(1)
+        lay.addWidget(self.compare_button)
+        lay.addWidget(self.settings_button)
+
+    # -- from the session and the window ---------------------------------------
+    def show_settings(self, s: AppSettings) -> None:
+        for box, on in ((self.spec_box, s.speculative), (self.color_box, s.color_tokens)):
+            box.blockSignals(True)
+            box.setChecked(on)
+            box.blockSignals(False)
+        self.k_box.blockSignals(True)
+        self.k_box.setCurrentIndex(max(0, self.k_box.findData(s.k)))
+        self.k_box.blockSignals(False)
+
+    def show_pair(self, pair: LoadedPair | None) -> None:
+        """A pair that cannot speculate disables the options and says why."""
+        can = pair is None or pair.speculative_ok
+        for w in (self.spec_box, self.spec_action, self.k_box):
+            w.setEnabled(can)
+        if not can:
+            self.spec_reason.setText("Speculative decoding is off for this pair: "
+                                     + (pair.reason or "the pair cannot speculate."))
+            self.spec_reason.show()
+        else:
+            self.spec_reason.hide()
+
+    def set_can_compare(self, on: bool) -> None:
+        self.compare_button.setEnabled(on)
+
+    # -- to the session --------------------------------------------------------
+    def _toggle_speculative(self) -> None:
+        if self.spec_box.isEnabled():
+            self.spec_box.setChecked(not self.spec_box.isChecked())
+
+    def _speculative_changed(self, on: bool) -> None:
+        self.session.update_settings(speculative=on)
+        self.notice.emit(f"Speculative decoding {'on' if on else 'off'}: applies to the next reply")
+
+    def _k_changed(self, _index: int) -> None:
+        self.session.update_settings(k=self.k_box.currentData())
+
+    def _color_changed(self, on: bool) -> None:
+        self.session.update_settings(color_tokens=on)

@@ -1,0 +1,52 @@
+"""Between the app's settings and the engine's values: which mode the next
+reply runs in, the request that asks for it, and the summary that comes back
+in the form the history keeps.
+
+Modes come from the engine's registry (specchat.engine.modes, no MLX): the
+window never compares mode names itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from specchat.engine import modes
+from specchat.engine.events import (
+    DraftSettings,
+    GenerateRequest,
+    LoadedPair,
+    Message,
+    SamplingParams,
+    Summary,
+)
+from specchat.store.settings import AppSettings
+from specchat.store.summary import ReplySummary
+
+
+def reply_mode(settings: AppSettings, pair: LoadedPair | None,
+               speculative: bool | None = None) -> modes.Mode:
+    """The mode a reply runs in with these settings on this pair
+    (``speculative`` overrides the setting, as Compare does)."""
+    on = settings.speculative if speculative is None else speculative
+    return modes.for_pair(on, pair is not None and pair.draft is not None,
+                          pair is not None and pair.speculative_ok)
+
+
+def build_request(settings: AppSettings, history: list[Message],
+                  mode: modes.Mode) -> GenerateRequest:
+    messages = []
+    if settings.system_prompt.strip():
+        messages.append(Message("system", settings.system_prompt.strip()))
+    messages.extend(history)
+    return GenerateRequest(
+        messages=tuple(messages),
+        max_tokens=settings.max_tokens,
+        sampling=SamplingParams(settings.temperature, settings.top_p, settings.top_k,
+                                settings.seed),
+        draft=DraftSettings(mode=mode.name, k=settings.k),
+    )
+
+
+def reply_summary(summary: Summary) -> ReplySummary:
+    """The engine's summary of a run, as the history saves it."""
+    return ReplySummary.from_json(asdict(summary))

@@ -1,0 +1,94 @@
+"""`specchat bench` runs every mode on the same weights and reports them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from specchat.engine.errors import EngineError
+from specchat.tools.prompts import load_prompts
+from specchat.tools.variants import VARIANTS
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = {"tokens_per_s", "acceptance_rate", "tokens_per_step", "speedup_vs_plain",
+          "identical_to_plain"}
+
+
+def test_shipped_prompts_cover_the_kinds():
+    prompts = load_prompts(ROOT / "benchmarks" / "prompts.jsonl")
+    assert len(prompts) >= 12
+    kinds = {p.kind for p in prompts}
+    assert kinds == {"code", "explain", "grounded"}
+    assert len({p.id for p in prompts}) == len(prompts)
+
+
+def test_shipped_repetitive_prompts():
+    prompts = load_prompts(ROOT / "benchmarks" / "prompts-repetitive.jsonl")
+    assert len(prompts) >= 3 and {p.kind for p in prompts} == {"repetitive"}
+
+
+def test_bad_prompt_file(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"id": "x", "kind": "poetry", "messages": []}\n')
+    with pytest.raises(EngineError, match="p.jsonl:1"):
+        load_prompts(bad)
+
+
+def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        {"id": "c1", "kind": "code", "messages": [{"role": "user", "content": "Write a stack."}]},
+        {"id": "g1", "kind": "grounded", "messages": [
+            {"role": "user", "content": "Rewrite: def f(x): return x + x + x + x"}]},
+    ]
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
+                        "--draft", str(tiny_draft), "--prompts", str(prompts), "--max-tokens", "12",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert set(rep) >= {"machine", "models", "modes", "by_kind"}
+    assert set(rep["modes"]) == set(VARIANTS)
+    for mode, stats in rep["modes"].items():
+        assert FIELDS <= set(stats), mode
+        assert stats["tokens_per_s"] > 0
+        if mode != "plain":
+            # Greedy: every mode, ours and mlx-lm's, reproduces plain decoding.
+            assert stats["identical_to_plain"] is True, (mode, stats["divergences"])
+    assert rep["modes"]["plain"]["speedup_vs_plain"] == pytest.approx(1.0)
+    assert set(rep["by_kind"]) == {"code", "grounded"}
+    assert rep["machine"]["device"] == "cpu" and rep["machine"]["blas"] == "blis"
+    assert rep["memory"]["peak_bytes"] > 0
+    assert 0 <= rep["modes"]["spec"]["overhead_fraction"] < 1
+    assert rep["modes"]["spec-k2"]["theoretical_speedup"] > 0
+    # The human table prints the same modes.
+    for mode in rep["modes"]:
+        assert mode in p.stdout
+
+
+def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
+    """--background-load N runs the bench beside N spinning processes and says
+    so in the report, with the BLAS thread counts each mode's steps ran at."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "c1", "kind": "code",
+                                   "messages": [{"role": "user", "content": "Write a stack."}]}) + "\n")
+    out = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
+                        "--draft", str(tiny_draft), "--prompts", str(prompts), "--max-tokens", "24",
+                        "--modes", "plain", "spec", "mlx-lm-spec-k2", "--background-load", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["settings"]["background_load"] == 2
+    assert len(rep["machine"]["load_average"]) == 2
+    for mode in ("plain", "spec", "mlx-lm-spec-k2"):
+        assert sum(rep["modes"][mode]["blas_threads"].values()) > 0, mode
+    assert "background load: 2 spinning processes" in p.stdout
+    bad = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
+                          "--draft", str(tiny_draft), "--prompts", str(prompts),
+                          "--background-load", "-1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--background-load must be 0 or more" in bad.stderr

@@ -1,0 +1,219 @@
+"""The draft model's pruned output head: frequent ids, special tokens, and
+every rarer id the conversation has used, so edits can copy rare tokens."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from specchat.engine import drafter_kinds, drafters, modes
+from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.drafter_kinds import DrafterKind
+from specchat.engine.drafters import Proposal, PrunedHead
+from specchat.engine.errors import EngineError
+from specchat.engine.events import DraftSettings, GenerateRequest
+from specchat.engine.modes import Mode
+from specchat.engine.session import Engine
+from tinymodels import prune_draft_head
+
+
+def _weight(v=300, h=16):
+    return mx.array(np.random.default_rng(0).normal(size=(v, h)).astype(np.float32))
+
+
+def test_pruned_head_adds_context_ids_as_they_appear():
+    w = _weight()
+    head = PrunedHead(w, keep=64, always=[299])
+    assert head.rows.tolist() == [*range(64), 299]
+    head.cover([5, 100, 200, 100, 63, 299])
+    assert head.rows.tolist() == [*range(64), 299, 100, 200]
+    h = mx.array(np.random.default_rng(1).normal(size=(3, 16)).astype(np.float32))
+    got = np.array(head(h))
+    want = np.array(h @ w[head.rows].T)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert head.nbytes == (64 + 3) * 16 * 4
+    before = head.rows
+    head.cover([100, 7, 400, -1])  # nothing new; out-of-range ids are ignored
+    assert head.rows is before
+
+
+def test_pruned_head_forgets_old_context_rows_past_its_budget(monkeypatch):
+    monkeypatch.setattr(drafters, "CONTEXT_ROWS_MAX", 3)
+    head = PrunedHead(_weight(), keep=64)
+    head.cover([100, 101])
+    head.cover([102, 103])
+    assert head.rows.tolist() == [*range(64), 102, 103]
+    head.cover([100])
+    assert head.rows.tolist() == [*range(64), 102, 103, 100]
+
+
+def test_the_drafter_covers_the_prompt_before_drafting(tiny_engine):
+    engine = tiny_engine
+    prune_draft_head(engine, keep=64)
+    head = engine.model_drafter.head
+    prompt = (5, 300, 301, 7, 300)
+    assert 300 not in head.rows.tolist()
+    r = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=12,
+                                        draft=DraftSettings(mode="draft", k=3)))
+    rows = head.rows.tolist()
+    assert {300, 301} <= set(rows)
+    # Generated ids outside the base rows were added as they were committed
+    # (all but the last step's, which no later draft step saw).
+    assert {t for t in r.token_ids[:-2] if t >= 64} <= set(rows)
+    assert r.summary.drafted > 0
+
+
+def test_small_vocabularies_are_not_pruned(tiny_engine):
+    engine = tiny_engine
+    assert engine.model_drafter.head is None
+
+
+def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_draft):
+    """The qwen2 target pads its vocabulary to 416 rows, the draft has 400:
+    ids 400..415 are valid for the target and must not make the draft read
+    past its embedding table (that gave NaN logits, now and then)."""
+    engine = Engine()
+    engine.load(tiny_qwen_target, tiny_qwen_draft)
+    runner = engine.model_drafter.runner
+    assert (engine.target_runner.rows, runner.rows) == (416, 400)
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def last_logits(ids):
+        return np.array(runner(ids, make_prompt_cache(runner.model), "last"))
+
+    np.testing.assert_array_equal(last_logits([5, 410]), last_logits([5, 399]))
+    prompt = (5, 410, 415, 7, 410, 415, 7)
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
+                                            draft=DraftSettings(mode="plain")))
+    for mode in ("draft", "hybrid"):
+        spec = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
+                                               draft=DraftSettings(mode=mode)))
+        assert spec.token_ids == plain.token_ids
+
+
+# -- prompt lookup through repeats -------------------------------------------------------------
+
+def test_lookup_proposes_through_a_repeat_not_one_period():
+    from specchat.engine.lookup import NgramIndex
+
+    idx = NgramIndex(2, 6)
+    assert idx.propose([7, 8, 9] * 6, 10) == ([7, 8, 9, 7, 8, 9, 7, 8, 9, 7], 6)
+    assert NgramIndex(2, 6).propose([5] * 10, 8) == ([5] * 8, 6)
+    # A line repeated: the whole next line and on, not its first token or two.
+    line = [11, 12, 13, 14, 15, 16, 17, 10]
+    assert NgramIndex(2, 6).propose(line * 3, 16) == ((line * 2), 6)
+    # Where the earlier occurrence went on differently, that is proposed.
+    ctx = [1, 2, 3, 4, 5, 6, 20, 21, 1, 2, 3]
+    assert NgramIndex(2, 6).propose(ctx, 5) == ([4, 5, 6, 20, 21], 3)
+    # A chance match a few tokens back, not yet a repeat: only what followed it.
+    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1], 6) == ([5, 1], 1)
+    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1, 5, 1], 6) == ([5, 1, 5, 1, 5, 1], 3)
+
+
+def test_lookup_drafts_long_blocks_on_a_repeating_reply(tiny_target):
+    """A reply that repeats itself (this tiny target falls into a loop, as
+    greedy decoding of small models does): once the loop is in the context,
+    each step drafts well past one period of it, and the reply stays exactly
+    plain decoding's."""
+    engine = Engine()
+    engine.load(tiny_target)
+    prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 4
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
+                                            draft=DraftSettings(mode="plain"))).token_ids
+    period, start = _loop(plain)
+    assert start < 60, "the reference reply should loop early"
+    steps = []
+    lookup = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
+                                             draft=DraftSettings(mode="lookup")),
+                             on_step=steps.append)
+    assert lookup.token_ids == plain
+    # Steps that start after two periods of the loop are in the context.
+    done, late = 0, []
+    for ev in steps:
+        if done >= start + 2 * period:
+            late.append(len(ev.token_ids))
+        done += len(ev.token_ids)
+    assert late and max(late) > period + 1  # more than one period's worth in one step
+    assert sum(late) / len(late) > 4
+
+
+
+def _loop(ids) -> tuple[int, int]:
+    """(period, start) of the cycle the sequence ends in: the smallest period
+    that repeats back from the end, and where that repetition begins."""
+    ids = list(ids)
+    for p in range(1, len(ids) // 3 + 1):
+        start = len(ids) - p
+        while start > 0 and ids[start - 1] == ids[start - 1 + p]:
+            start -= 1
+        if len(ids) - start >= 3 * p:
+            return p, start
+    raise AssertionError(f"the reply does not end in a loop: {ids}")
+
+
+# -- a drafter of one's own -------------------------------------------------------------------
+
+class RepeatLast:
+    """Proposes the last token again, as many times as the policy allows."""
+
+    name = "repeat"
+
+    def prepare(self, prompt):
+        pass
+
+    def propose(self, context, ctl):
+        return Proposal(tokens=[context[-1]] * ctl.cap(self.name), source=self.name)
+
+    def reset(self):
+        pass
+
+
+@pytest.fixture
+def registries(monkeypatch):
+    """Registrations made in a test end with it."""
+    monkeypatch.setattr(drafter_kinds, "KINDS", dict(drafter_kinds.KINDS))
+    monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
+
+
+def test_a_new_drafter_is_a_module_and_a_registration(registries, tiny_target):
+    drafter_kinds.register(DrafterKind("repeat", RepeatLast, prior=0.5, cap=4))
+    modes.register(Mode("repeat", "repeat the last token", ("repeat",)))
+    engine = Engine()
+    engine.load(tiny_target)
+    prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 4
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=60,
+                                            draft=DraftSettings(mode="plain")))
+    for k in (None, 3):
+        r = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=60,
+                                            draft=DraftSettings(mode="repeat", k=k)))
+        assert r.token_ids == plain.token_ids
+        assert r.summary.mode == "repeat"
+        assert r.summary.drafted > 0 and set(r.summary.drafted_by) == {"repeat"}
+
+
+def test_the_policy_reads_a_drafters_declared_cost(registries):
+    """Draft length comes from what a kind declares, not from its name: the
+    same prior and cap, at no cost a block is worth drafting; at two target
+    forwards per token it never is (only a probe every few steps)."""
+    drafter_kinds.register(DrafterKind("free", RepeatLast, prior=0.5, cap=4))
+    drafter_kinds.register(DrafterKind("dear", RepeatLast, prior=0.5, cap=4, cost=2.0))
+    policy = DraftPolicy(None, CostModel(draft=0.25, slope=0.11))
+    assert policy.cap("free") > 0
+    assert [policy.cap("dear") for _ in range(DraftPolicy.PROBE_EVERY)] == \
+        [0] * (DraftPolicy.PROBE_EVERY - 1) + [1]
+    assert policy.stats("dear").accept == 0.5
+
+
+def test_modes_name_their_drafters():
+    assert modes.get("hybrid").without_draft_model() is modes.get("lookup")
+    assert modes.get("draft").without_draft_model() is None
+    assert modes.get("hybrid").needs_draft_model and not modes.get("lookup").needs_draft_model
+    with pytest.raises(EngineError, match="Unknown decoding mode"):
+        modes.get("turbo")
+
+
+def test_an_unknown_mode_is_refused(tiny_target):
+    engine = Engine()
+    engine.load(tiny_target)
+    with pytest.raises(EngineError, match="Unknown decoding mode 'turbo'"):
+        engine.generate(GenerateRequest(prompt_ids=(5, 6), draft=DraftSettings(mode="turbo")))

@@ -1,0 +1,82 @@
+"""The registry of reference kinds (library/sources/): what it accepts, in
+which order, and that a new kind is one small class and one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from specchat.library import compatibility, importing, paths, refs, sources
+from specchat.library.errors import LibraryError
+from specchat.library.sources import Source
+
+
+class EnvSource(Source):
+    """env:NAME - the MLX folder named by the environment variable NAME."""
+
+    accepted = "env:VARIABLE"
+
+    def claims(self, ref):
+        return ref.startswith("env:")
+
+    def resolve(self, ref, progress=None, cancelled=None):
+        return Path(os.environ[ref[4:]]).expanduser().resolve()
+
+
+def test_a_new_source_resolves_and_describes(lib_home, monkeypatch, tiny_qwen_target,
+                                             tiny_qwen_draft):
+    monkeypatch.setattr(sources, "SOURCES", [EnvSource(), *sources.SOURCES])  # registration
+    monkeypatch.setenv("TINY_TARGET", str(tiny_qwen_target))
+    monkeypatch.setenv("TINY_DRAFT", str(tiny_qwen_draft))
+
+    assert refs.resolve("env:TINY_TARGET") == tiny_qwen_target.resolve()
+    side = compatibility.describe("env:TINY_DRAFT")
+    assert side.on_disk and side.path == str(tiny_qwen_draft.resolve())
+    assert side.ref == "env:TINY_DRAFT" and side.params
+    assert compatibility.check("env:TINY_TARGET", "env:TINY_DRAFT").compatible
+    assert refs.accepted().endswith(", a catalog name, or env:VARIABLE")
+    with pytest.raises(LibraryError, match="or env:VARIABLE"):
+        refs.resolve("no-such-model")
+
+
+def test_the_accepted_words_are_unchanged():
+    assert refs.accepted() == (
+        "an installed model name (see `specchat models list`), bundled:NAME, a model "
+        "folder, a .gguf file, hf:org/repo[@revision], or a catalog name")
+    with pytest.raises(LibraryError, match=r"^No model given: pass an installed model name"):
+        refs.resolve("  ")
+    with pytest.raises(LibraryError, match="No model given"):
+        compatibility.describe("")
+
+
+def test_precedence_folder_then_installed_then_catalog(lib_home, tmp_path, monkeypatch,
+                                                      tiny_target, tiny_qwen_draft):
+    # An installed model named like a catalog id wins over the catalog.
+    importing.import_path(tiny_qwen_draft, name="qwen2.5-0.5b")
+    assert refs.resolve("qwen2.5-0.5b") == paths.models_dir() / "qwen2.5-0.5b"
+    side = compatibility.describe("qwen2.5-0.5b", allow_work=False)
+    assert side.on_disk and side.name == "qwen2.5-0.5b" and side.catalog is None
+    # A folder of that name where the user is wins over the installed name.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "qwen2.5-0.5b").symlink_to(tiny_target)
+    assert refs.resolve("qwen2.5-0.5b") == tiny_target.resolve()
+    # Prefixes are never paths, and a catalog id not installed is judged from the catalog.
+    assert type(sources.find("hf:org/repo")).__name__ == "HubSource"
+    assert type(sources.find("bundled:x")).__name__ == "BundledSource"
+    catalog_only = compatibility.describe("qwen2.5-7b", allow_work=False)
+    assert not catalog_only.on_disk and catalog_only.catalog.id == "qwen2.5-7b"
+
+
+def test_a_file_that_is_not_gguf_is_refused_in_words(lib_home, tiny_target):
+    config = tiny_target / "config.json"
+    with pytest.raises(LibraryError, match="is a file but not a GGUF model; pass an installed"):
+        refs.resolve(str(config))
+    with pytest.raises(LibraryError, match="has not been imported yet"):
+        compatibility.describe(str(config), allow_work=False)
+
+
+def test_pull_goes_through_the_sources_that_can_pull(lib_home, tiny_target):
+    imported = importing.import_path(tiny_target, name="local")
+    assert sources.pull("local") == imported  # already complete: nothing to fetch
+    assert sources.pull(str(tiny_target)) is None  # folders are imported, not pulled

@@ -1,0 +1,175 @@
+"""The chat window end to end with the tiny models: streaming, gauges,
+stop, the speculative toggle, regenerate, edit-and-resend, compare and a
+screenshot."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from specchat.engine.events import ComputeInfo, LoadedPair, ModelInfo
+from ui_support import load, send_and_wait, wait_until
+
+
+def test_window_title_and_shortcut_tooltip(window):
+    assert window.windowTitle().startswith("SpecChat")
+    assert "Ctrl+Shift+S" in window.options.spec_box.toolTip()
+    assert not window.composer.send_button.isEnabled()  # nothing loaded yet
+
+
+def test_send_streams_text_and_gauges(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    assert window.windowTitle().startswith("SpecChat")
+    seen: list = []
+    window.conversation.gaugesChanged.connect(seen.append)
+    partial_lengths: list[int] = []
+    window.chat_model.dataChanged.connect(
+        lambda *_: partial_lengths.append(len(window.chat_model.messages[-1].text)))
+    window.session.update_settings(max_tokens=120)
+    msg = send_and_wait(qtbot, window)
+    assert msg.role == "assistant" and msg.text and not msg.streaming
+    # Streamed: the reply grew over several updates, not in one piece.
+    assert len({n for n in partial_lengths if n}) >= 2
+    live = [v for v in seen if v.live]
+    assert live and live[-1].tokens_per_s > 0 and live[-1].steps > 0
+    final = window.gauges.values
+    assert final.acceptance is not None and 0 <= final.acceptance <= 1
+    assert final.tokens_per_step >= 1
+    assert window.gauges.speed.value.text() != "–"
+    assert msg.summary.mode == "hybrid" and msg.summary.new_tokens > 0
+    footer = window.chat_view.delegate.footer(msg)
+    assert "tok/s" in footer and "first token" in footer and "hybrid" in footer
+    assert window.composer.send_button.isVisible()
+    assert not window.composer.stop_button.isVisible()
+
+
+def test_stop_mid_reply(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=1500)
+    window.composer.edit.setPlainText("Tell me a long story")
+    window.composer.send_button.click()
+    wait_until(lambda: len(window.chat_model.messages[-1].text) > 0, timeout=30_000)
+    assert window.composer.stop_button.isVisible()
+    window.composer.stop_button.click()
+    wait_until(lambda: not window.conversation.busy, timeout=30_000)
+    msg = window.chat_model.messages[-1]
+    assert msg.summary.finish_reason == "cancelled"
+    assert msg.summary.new_tokens < 1500
+    assert "stopped" in window.chat_view.delegate.footer(msg)
+
+
+def test_speculative_toggle_takes_effect_next_reply(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    assert window.options.spec_box.isChecked() and window.options.spec_box.isEnabled()
+    qtbot.keyClick(window, Qt.Key.Key_S,
+                   Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert not window.options.spec_box.isChecked() and window.session.settings.speculative is False
+    plain = send_and_wait(qtbot, window)
+    assert plain.summary.mode == "plain" and plain.summary.drafted == 0
+    assert window.gauges.acceptance.value.text() == "–"
+    window.options.spec_box.setChecked(True)
+    window.options.k_box.setCurrentIndex(window.options.k_box.findData(3))
+    assert window.session.settings.k == 3
+    spec = send_and_wait(qtbot, window, "And again, please.")
+    assert spec.summary.mode == "hybrid"
+    assert window.gauges.values.speedup is not None  # compared with the plain reply
+
+
+def test_lookup_pair_uses_prompt_lookup(qtbot, window, tiny_target):
+    pair = load(qtbot, window, tiny_target, None)
+    assert pair.draft is None
+    msg = send_and_wait(qtbot, window, "def fibonacci(n): def fibonacci(n):")
+    assert msg.summary.mode == "lookup"
+    assert "prompt lookup" in window.windowTitle()
+
+
+def test_cannot_speculate_disables_toggle_with_reason(qtbot, window):
+    info = ModelInfo("m", "/m", "llama", 1, 1, "float32", 10, False, "sliding-window cache")
+    window.session.engine.pair = LoadedPair(info, None, ComputeInfo("cpu", "float32", "openblas"),
+                                    False, "Speculative decoding is not available for m: "
+                                    "sliding-window cache. Plain decoding still works.")
+    window.update_state()
+    assert not window.options.spec_box.isEnabled()
+    assert window.options.spec_reason.isVisible()
+    assert "sliding-window cache" in window.options.spec_reason.text()
+    assert window.gauges.mode.value.text() == "plain"
+
+
+def test_regenerate_replaces_last_reply(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    first = send_and_wait(qtbot, window)
+    assert window.composer.regen_button.isEnabled()
+    window.composer.regen_button.click()
+    assert window.conversation.busy
+    wait_until(lambda: not window.conversation.busy, timeout=60_000)
+    msgs = window.chat_model.messages
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[-1] is not first
+    assert msgs[-1].text == first.text  # greedy: same reply again
+    stored = window.session.conversations.blocking.messages(window.conversation.conversation_id)
+    assert [m.role for m in stored] == ["user", "assistant"]
+
+
+def test_edit_and_resend_last_turn(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    send_and_wait(qtbot, window, "First question")
+    window.composer.edit_button.click()
+    assert window.composer.edit.toPlainText() == "First question"
+    assert window.chat_model.rowCount() == 0
+    window.composer.edit.setPlainText("First question, edited")
+    window.composer.send_button.click()
+    wait_until(lambda: not window.conversation.busy, timeout=60_000)
+    msgs = window.chat_model.messages
+    assert [m.text for m in msgs][0] == "First question, edited" and len(msgs) == 2
+    stored = window.session.conversations.blocking.messages(window.conversation.conversation_id)
+    assert stored[0].content == "First question, edited" and len(stored) == 2
+
+
+def test_compare_plain_and_speculative(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    dlg = window.open_compare("def fibonacci(n): return fibonacci")
+    qtbot.addWidget(dlg)
+    dlg.run_button.click()
+    wait_until(lambda: dlg.task is not None and dlg.task.done(), timeout=60_000)
+    o = dlg.outcome
+    assert o is not None, dlg.status.text()
+    assert o.plain.summary.mode == "plain" and o.speculative.summary.mode == "hybrid"
+    assert o.greedy and o.identical  # greedy: speculation must not change the text
+    assert o.plain.summary.tokens_per_s > 0 and o.speculative.summary.tokens_per_s > 0
+    assert "speedup ×" in dlg.headline.text() and "identical" in dlg.headline.text()
+    assert dlg.plain_text.toPlainText() and dlg.spec_text.toPlainText()
+
+
+def test_colour_tokens_by_origin(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=96)
+    msg = send_and_wait(qtbot, window, "def fibonacci(n): def fibonacci(n):")
+    assert {o for o, _ in msg.runs} == {"draft", "target"}
+    assert "".join(t for _, t in msg.runs) == msg.text
+    window.options.color_box.setChecked(True)
+    doc = window.chat_view.delegate.rendered(msg).doc
+    tinted = window.chat_view.delegate.colors.draft_token
+    backgrounds = set()
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            backgrounds.add(it.fragment().charFormat().background().color().name())
+            it += 1
+        block = block.next()
+    assert tinted.name() in backgrounds
+
+
+def test_screenshot_during_streamed_reply(qtbot, window, tiny_target, tiny_draft, tmp_path):
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=600)
+    window.composer.edit.setPlainText("Write a Python function with a code block, please.")
+    window.composer.send_button.click()
+    wait_until(lambda: len(window.chat_model.messages[-1].text) > 40, timeout=30_000)
+    path = tmp_path / "main-window.png"
+    assert window.grab().save(str(path))
+    window.conversation.stop()
+    wait_until(lambda: not window.conversation.busy, timeout=30_000)
+    assert path.exists() and path.stat().st_size > 10_000
+    from PySide6.QtGui import QImage
+
+    img = QImage(str(path))
+    assert img.width() >= 800 and img.height() >= 500

@@ -1,0 +1,113 @@
+"""Choosing a pair: the verdict next to the boxes, refusing an incompatible
+pair with its reason, the engine's own refusal, and cancelling a load."""
+
+from __future__ import annotations
+
+from ui_support import load, wait_until
+
+
+def _verdict(w):
+    wait_until(lambda: w.picker._check_task is None or w.picker._check_task.done(),
+               timeout=30_000)
+    return w.picker.verdict
+
+
+def test_incompatible_pair_refused_with_reason(qtbot, window, tiny_target, mismatched_draft):
+    window.picker.set_pair(str(tiny_target), str(mismatched_draft))
+    verdict = _verdict(window)
+    assert verdict.compatible is False
+    assert "vocabulary size differs" in verdict.text
+    label = window.picker.verdict_label.text()
+    assert label.startswith("✗ Incompatible:") and "vocabulary size differs" in label
+    assert not window.picker.load_button.isEnabled()
+    window.picker.load_button.click()  # refused: nothing starts
+    assert not window.session.engine.loading
+
+
+def test_engine_refusal_is_shown(qtbot, window, tiny_target, mismatched_draft):
+    # Even if the pair gets past the picker, the engine refuses it on load.
+    window.load_pair(str(tiny_target), str(mismatched_draft))
+    wait_until(lambda: not window.session.engine.loading, timeout=60_000)
+    assert window.session.engine.pair is None
+    assert window.error_banner.isVisible()
+    text = window.error_banner.label.text()
+    assert "cannot draft for" in text
+    assert "cannot draft for" in window.picker.verdict_label.text()
+    assert not window.composer.send_button.isEnabled()
+
+
+def test_lookup_choice_is_compatible(qtbot, window, tiny_target):
+    window.picker.set_pair(str(tiny_target), None)
+    assert window.picker.draft.currentText() == "No draft: prompt lookup"
+    assert window.picker.selection() == (str(tiny_target), None)
+    assert _verdict(window).compatible is True
+    assert window.picker.load_button.isEnabled()
+
+
+def test_picker_lists_bundled_and_catalog(window):
+    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    assert "bundled:smollm2-135m" in refs
+    assert "bundled:qwen2.5-coder-1.5b" in refs
+    assert window.picker.draft.itemData(0) is None  # prompt lookup first
+
+
+def test_load_progress_shown_and_cancellable(qtbot, window, tiny_target, tiny_draft):
+    window.load_pair(str(tiny_target), str(tiny_draft))
+    assert window.load_banner.isVisible()
+    assert window.load_banner.button.text() == "Cancel"
+    pair = load(qtbot, window, tiny_target, tiny_draft)
+    assert pair.target.name == "target-llama"
+    assert not window.load_banner.isVisible()
+    assert window.windowTitle().startswith("SpecChat — target-llama")
+
+
+def test_cancel_loading(qtbot, window, tiny_target, tiny_draft):
+    window.load_pair(str(tiny_target), str(tiny_draft))
+    window.load_banner.button.click()  # Cancel
+    wait_until(lambda: not window.session.engine.loading, timeout=60_000)
+    assert window.session.engine.pair is None  # Cancel takes effect at the next progress step
+    assert "cancelled" in window.statusBar().currentMessage()
+    assert not window.error_banner.isVisible()
+    assert "Could not load" not in window.picker.verdict_label.text()
+    assert not window.load_banner.isVisible()
+    # A new load after a cancelled one works.
+    assert load(qtbot, window, tiny_target, tiny_draft) is not None
+
+
+def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
+    dlg = window.open_model_manager()
+    qtbot.addWidget(dlg)
+    assert "Models are stored in" in dlg.where.text()
+    assert dlg.catalog.rowCount() >= 1  # the catalog ships with the app
+    fut = dlg.import_path(str(tiny_target), "tiny-imported")
+    wait_until(fut.done, timeout=60_000)
+    fut.result()
+    names = [dlg.installed.item(r, 0).text() for r in range(dlg.installed.rowCount())]
+    assert "tiny-imported" in names, dlg.tasks.itemAt(0).widget().detail.text()
+    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    assert "tiny-imported" in refs
+    dlg.installed.selectRow(names.index("tiny-imported"))
+    deleting = dlg.delete_selected(confirm=False)
+    wait_until(deleting.done, timeout=30_000)
+    assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == "Deleted."
+    assert "tiny-imported" not in [dlg.installed.item(r, 0).text()
+                                   for r in range(dlg.installed.rowCount())]
+
+
+def test_refusal_suggests_drafts_that_fit(qtbot, window):
+    # Judged from the catalog: nothing is converted or downloaded for this.
+    window.picker.set_pair("bundled:qwen2.5-coder-1.5b",
+                           "hf:mlx-community/Llama-3.2-1B-Instruct-4bit")
+    verdict = _verdict(window)
+    assert verdict.compatible is False
+    assert "different tokenizers" in verdict.text
+    assert "drafts that fit this target" in verdict.text
+    assert "qwen2.5-coder-0.5b" in verdict.text
+    assert not window.picker.load_button.isEnabled()
+
+
+def test_same_tokenizer_from_catalog_is_compatible(qtbot, window):
+    window.picker.set_pair("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b")
+    verdict = _verdict(window)
+    assert verdict.compatible is True and "Qwen2.5 tokenizer" in verdict.text
+    assert window.picker.verdict_label.text().startswith("✓")

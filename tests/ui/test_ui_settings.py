@@ -1,0 +1,47 @@
+"""The settings dialog: presets, sampling values, system prompt; and that a
+reply uses them."""
+
+from __future__ import annotations
+
+from specchat.engine import modes
+from specchat.store.settings import AppSettings
+from specchat.ui.requests import build_request, reply_mode
+from specchat.ui.settings import SettingsDialog
+from ui_support import load, send_and_wait
+
+
+def test_settings_dialog_presets_and_values(qtbot):
+    dlg = SettingsDialog(AppSettings())
+    qtbot.addWidget(dlg)
+    assert dlg.preset.currentText() == "Greedy"
+    dlg.preset.setCurrentText("Balanced")
+    dlg.preset.activated.emit(dlg.preset.currentIndex())
+    v = dlg.values()
+    assert (v.temperature, v.top_p, v.top_k) == (0.7, 0.9, 40)
+    dlg.temperature.setValue(0.33)
+    assert dlg.preset.currentText() == "Custom"
+    dlg.system.setPlainText("Answer in French.")
+    dlg.max_tokens.setValue(100)
+    dlg.seed.setValue(7)
+    v = dlg.values()
+    assert v.system_prompt == "Answer in French." and v.max_tokens == 100 and v.seed == 7
+
+
+def test_request_follows_settings():
+    from specchat.engine.events import Message
+
+    s = AppSettings(system_prompt="Be brief.", temperature=0.5, top_p=0.8, top_k=20,
+                    max_tokens=64, k=4)
+    r = build_request(s, [Message("user", "hi")], modes.get("hybrid"))
+    assert r.messages[0] == Message("system", "Be brief.") and r.messages[1].content == "hi"
+    assert (r.sampling.temperature, r.sampling.top_p, r.sampling.top_k) == (0.5, 0.8, 20)
+    assert r.max_tokens == 64 and r.draft.k == 4 and r.draft.mode == "hybrid"
+    assert reply_mode(AppSettings(speculative=False), None).name == "plain"
+
+
+def test_settings_saved_and_used(qtbot, window, tiny_target, tiny_draft):
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=7, temperature=0.0)
+    msg = send_and_wait(qtbot, window)
+    assert msg.summary.new_tokens <= 7
+    assert window.session.store.settings.blocking.load().max_tokens == 7

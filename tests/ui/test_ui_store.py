@@ -1,0 +1,256 @@
+"""Conversation history and settings: SQLite under SPECCHAT_HOME, written
+while replies stream, read back by a new window."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ui_support import load, make_window, send_and_wait, wait_until
+
+
+def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tiny_target,
+                                                      tiny_draft):
+    """Another process holds the file's write lock (a backup tool, a second
+    instance). The window keeps running while its writes wait, then saves
+    the turn; before the store had its own thread, Send blocked the GUI
+    thread until SQLite gave up with "database is locked"."""
+    from PySide6.QtCore import QTimer
+
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=12)
+    load(qtbot, w, tiny_target, tiny_draft)
+    path = ui_home / "conversations.sqlite3"
+    ticks = []
+    timer = QTimer(interval=10)
+    timer.timeout.connect(lambda: ticks.append(1))
+    timer.start()
+
+    for stop in (False, True):
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        before = len(ticks)
+        w.composer.edit.setPlainText(f"Locked turn, stop={stop}")
+        w.composer.send_button.click()
+        if stop:
+            w.composer.stop_button.click()
+        wait_until(lambda b=before: len(ticks) >= b + 10, timeout=3000)  # the loop runs
+        assert [m.role for m in w.chat_model.messages[-2:]] == ["user", "assistant"]
+        assert w.conversation.busy and w.chat_model.messages[-1].text == ""
+        assert blocker.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 * stop
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        wait_until(lambda: not w.conversation.busy, timeout=60_000)
+
+    timer.stop()
+    assert not w.error_banner.isVisible()
+    msgs = w.chat_model.messages
+    assert [m.role for m in msgs] == ["user", "assistant"] * 2
+    assert msgs[1].text and msgs[1].summary.new_tokens > 0
+    assert msgs[3].text == "" and msgs[3].error == "Stopped."  # stopped before its first step
+    stored = w.session.conversations.blocking.messages(w.conversation.conversation_id)
+    assert [(m.role, m.content, m.complete) for m in stored] == [
+        (m.role, m.text, True) for m in msgs]
+    w.close()
+
+
+def test_unreadable_history_is_kept_aside_and_the_window_opens(qtbot, aloop, ui_home):
+    ui_home.mkdir(parents=True)
+    path = ui_home / "conversations.sqlite3"
+    junk = b"not a database, perhaps a half-copied file " * 200
+    path.write_bytes(junk)
+    w = make_window(qtbot, initial_pair=None)
+    kept = [p for p in ui_home.iterdir() if p.name.startswith("conversations.sqlite3.unreadable-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == junk  # nothing lost
+    text = w.error_banner.label.text()
+    assert w.error_banner.isVisible() and "could not be read" in text and str(kept[0]) in text
+    w.session.store.conversations.blocking.create("works again")
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    w.close()
+
+
+def test_history_persisted_and_reloaded(qtbot, aloop, ui_home, tiny_target, tiny_draft):
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=40)
+    load(qtbot, w, tiny_target, tiny_draft)
+    reply = send_and_wait(qtbot, w, "Remember this conversation")
+    cid = w.conversation.conversation_id
+    w.close()
+
+    # A new window (and store) on the same SQLite file.
+    w2 = make_window(qtbot)
+    wait_until(lambda: w2.sidebar.model.items, timeout=5000)
+    titles = [c.title for c in w2.sidebar.model.items]
+    assert titles == ["Remember this conversation"]
+    w2.sidebar.openRequested.emit(cid)
+    wait_until(lambda: w2.chat_model.rowCount() == 2, timeout=5000)
+    msgs = w2.chat_model.messages
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[1].text == reply.text and msgs[1].summary.new_tokens == reply.summary.new_tokens
+    assert "tok/s" in w2.chat_view.delegate.footer(msgs[1])
+    w2.close()
+
+
+def test_partial_reply_saved_while_streaming(qtbot, aloop, ui_home, tiny_target, tiny_draft):
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=1500)
+    load(qtbot, w, tiny_target, tiny_draft)
+    w.composer.edit.setPlainText("A long reply please")
+    w.composer.send_button.click()
+    path = ui_home / "conversations.sqlite3"
+
+    def saved_partial():
+        with sqlite3.connect(path) as other:  # another process could read this too
+            row = other.execute("SELECT content, complete FROM messages WHERE role='assistant'"
+                                ).fetchone()
+        return row is not None and row[0] and row[1] == 0
+
+    wait_until(saved_partial, timeout=30_000)
+    assert w.conversation.busy
+    w.conversation.stop()
+    wait_until(lambda: not w.conversation.busy, timeout=30_000)
+    w.session.store.submit(lambda: None).result()  # the final save is queued; wait until it ran
+    with sqlite3.connect(path) as other:
+        content, complete = other.execute(
+            "SELECT content, complete FROM messages WHERE role='assistant'").fetchone()
+    assert complete == 1 and content == w.chat_model.messages[-1].text
+    w.close()
+
+
+def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path):
+    w = make_window(qtbot)
+    store = w.session.conversations.blocking
+    a = store.create("First chat")
+    store.add_message(a.id, "user", "hello there")
+    b = store.create("Second chat")
+    store.add_message(b.id, "user", "something else")
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
+    w.sidebar.search.setText("hello")
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    assert w.sidebar.model.items[0].title == "First chat"
+    w.sidebar.search.clear()
+    wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
+    w.open_conversation(a.id)
+    assert w.conversation.busy  # until its messages are read in
+    wait_until(lambda: w.chat_model.rowCount() == 1, timeout=5000)
+    assert [m.text for m in w.chat_model.messages] == ["hello there"]
+    assert not w.conversation.busy
+    idx = w.sidebar.model.index(w.sidebar.model.row_of(a.id))
+    assert w.sidebar.model.setData(idx, "Renamed")
+    assert w.sidebar.model.items[w.sidebar.model.row_of(a.id)].title == "Renamed"
+    assert store.get(a.id).title == "Renamed"  # queued after the rename
+    w.sidebar.search.setText("something")  # lists only the other chat
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    assert w.sidebar.export_button.isEnabled()  # the open chat, though hidden
+    export = w.sidebar.export_current(str(tmp_path / "chat.md"))
+    wait_until(export.done, timeout=5000)
+    assert open(export.result(), encoding="utf-8").read().startswith("# Renamed")
+    w.sidebar.search.clear()
+    wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
+    w.sidebar.delete_current(confirm=False)
+    assert store.get(a.id) is None
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    assert w.chat_model.rowCount() == 0 and w.conversation.conversation_id is None
+    w.sidebar.new_button.click()
+    assert w.conversation.conversation_id is None
+    w.close()
+
+
+def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+                                                   tiny_draft):
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=1500)
+    load(qtbot, w, tiny_target, tiny_draft)
+    w.composer.edit.setPlainText("A long reply please")
+    w.composer.send_button.click()
+    path = ui_home / "conversations.sqlite3"
+
+    def saved_partial():
+        with sqlite3.connect(path) as other:
+            row = other.execute("SELECT content FROM messages WHERE role='assistant'").fetchone()
+        return row is not None and row[0]
+
+    wait_until(saved_partial, timeout=30_000)
+    cid = w.conversation.conversation_id
+    w.close()  # as if the app were quit mid-reply
+    wait_until(lambda: w.conversation.task.done(), timeout=30_000)
+    assert w.conversation.task.exception() is None
+
+    w2 = make_window(qtbot)
+    w2.open_conversation(cid)
+    wait_until(lambda: w2.chat_model.rowCount() == 2, timeout=5000)
+    reply = w2.chat_model.messages[-1]
+    assert reply.role == "assistant" and reply.text and not reply.complete
+    assert "interrupted" in w2.chat_view.delegate.footer(reply)
+    w2.close()
+
+
+KILLED = """
+import sys
+import specchat.ui.main_window as mw
+orig = mw.MainWindow._loaded
+def loaded(self, pair):
+    orig(self, pair)
+    self.session.update_settings(max_tokens=1500)
+    self.composer.edit.setPlainText("A long reply please")
+    self.composer.send_button.click()
+mw.MainWindow._loaded = loaded
+from specchat.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+                                                   tiny_draft):
+    """The app process gets SIGKILL while it streams: what the store thread
+    had written survives (WAL), and the reply reads back as interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(ui_home))
+    app = subprocess.Popen([sys.executable, "-c", KILLED, "--target", str(tiny_target),
+                            "--draft", str(tiny_draft)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    path = ui_home / "conversations.sqlite3"
+
+    def partial() -> str:
+        try:
+            with sqlite3.connect(path) as other:
+                row = other.execute("SELECT content FROM messages WHERE role='assistant'"
+                                    ).fetchone()
+        except sqlite3.OperationalError:  # not created yet
+            return ""
+        return row[0] if row else ""
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(partial()) < 40:
+            assert app.poll() is None, app.stdout.read()
+            assert time.monotonic() < deadline, "no partial reply was saved"
+            time.sleep(0.1)
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait(timeout=30)
+    finally:
+        if app.poll() is None:
+            app.kill()
+        app.stdout.close()
+    assert app.returncode == -signal.SIGKILL
+
+    with sqlite3.connect(path) as other:
+        rows = other.execute("SELECT role, content, complete FROM messages ORDER BY position"
+                             ).fetchall()
+        cid = other.execute("SELECT id FROM conversations").fetchone()[0]
+    assert [(r[0], r[2]) for r in rows] == [("user", 1), ("assistant", 0)]
+    assert rows[0][1] == "A long reply please" and len(rows[1][1]) >= 40
+
+    w = make_window(qtbot)
+    w.open_conversation(cid)
+    wait_until(lambda: w.chat_model.rowCount() == 2, timeout=5000)
+    reply = w.chat_model.messages[-1]
+    assert reply.text == rows[1][1] and not reply.complete
+    assert "interrupted" in w.chat_view.delegate.footer(reply)
+    w.close()

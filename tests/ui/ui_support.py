@@ -1,0 +1,53 @@
+"""Helpers for the UI tests: spin Qt until something holds, open a window,
+load a pair, send a message and wait for the reply. The fixtures are in
+this folder's conftest.py."""
+
+from __future__ import annotations
+
+
+def wait_until(cond, timeout: float = 60_000) -> None:
+    """Spin Qt (and so asyncio) until ``cond()``; ``timeout`` in ms.
+
+    Not qtbot.waitUntil: PySide's QTest.qWait keeps the GIL while it waits,
+    which starves the engine thread; here the GIL is released between
+    rounds of event processing, as QApplication.exec does in the app.
+    """
+    import time
+
+    from PySide6.QtCore import QCoreApplication, QEventLoop
+
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} ms")
+        time.sleep(0.002)
+
+
+def make_window(qtbot, **kwargs):
+    from specchat.ui.main_window import MainWindow
+
+    w = MainWindow(**kwargs)
+    qtbot.addWidget(w)
+    w.resize(1100, 760)
+    w.show()
+    w.start()
+    return w
+
+
+def load(qtbot, w, target, draft=None, timeout=60_000):
+    w.picker.set_pair(str(target), str(draft) if draft else None)
+    w.load_pair(str(target), str(draft) if draft else None)
+    wait_until(lambda: not w.session.engine.loading, timeout=timeout)
+    assert w.session.engine.pair is not None, w.error_banner.label.text()
+    return w.session.engine.pair
+
+
+def send_and_wait(qtbot, w, text="Hello, world! How are you today?", timeout=60_000):
+    w.composer.edit.setPlainText(text)
+    w.composer.send_button.click()
+    assert w.conversation.busy
+    wait_until(lambda: not w.conversation.busy, timeout=timeout)
+    return w.chat_model.messages[-1]
