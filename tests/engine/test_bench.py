@@ -12,7 +12,7 @@ from specchat.engine.errors import EngineError
 from specchat.tools.prompts import load_prompts
 from specchat.tools.variants import VARIANTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"tokens_per_s", "acceptance_rate", "tokens_per_step", "speedup_vs_plain",
           "identical_to_plain"}
 

@@ -223,7 +223,7 @@ def test_background_load_ends_when_its_owner_is_killed():
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    app = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "app")
+    app = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "app")
     p = subprocess.run([sys.executable, "-c", code, app], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == -signal.SIGKILL

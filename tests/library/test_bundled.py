@@ -23,7 +23,7 @@ from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import ImportCancelled
 from tinygguf import write_gguf
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- the table -------------------------------------------------------------------
