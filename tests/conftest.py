@@ -22,6 +22,15 @@ startup.prepare()  # the system BLAS before anything imports MLX
 from tinymodels import build_model, build_tokenizer  # noqa: E402
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A private, empty SPECCHAT_HOME: history, settings and models of this
+    test only."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECCHAT_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny-models")

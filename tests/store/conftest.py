@@ -1,5 +1,5 @@
-"""Fixtures for the store tests: a private SPECCHAT_HOME and a conversation
-store on a fresh SQLite file. No Qt and no models: the store is plain
+"""Fixtures for the store tests: a conversation store on a fresh SQLite file
+(a private SPECCHAT_HOME is tests/conftest.py's ``home``). No Qt and no models: the store is plain
 sqlite3 on its own thread."""
 
 from __future__ import annotations
@@ -7,13 +7,6 @@ from __future__ import annotations
 import pytest
 from specchat.store import db
 from specchat.store.conversations import ConversationStore
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("SPECCHAT_HOME", str(home))
-    return home
 
 
 @pytest.fixture

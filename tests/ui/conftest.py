@@ -1,5 +1,5 @@
-"""Fixtures for the UI tests: a temporary SPECCHAT_HOME, asyncio running on
-the Qt loop (qasync) while the tests spin it, and a window on the tiny pair's
+"""Fixtures for the UI tests (a private SPECCHAT_HOME is tests/conftest.py's
+``home``): asyncio running on the Qt loop (qasync) while the tests spin it, and a window on the tiny pair's
 settings. Qt runs offscreen (tests/conftest.py)."""
 
 from __future__ import annotations
@@ -8,13 +8,6 @@ import asyncio
 
 import pytest
 from ui_support import make_window
-
-
-@pytest.fixture
-def ui_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("SPECCHAT_HOME", str(home))
-    return home
 
 
 @pytest.fixture
@@ -39,7 +32,7 @@ def aloop(qapp):
 
 
 @pytest.fixture
-def window(qtbot, aloop, ui_home):
+def window(qtbot, aloop, home):
     w = make_window(qtbot)
     # Short replies keep the suite fast; tests that need more set their own.
     w.session.update_settings(max_tokens=48)

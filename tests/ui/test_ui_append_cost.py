@@ -8,7 +8,7 @@ import statistics
 import time
 
 from specchat.ui.chat_model import ChatMessage, ChatModel
-from specchat.ui.chat_view import ChatView
+from ui_support import make_view
 
 APPENDS = 40
 
@@ -26,12 +26,7 @@ def _history(n: int) -> list[ChatMessage]:
 
 
 def _measure(qtbot, qapp, n: int) -> dict:
-    model = ChatModel()
-    view = ChatView()
-    qtbot.addWidget(view)
-    view.setModel(model)
-    view.resize(800, 600)
-    view.show()
+    model, view = make_view(qtbot, 800, 600)
     model.set_messages(_history(n))
     for _ in range(5):
         qapp.processEvents()
@@ -72,11 +67,7 @@ def test_only_the_last_row_changes(qapp):
 
 
 def test_long_reply_rebuilds_only_its_last_chunk(qtbot, qapp):
-    model = ChatModel()
-    view = ChatView()
-    qtbot.addWidget(view)
-    view.setModel(model)
-    view.resize(800, 600)
+    model, view = make_view(qtbot, 800, 600, show=False)
     para = "Some **prose** with `code` that runs on for a while, " * 4
     block = "```python\n" + "def f(x):\n    return x * 2\n" * 10 + "```"
     text = "\n\n".join(para if i % 4 else block for i in range(120))  # ~20 KB

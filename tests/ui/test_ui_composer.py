@@ -5,9 +5,9 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
-from specchat.ui.chat_model import ChatMessage, ChatModel
-from specchat.ui.chat_view import ChatView
+from specchat.ui.chat_model import ChatMessage
 from specchat.ui.composer import Composer
+from ui_support import make_view
 
 
 def test_enter_sends_and_shift_enter_adds_a_line(qtbot):
@@ -32,12 +32,7 @@ def test_enter_sends_and_shift_enter_adds_a_line(qtbot):
 
 
 def test_copy_link_copies_the_code(qtbot, qapp):
-    model = ChatModel()
-    view = ChatView()
-    qtbot.addWidget(view)
-    view.setModel(model)
-    view.resize(700, 400)
-    view.show()
+    model, view = make_view(qtbot, 700, 400)
     code = "def f(x):\n    return x * 2"
     model.set_messages([ChatMessage("assistant", f"Here:\n\n```python\n{code}\n```\n\nDone.")])
     qapp.processEvents()

@@ -8,7 +8,7 @@ import sqlite3
 from ui_support import load, make_window, send_and_wait, wait_until
 
 
-def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tiny_target,
+def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, home, tiny_target,
                                                       tiny_draft):
     """Another process holds the file's write lock (a backup tool, a second
     instance). The window keeps running while its writes wait, then saves
@@ -19,7 +19,7 @@ def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tin
     w = make_window(qtbot)
     w.session.update_settings(max_tokens=12)
     load(qtbot, w, tiny_target, tiny_draft)
-    path = ui_home / "conversations.sqlite3"
+    path = home / "conversations.sqlite3"
     ticks = []
     timer = QTimer(interval=10)
     timer.timeout.connect(lambda: ticks.append(1))
@@ -53,13 +53,13 @@ def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, ui_home, tin
     w.close()
 
 
-def test_unreadable_history_is_kept_aside_and_the_window_opens(qtbot, aloop, ui_home):
-    ui_home.mkdir(parents=True)
-    path = ui_home / "conversations.sqlite3"
+def test_unreadable_history_is_kept_aside_and_the_window_opens(qtbot, aloop, home):
+    home.mkdir(parents=True)
+    path = home / "conversations.sqlite3"
     junk = b"not a database, perhaps a half-copied file " * 200
     path.write_bytes(junk)
     w = make_window(qtbot, initial_pair=None)
-    kept = [p for p in ui_home.iterdir() if p.name.startswith("conversations.sqlite3.unreadable-")]
+    kept = [p for p in home.iterdir() if p.name.startswith("conversations.sqlite3.unreadable-")]
     assert len(kept) == 1 and kept[0].read_bytes() == junk  # nothing lost
     text = w.error_banner.label.text()
     assert w.error_banner.isVisible() and "could not be read" in text and str(kept[0]) in text
@@ -69,7 +69,7 @@ def test_unreadable_history_is_kept_aside_and_the_window_opens(qtbot, aloop, ui_
     w.close()
 
 
-def test_history_persisted_and_reloaded(qtbot, aloop, ui_home, tiny_target, tiny_draft):
+def test_history_persisted_and_reloaded(qtbot, aloop, home, tiny_target, tiny_draft):
     w = make_window(qtbot)
     w.session.update_settings(max_tokens=40)
     load(qtbot, w, tiny_target, tiny_draft)
@@ -91,13 +91,19 @@ def test_history_persisted_and_reloaded(qtbot, aloop, ui_home, tiny_target, tiny
     w2.close()
 
 
-def test_partial_reply_saved_while_streaming(qtbot, aloop, ui_home, tiny_target, tiny_draft):
+def _start_long_reply(qtbot, target, draft):
+    """A window on the tiny pair streaming a reply of up to 1500 tokens."""
     w = make_window(qtbot)
     w.session.update_settings(max_tokens=1500)
-    load(qtbot, w, tiny_target, tiny_draft)
+    load(qtbot, w, target, draft)
     w.composer.edit.setPlainText("A long reply please")
     w.composer.send_button.click()
-    path = ui_home / "conversations.sqlite3"
+    return w
+
+
+def test_partial_reply_saved_while_streaming(qtbot, aloop, home, tiny_target, tiny_draft):
+    w = _start_long_reply(qtbot, tiny_target, tiny_draft)
+    path = home / "conversations.sqlite3"
 
     def saved_partial():
         with sqlite3.connect(path) as other:  # another process could read this too
@@ -117,7 +123,7 @@ def test_partial_reply_saved_while_streaming(qtbot, aloop, ui_home, tiny_target,
     w.close()
 
 
-def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path):
+def test_sidebar_new_rename_delete_search_export(qtbot, aloop, home, tmp_path):
     w = make_window(qtbot)
     store = w.session.conversations.blocking
     a = store.create("First chat")
@@ -157,14 +163,10 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, ui_home, tmp_path
     w.close()
 
 
-def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, home, tiny_target,
                                                    tiny_draft):
-    w = make_window(qtbot)
-    w.session.update_settings(max_tokens=1500)
-    load(qtbot, w, tiny_target, tiny_draft)
-    w.composer.edit.setPlainText("A long reply please")
-    w.composer.send_button.click()
-    path = ui_home / "conversations.sqlite3"
+    w = _start_long_reply(qtbot, tiny_target, tiny_draft)
+    path = home / "conversations.sqlite3"
 
     def saved_partial():
         with sqlite3.connect(path) as other:
@@ -201,7 +203,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_target,
+def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, home, tiny_target,
                                                    tiny_draft):
     """The app process gets SIGKILL while it streams: what the store thread
     had written survives (WAL), and the reply reads back as interrupted."""
@@ -211,11 +213,11 @@ def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, ui_home, tiny_ta
     import sys
     import time
 
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(ui_home))
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", SPECCHAT_HOME=str(home))
     app = subprocess.Popen([sys.executable, "-c", KILLED, "--target", str(tiny_target),
                             "--draft", str(tiny_draft)], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    path = ui_home / "conversations.sqlite3"
+    path = home / "conversations.sqlite3"
 
     def partial() -> str:
         try:

@@ -26,6 +26,21 @@ def wait_until(cond, timeout: float = 60_000) -> None:
         time.sleep(0.002)
 
 
+def make_view(qtbot, width: int, height: int, show: bool = True):
+    """A chat view over an empty ChatModel, sized (and shown): (model, view)."""
+    from specchat.ui.chat_model import ChatModel
+    from specchat.ui.chat_view import ChatView
+
+    model = ChatModel()
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.setModel(model)
+    view.resize(width, height)
+    if show:
+        view.show()
+    return model, view
+
+
 def make_window(qtbot, **kwargs):
     from specchat.ui.main_window import MainWindow
 
