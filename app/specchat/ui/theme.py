@@ -39,21 +39,28 @@ def _c(hex_: str) -> QColor:
     return QColor(hex_)
 
 
-LIGHT = Colors(
-    dark=False, window=_c("#f6f7f9"), surface=_c("#ffffff"), text=_c("#1d2126"),
-    muted=_c("#6b7280"), accent=_c("#2f6fde"), user_bubble=_c("#dbe8ff"),
-    user_text=_c("#10213f"), assistant_bubble=_c("#ffffff"), code_bg=_c("#f1f3f6"),
-    code_header=_c("#6b7280"), link=_c("#2f6fde"), draft_token=_c("#c8f0cf"),
-    error=_c("#b3261e"), warning_bg=_c("#fff4d6"), border=_c("#dfe3e8"),
-)
+# Every colour as (light, dark), side by side, so that one is changed while
+# looking at the other.
+_PALETTE: dict[str, tuple[str, str]] = {
+    "window": ("#f6f7f9", "#1b1d21"),
+    "surface": ("#ffffff", "#24272c"),
+    "text": ("#1d2126", "#e6e8eb"),
+    "muted": ("#6b7280", "#9aa1ab"),
+    "accent": ("#2f6fde", "#6ea0ff"),
+    "user_bubble": ("#dbe8ff", "#2c3f63"),
+    "user_text": ("#10213f", "#e9f0ff"),
+    "assistant_bubble": ("#ffffff", "#2a2d33"),
+    "code_bg": ("#f1f3f6", "#1e2024"),
+    "code_header": ("#6b7280", "#9aa1ab"),
+    "link": ("#2f6fde", "#8db4ff"),
+    "draft_token": ("#c8f0cf", "#245c33"),
+    "error": ("#b3261e", "#ff8a80"),
+    "warning_bg": ("#fff4d6", "#4a3b12"),
+    "border": ("#dfe3e8", "#3a3e45"),
+}
 
-DARK = Colors(
-    dark=True, window=_c("#1b1d21"), surface=_c("#24272c"), text=_c("#e6e8eb"),
-    muted=_c("#9aa1ab"), accent=_c("#6ea0ff"), user_bubble=_c("#2c3f63"),
-    user_text=_c("#e9f0ff"), assistant_bubble=_c("#2a2d33"), code_bg=_c("#1e2024"),
-    code_header=_c("#9aa1ab"), link=_c("#8db4ff"), draft_token=_c("#245c33"),
-    error=_c("#ff8a80"), warning_bg=_c("#4a3b12"), border=_c("#3a3e45"),
-)
+LIGHT = Colors(dark=False, **{name: _c(pair[0]) for name, pair in _PALETTE.items()})
+DARK = Colors(dark=True, **{name: _c(pair[1]) for name, pair in _PALETTE.items()})
 
 
 def system_is_dark() -> bool:
