@@ -87,3 +87,34 @@ def other_tokenizer(tiny_dir) -> Path:
 @pytest.fixture(scope="session")
 def mismatched_draft(tiny_dir, other_tokenizer) -> Path:
     return build_model(tiny_dir / "draft-other-vocab", other_tokenizer, seed=5)
+
+
+@pytest.fixture
+def aloop(qapp):
+    """A qasync loop marked as running, so tasks advance whenever Qt
+    processes events (qtbot.waitUntil, qtbot.wait)."""
+    import asyncio
+
+    import qasync
+    from specchat.ui import theme
+
+    theme.apply(qapp)
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    yield loop
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    for _ in range(5):
+        qapp.processEvents()
+    asyncio.events._set_running_loop(None)
+    loop.stop()
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``mount(size) -> folder``: a real small tmpfs (tests/smalldisk.py)."""
+    from smalldisk import mounter
+
+    yield from mounter(tmp_path)

@@ -55,3 +55,49 @@ def test_icons_exist():
 
 def app_icon() -> str:
     return _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]["icon"]
+
+
+def _imported_top_modules() -> set[str]:
+    import ast
+    import sys
+
+    names: set[str] = set()
+    for path in (ROOT / "app" / "specchat").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "specchat"}
+
+
+def test_every_package_the_app_imports_is_declared_and_installed_at_its_bound():
+    """A package used directly must be a declared dependency (pyproject and the
+    Briefcase app alike), and the installed one must meet the declared lower
+    bound, which is the version whose behaviour the code relies on."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    declared = {}
+    for line in project["dependencies"]:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate():
+            declared[canonicalize_name(req.name)] = req
+    app = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
+    bundled = {canonicalize_name(Requirement(r).name)
+               for r in [*app["requires"],
+                         *(r for v in app.values() if isinstance(v, dict)
+                           for r in v.get("requires", []))]}
+    owners = metadata.packages_distributions()
+    for module in sorted(_imported_top_modules()):
+        dists = {canonicalize_name(d) for d in owners.get(module, [])} & declared.keys()
+        assert dists, f"the app imports {module} but pyproject.toml does not declare it"
+        for name in dists:
+            assert name in bundled, f"{name} is missing from the Briefcase app's requires"
+            installed = metadata.version(name)
+            assert declared[name].specifier.contains(installed, prereleases=True), \
+                f"{name} {installed} does not meet {declared[name]}"

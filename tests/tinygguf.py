@@ -84,12 +84,16 @@ def write_gguf(path: Path, tokenizer_dir: Path, *, arch: str = "llama", hidden: 
                seed: int = 0, quant: dict[str, str] | None = None, tied: bool = True,
                pre: str = "gpt-2", eos: str = "<|im_end|>", bos: str | None = "<|endoftext|>",
                extra_tensor: tuple[str, np.ndarray, object] | None = None,
-               kquant: dict[str, str] | None = None) -> TinyGGUF:
+               kquant: dict[str, str] | None = None, drop: set[str] | None = None,
+               metadata: dict[str, object] | None = None) -> TinyGGUF:
     """A random llama- or qwen2-shaped model as a GGUF file.
 
     ``quant`` maps a GGUF tensor-name part (``attn_q``, ``token_embd``...) to
     a type gguf can quantize to (Q8_0, Q4_0, Q4_1, Q5_0, F16); ``kquant`` to
     Q4_K/Q5_K/Q6_K (random valid bytes). Everything else is F32.
+    Damaged files for the import checks: ``drop`` leaves out GGUF tensors by
+    name, ``metadata`` replaces keys as written (None removes a key; an int
+    is written as INT32, so 0 and negatives are possible; str as STRING).
     """
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -163,6 +167,14 @@ def write_gguf(path: Path, tokenizer_dir: Path, *, arch: str = "llama", hidden: 
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
+    for key, value in (metadata or {}).items():
+        if value is None:
+            w.kv_data[0].pop(key, None)
+            continue
+        vtype = (gguf.GGUFValueType.STRING if isinstance(value, str) else
+                 gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else
+                 gguf.GGUFValueType.INT32)
+        w.kv_data[0][key] = gguf.GGUFValue(value=value, type=vtype)
 
     out = TinyGGUF(path=path, arch=arch, config={"hidden": hidden, "heads": heads,
                                                   "kv_heads": kv_heads, "layers": layers,
@@ -170,6 +182,8 @@ def write_gguf(path: Path, tokenizer_dir: Path, *, arch: str = "llama", hidden: 
                    expected={})
     for name, value in hf.items():
         g = gguf_name(name)
+        if g in (drop or ()):
+            continue
         kind = g.split(".")[-2] if g.startswith("blk.") else g.split(".")[0]
         is_weight_2d = value.ndim == 2
         rows = value

@@ -146,3 +146,45 @@ def prune_draft_head(engine, keep: int) -> None:
     engine._model_drafter = ModelDrafter(engine.draft, extra_ids=sorted(engine.end_ids),
                                          prune=True, keep=keep)
     assert engine.model_drafter.head is not None
+
+
+def with_chat_template(source: Path, folder: Path, template: str) -> Path:
+    """A copy of a model folder whose tokenizer_config.json carries
+    ``template`` as its chat template, as many Hub models ship it (any
+    chat_template.jinja is left out, so this one is the template)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        if f.is_file() and f.name != "chat_template.jinja":
+            (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def build_thinking_tokenizer(folder: Path, chat_template: str) -> Path:
+    """The tiny tokenizer plus ``<think>`` and ``</think>`` as ordinary
+    (not special) added tokens, as Qwen3 has them."""
+    from transformers import PreTrainedTokenizerFast
+
+    build_tokenizer(folder, chat_template=chat_template)
+    fast = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    fast.add_tokens(["<think>", "</think>"])
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+DEEPSEEK_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                     "<｜Assistant｜>"]
+
+
+def build_python_renderer_tokenizer(folder: Path, renderer: str = "deepseek_v32") -> Path:
+    """The tiny tokenizer with mlx-lm's own Python chat renderer
+    (``chat_template_type`` in tokenizer_config.json, as mlx-community's
+    DeepSeek-V3.2 conversions have it) and that renderer's turn markers as
+    special tokens."""
+    build_tokenizer(folder, specials=SPECIALS + DEEPSEEK_SPECIALS)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template_type"] = renderer
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder

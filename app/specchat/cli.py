@@ -15,24 +15,74 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _k_value(text: str) -> int | None:
-    if text == "auto":
-        return None
+def _value(name: str):
+    """An argparse ``type`` for one of ``specchat.values``' names: the same
+    range, and the same one line, as the engine and the settings dialog."""
+    from specchat import values
+
+    def parse(text: str):
+        try:
+            return values.check(name, text)
+        except values.BadValue as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _text(name: str):
+    """An argparse ``type`` for free text: bytes that are not UTF-8 arrive
+    from argv as surrogate escapes, which no tokenizer can encode."""
+    from specchat import values
+
+    def parse(text: str) -> str:
+        try:
+            return values.text(name, text)
+        except values.BadValue as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _model_ref(text: str) -> str:
+    """An argparse ``type`` for a model reference: an empty one (``--draft ""``)
+    is refused as a usage error, in the library's words for "no model", rather
+    than quietly meaning "no draft"."""
+    if text.strip():
+        return text
+    from specchat.errors import SpecChatError
+    from specchat.library import refs
+
     try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("K must be 'auto' or a number from 1 to 32") from None
-    if not 1 <= k <= 32:
-        raise argparse.ArgumentTypeError("K must be 'auto' or a number from 1 to 32")
-    return k
+        refs.source_for(text)  # refuses it with the library's "No model given: pass ..."
+    except SpecChatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _readable_file(text: str) -> str:
+    """An argparse ``type`` for an input file: a missing one is a usage
+    error in words, not an OSError from deep in the command."""
+    from pathlib import Path
+
+    path = Path(text)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # ~someone who has no home folder here: not found either
+        pass
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return str(path)
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256, help="new tokens at most (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=_value("max tokens"), default=256,
+                   help="new tokens at most (default 256)")
+    p.add_argument("--temperature", type=_value("temperature"), default=0.0,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-p", type=_value("top-p"), default=1.0)
+    p.add_argument("--top-k", type=_value("top-k"), default=0)
+    p.add_argument("--seed", type=_value("seed"), default=None,
+                   help="any integer (folded into 64 bits); default random")
 
 
 def _add_bench(sub) -> None:
@@ -40,13 +90,17 @@ def _add_bench(sub) -> None:
 
     names = list(VARIANTS)
     b = sub.add_parser("bench", help="compare SpecChat and mlx-lm decoding on the same weights")
-    b.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")
-    b.add_argument("--draft", required=True, help="draft model sharing the target's tokenizer")
-    b.add_argument("--prompts", required=True,
+    b.add_argument("--target", required=True, type=_model_ref,
+                   help="target model (folder, bundled:..., .gguf, hf:...)")
+    b.add_argument("--draft", required=True, type=_model_ref,
+                   help="draft model sharing the target's tokenizer")
+    b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
-    b.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    b.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    b.add_argument("--max-tokens", type=_value("max tokens"), default=128,
+                   help="new tokens per prompt (default 128)")
+    b.add_argument("--temperature", type=_value("temperature"), default=0.0,
+                   help="0 = greedy (default)")
+    b.add_argument("--seed", type=_value("seed"), default=0, help="sampling seed (default 0)")
     b.add_argument("--modes", nargs="+", default=names, choices=names, metavar="MODE",
                    help="modes to run, interleaved per prompt (default: all of " + ", ".join(names) + ")")
     b.add_argument("--background-load", type=int, default=0, metavar="N",
@@ -68,9 +122,9 @@ def _add_models(sub) -> None:
     r = msub.add_parser("rm", help="remove an installed model")
     r.add_argument("name")
     c = msub.add_parser("check", help="can DRAFT speculate for TARGET? (exit 1 if not)")
-    c.add_argument("target")
-    c.add_argument("draft")
-    c.add_argument("--context", type=int, default=4096,
+    c.add_argument("target", type=_model_ref)
+    c.add_argument("draft", type=_model_ref)
+    c.add_argument("--context", type=_value("context"), default=4096,
                    help="context length for the memory estimate (default 4096)")
     msub.add_parser("where", help="where models are stored")
     msub.add_parser("catalog", help="recommended pairs, with memory and download sizes")
@@ -85,26 +139,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specchat",
         description="Local LLM chat with speculative decoding. Without a subcommand, opens the app.",
     )
-    parser.add_argument("--target", help="target model reference (opens the app with it selected)")
+    parser.add_argument("--target", type=_model_ref,
+                        help="target model reference (opens the app with it selected)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--draft", help="draft model reference")
+    group.add_argument("--draft", type=_model_ref, help="draft model reference")
     group.add_argument("--lookup", action="store_true", help="no draft model: prompt lookup")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate one reply and stream it to stdout")
-    g.add_argument("--target", required=True, help="target model (folder, bundled:..., .gguf, hf:...)")
+    g.add_argument("--target", required=True, type=_model_ref,
+                   help="target model (folder, bundled:..., .gguf, hf:...)")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--draft", help="draft model sharing the target's tokenizer")
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
     mode.add_argument("--lookup", action="store_true", help="draftless prompt-lookup speculation")
     g.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
                    help="with --draft: draft model only (default also uses prompt lookup)")
-    g.add_argument("--prompt", required=True, help="the user message")
-    g.add_argument("--system", help="system prompt")
+    g.add_argument("--prompt", required=True, type=_text("the prompt"), help="the user message")
+    g.add_argument("--system", type=_text("the system prompt"), help="system prompt")
     _add_sampling(g)
-    g.add_argument("--k", type=_k_value, default=None, metavar="auto|N",
+    g.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
                    help="draft length: auto (adaptive, default) or a fixed N")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--stop", action="append", default=[], type=_text("a stop string"),
+                   help="stop string (repeatable)")
     g.add_argument("--acceptance", choices=["rejection", "equality"], default="rejection",
                    help=argparse.SUPPRESS)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -115,9 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specchat import startup
+    from specchat import applog, startup
 
     startup.prepare()
+    applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -172,13 +230,10 @@ def _request_from(args) -> tuple:
 
 
 def cmd_generate(args) -> int:
-    from specchat.engine.errors import EngineError
     from specchat.engine.events import LoadProgress, StepEvent
     from specchat.library.engine_link import make_client
 
     request, mode = _request_from(args)
-    if args.max_tokens < 1:
-        raise EngineError("--max-tokens must be at least 1")
 
     def progress(ev) -> None:
         if isinstance(ev, LoadProgress) and not args.json:

@@ -17,15 +17,33 @@ It serves the endpoints the real ``huggingface_hub`` client calls for
 * Errors carry ``X-Error-Code`` (RepoNotFound, RevisionNotFound,
   EntryNotFound) like the Hub.
 
-Test hooks: every request is recorded (method, path, headers); ``drop_after``
-cuts the next N downloads of a file after some bytes by closing the socket
-mid-body, as a flaky network would.
+Test hooks: every request is recorded (method, path, headers) and the body
+bytes sent per file are counted (``sent``). Faults, each as a real network
+or a broken server would show it:
+
+* ``drop_after``: the next N downloads of a file hang up after some bytes.
+* ``tamper``: a file's bytes differ from the sha256 / blob id the API and
+  the headers advertise (a tampered CDN or a corrupting proxy).
+* ``stall``: accept the connection and never answer, on the model info
+  (``"info"``), on ``/resolve`` (HEAD and GET, before any header) or in the
+  middle of a file's body (to time out, cancel or kill a client mid-file at
+  an exact byte); stalled handlers are released by ``released.set()`` or
+  ``stop``.
+* ``fail``: answer the model info (``"info"``) or a file with any status,
+  content type and body: a 500, or a captive portal's HTML page with 200.
+* ``oversize``: a file's body is longer than the size the API advertises
+  (with a matching Content-Length, as a bad mirror would send it).
+* ``endless``: the model info (``"info"``) or a file's body never ends (no
+  Content-Length; bytes until the client hangs up or ``stop``).
+* ``info_fields``: fields of the model info answer replaced, e.g. a ``sha``
+  that is not a commit id (a hostile or broken endpoint).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -78,6 +96,7 @@ class Request:
     method: str
     path: str
     headers: dict[str, str]
+    status: int | None = None  # what the server answered
 
 
 class HubServer:
@@ -88,6 +107,14 @@ class HubServer:
         self.requests: list[Request] = []
         self.blobs: dict[str, bytes] = {}
         self._drops: dict[str, list[int]] = {}
+        self.tampered: dict[str, bytes] = {}
+        self.stalls: dict[str, int] = {}
+        self.failures: dict[str, tuple[int, str, bytes]] = {}
+        self.extra: dict[str, int] = {}  # file name -> bytes sent beyond its real size
+        self.endless_at: set[str] = set()
+        self.info_override: dict = {}
+        self.sent: dict[str, int] = {}
+        self.released = threading.Event()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -127,6 +154,62 @@ class HubServer:
         with self._lock:
             self._drops.setdefault(filename, []).extend([n_bytes] * times)
 
+    def tamper(self, filename: str, data: bytes | None = None) -> bytes:
+        """Serve other bytes for ``filename`` than its advertised sha256 and
+        blob id; by default the same length with one byte flipped in the
+        middle, so the size (and a safetensors header) still look right."""
+        original = next(r.files[filename] for r in self.repos.values() if filename in r.files)
+        if data is None:
+            mid = len(original) // 2
+            data = original[:mid] + bytes([original[mid] ^ 0xFF]) + original[mid + 1:]
+        with self._lock:
+            self.tampered[filename] = data
+        return data
+
+    def stall(self, where: str, after_bytes: int = 0) -> None:
+        """Accept and never answer: ``"info"`` (model info), ``"resolve"``
+        (any /resolve request, before the headers), or a file name (its body,
+        after ``after_bytes``)."""
+        with self._lock:
+            self.stalls[where] = after_bytes
+
+    def fail(self, where: str, status: int, body: bytes | str = b"",
+             content_type: str = "text/html; charset=utf-8") -> None:
+        """Answer ``"info"`` or a file's download with this status and body."""
+        data = body.encode() if isinstance(body, str) else body
+        with self._lock:
+            self.failures[where] = (status, content_type, data)
+
+    def oversize(self, filename: str, extra_bytes: int) -> None:
+        """Send ``extra_bytes`` more than the file has after its real bytes."""
+        with self._lock:
+            self.extra[filename] = extra_bytes
+
+    def endless(self, where: str) -> None:
+        """``"info"`` or a file name: the body never ends (the file's own bytes
+        first, then zeros; for the info, a JSON list that keeps growing)."""
+        with self._lock:
+            self.endless_at.add(where)
+
+    def info_fields(self, **fields) -> None:
+        """Replace fields of every model info answer (e.g. ``sha="../x"``)."""
+        with self._lock:
+            self.info_override.update(fields)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._drops.clear()
+            self.tampered.clear()
+            self.stalls.clear()
+            self.failures.clear()
+            self.extra.clear()
+            self.endless_at.clear()
+            self.info_override.clear()
+
+    def wait_released(self) -> None:
+        """Where a stalled handler sleeps: until ``stop`` (or a test) sets ``released``."""
+        self.released.wait()
+
     # -- inspection ---------------------------------------------------------------
 
     def count(self, method: str, path_suffix: str) -> int:
@@ -135,12 +218,13 @@ class HubServer:
                        if r.method == method and urlsplit(r.path).path.endswith(path_suffix))
 
     def downloads(self, filename: str) -> int:
-        """GETs of a file's bytes (through /resolve or the CDN)."""
+        """GETs of a file's bytes (through /resolve or the CDN; a redirect
+        to the CDN is not one)."""
         with self._lock:
             n = 0
             for r in self.requests:
                 p = urlsplit(r.path)
-                if r.method != "GET":
+                if r.method != "GET" or r.status == 302:
                     continue
                 if p.path.endswith("/" + filename) and "/resolve/" in p.path:
                     n += 1
@@ -177,6 +261,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -204,9 +289,16 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing -----------------------------------------------------------------
 
     def _record(self) -> None:
+        self._request = Request(self.command, self.path,
+                                {k.lower(): v for k, v in self.headers.items()})
         with self.server_state._lock:
-            self.server_state.requests.append(
-                Request(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+            self.server_state.requests.append(self._request)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        request = getattr(self, "_request", None)
+        if request is not None:
+            request.status = code
+        super().send_response(code, message)
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
               length: int | None = None) -> None:
@@ -258,7 +350,43 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- /api/models --------------------------------------------------------------
 
+    def _fault(self, where: str) -> bool:
+        """Apply a stall or a failure set for ``where``; True if it answered."""
+        state = self.server_state
+        if where in state.stalls and state.stalls[where] == 0:
+            state.wait_released()
+            self.close_connection = True
+            return True
+        failure = state.failures.get(where)
+        if failure is not None:
+            status, content_type, body = failure
+            self._send(status, body, {"Content-Type": content_type})
+            return True
+        return False
+
+    def _endless(self, headers: dict, first: bytes, more: bytes) -> None:
+        """200 with no Content-Length: ``first``, then ``more`` again and
+        again until the client hangs up or the server stops."""
+        state = self.server_state
+        self.send_response(200)
+        for k, v in headers.items():
+            self.send_header(k, str(v))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.write(first)
+            while not state.released.is_set():
+                self.wfile.write(more)
+        except OSError:  # the client went away
+            pass
+
     def _api(self, repo_id: str, rest: list[str], query: dict) -> None:
+        if rest[:1] != ["tree"] and self._fault("info"):
+            return
+        if rest[:1] != ["tree"] and "info" in self.server_state.endless_at:
+            return self._endless({"Content-Type": "application/json"},
+                                 b'{"id": "x", "siblings": [', b'{"rfilename": "x.json"}, ' * 512)
         repo = self._repo(repo_id)
         if repo is None:
             return
@@ -290,6 +418,7 @@ class _Handler(BaseHTTPRequestHandler):
             "disabled": False, "downloads": 0, "likes": 0, "tags": ["mlx", "safetensors"],
             "library_name": "mlx", "lastModified": "2025-01-01T00:00:00.000Z",
             "createdAt": "2025-01-01T00:00:00.000Z", "siblings": siblings,
+            **self.server_state.info_override,
         })
 
     @staticmethod
@@ -303,6 +432,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- /{repo}/resolve ------------------------------------------------------------
 
     def _resolve(self, repo_id: str, rev: str, filename: str) -> None:
+        if self._fault("resolve") or self._fault(filename):
+            return
         repo = self._repo(repo_id)
         if repo is None:
             return
@@ -329,9 +460,14 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             return self._error(404, "NotFound", "no such blob")
         filename = query.get("file", [digest])[0]
-        self._body(data, filename, {"ETag": f'"{digest}"', "Accept-Ranges": "bytes"})
+        self._body(data, filename, {"ETag": f'"{digest}"', "Accept-Ranges": "bytes",
+                                    "Content-Type": "application/octet-stream"})
 
     def _body(self, data: bytes, filename: str, headers: dict) -> None:
+        data = self.server_state.tampered.get(filename, data)
+        if filename in self.server_state.endless_at:
+            return self._endless(headers, data, b"\0" * 65536)
+        data = data + b"\0" * self.server_state.extra.get(filename, 0)
         start = 0
         rng = self.headers.get("Range")
         status = 200
@@ -345,21 +481,38 @@ class _Handler(BaseHTTPRequestHandler):
         body = data[start:]
         if self.command == "HEAD":
             return self._send(status, b"", headers, length=len(body))
-        cut = self.server_state._take_drop(filename)
-        if cut is None:
-            return self._send(status, body, headers)
-        # Promise the whole body, send part of it, hang up.
+        state = self.server_state
+        cut = state._take_drop(filename)
+        stall = state.stalls.get(filename)
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, str(v))
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body)))  # always the whole body
         self.end_headers()
-        self.wfile.write(body[:cut])
-        self.wfile.flush()
-        self.close_connection = True
-        import socket
-
+        limit = len(body)
+        if cut is not None:
+            limit = min(limit, cut)
+        if stall is not None:
+            limit = min(limit, stall)
         try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            self._write_counted(body[:limit], filename)
+        except OSError:  # the client went away
+            self.close_connection = True
+            return
+        if stall is not None and stall < len(body) and (cut is None or stall <= cut):
+            state.wait_released()
+            self.close_connection = True
+            return
+        if cut is not None and cut < len(body):  # hang up mid-body
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _write_counted(self, data: bytes, filename: str) -> None:
+        state = self.server_state
+        self.wfile.write(data)
+        self.wfile.flush()
+        with state._lock:
+            state.sent[filename] = state.sent.get(filename, 0) + len(data)

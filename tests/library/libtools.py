@@ -35,3 +35,22 @@ def edited_copy(src: Path, dest: Path, config: dict | None = None,
 def tree_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()) \
         if root.exists() else []
+
+
+def specchat_env(tmp_path: Path, home: Path, **extra: str) -> dict[str, str]:
+    """Environment for running the real ``specchat`` command in a subprocess:
+    a private HOME/XDG, the test's library, no HF_/SPECCHAT_ variables but ``extra``."""
+    import os
+
+    fake_home = tmp_path / "fake-home"
+    fake_home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "HUGGINGFACE", "XDG_", "SPECCHAT_"))}
+    env.update({"HOME": str(fake_home), "XDG_CACHE_HOME": str(fake_home / ".cache"),
+                "SPECCHAT_HOME": str(home), **extra})
+    return env
+
+
+def blob_files(root: Path, suffix: str) -> list[Path]:
+    """Files under ``root`` whose name ends with ``suffix`` (partials, locks)."""
+    return sorted(p for p in root.rglob(f"*{suffix}")) if root.exists() else []

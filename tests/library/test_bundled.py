@@ -174,6 +174,71 @@ def test_ensure_redoes_an_import_of_other_files(home, fake_bundled, monkeypatch,
     assert sorted(p.name for p in (home / "bundled").iterdir()) == ["tiny", "verified.json"]
 
 
+HELD_ENSURE = """
+import sys, time
+from pathlib import Path
+from specchat.library import bundled
+from specchat.library.bundled import BundledModel
+
+digest, *parts = sys.argv[1:]
+bundled.BUNDLED["tiny"] = BundledModel("tiny", "Tiny", "0.1M", "llama", "Q8_0", digest, ())
+bundled.part_files = lambda name: [Path(p) for p in parts]
+
+
+def hold(message, fraction):
+    # The parts are joined; stand still mid-conversion until killed.
+    if "converting" in message:
+        print("HELD", flush=True)
+        time.sleep(600)
+
+
+bundled.ensure("tiny", hold)
+"""
+
+
+def test_a_killed_join_is_cleaned_even_if_its_pid_is_reused(home, fake_bundled):
+    """A process killed while preparing a bundled model leaves its joined
+    GGUF (as big as the model) in a locked work folder; the next ensure
+    removes it because the lock is free, even when the pid in its name
+    belongs to a live process by now (pid 1 here)."""
+    from held import kill, start_held
+
+    model, files = fake_bundled
+    proc = start_held(["-c", HELD_ENSURE, model.sha256, *map(str, files)])
+    kill(proc)
+    tmp = home / "tmp"
+    left = sorted(p.name for p in tmp.iterdir())
+    assert len(left) == 2 and left[0].startswith(f"bundled-tiny-{proc.pid}-"), left
+    assert left[1] == left[0] + ".lock"
+    assert (tmp / left[0] / "tiny.gguf").stat().st_size == sum(f.stat().st_size for f in files)
+    for name in left:  # the pid is reused: a live process has it now
+        os.rename(tmp / name, tmp / name.replace(f"-{proc.pid}-", "-1-"))
+
+    folder = bundled.ensure("tiny")
+    assert bundled.is_ready("tiny")
+    assert list(tmp.iterdir()) == []
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny", "verified.json"]
+
+
+def test_loose_joins_of_older_versions_go_when_dead_or_a_day_old(home):
+    """Older versions joined into a loose ``bundled-<name>-<pid>-<hex>.gguf``
+    with no lock: removed once its process is gone, or once a day old
+    whatever its pid says (a reused pid must not keep it forever)."""
+    from specchat.library import staging
+
+    tmp = home / "tmp"
+    tmp.mkdir(parents=True)
+    dead = tmp / "bundled-tiny-999999999-0a1b2c3d.gguf"  # above any pid_max: no such process
+    old = tmp / "bundled-tiny-1-0a1b2c3e.gguf"  # pid 1 lives, but a day has passed
+    recent = tmp / "bundled-tiny-1-0a1b2c3f.gguf"
+    for f in (dead, old, recent):
+        f.write_bytes(b"GGUF joined")
+    day_ago = recent.stat().st_mtime - 25 * 3600
+    os.utime(old, (day_ago, day_ago))
+    assert sorted(staging.sweep(tmp, staging.BUNDLED_NAMES)) == sorted([dead, old])
+    assert [p.name for p in tmp.iterdir()] == [recent.name]
+
+
 # -- the real models (slow) -----------------------------------------------------------
 PROMPT = "Write a Python function that reverses a string."
 

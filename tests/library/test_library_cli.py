@@ -141,3 +141,23 @@ def test_catalog_and_suggest(run):
     assert all(p["memory"]["total"] > 0 and p["why"] for p in pairs)
     sugg = json.loads(run("suggest", "qwen3-8b", "--json").stdout)
     assert sugg[0]["ref"] == "qwen3-0.6b" and sugg[0]["recommended"] is True
+
+
+def test_check_refuses_the_target_as_its_own_draft_and_bad_arguments(run, tiny_target):
+    """The draft-is-the-target words are the engine's (engine.compat), so
+    ``generate`` and ``check`` say the same; an empty model or a bad
+    context is a usage error (exit 2, one line naming what is allowed)."""
+    from specchat.engine.compat import SAME_MODEL
+
+    same = run("check", str(tiny_target), f"{tiny_target}/", "--json", check=False)
+    assert same.returncode == 1
+    assert SAME_MODEL in json.loads(same.stdout)["reasons"]
+    for args, words in (([str(tiny_target), ""], "argument draft: No model given: pass"),
+                        (["", str(tiny_target)], "argument target: No model given: pass"),
+                        ([str(tiny_target), str(tiny_target), "--context", "-1"],
+                         "argument --context: context must be a whole number from 16 to"),
+                        ([str(tiny_target), str(tiny_target), "--context", "lots"],
+                         "context must be a whole number")):
+        proc = run("check", *args, check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr

@@ -155,7 +155,7 @@ def test_gguf_import_goes_through_gguf_import_and_is_reused(lib_home, tmp_path, 
 
     calls = []
 
-    def import_gguf(gguf_path, dest, progress, cancelled):
+    def import_gguf(gguf_path, dest, progress, cancelled, **_where):
         calls.append(gguf_path)
         progress("converting", 0.5)
         shutil.copytree(tiny_target, dest)

@@ -56,6 +56,39 @@ def test_stop_mid_reply(qtbot, window, tiny_target, tiny_draft):
     assert "stopped" in window.chat_view.delegate.footer(msg)
 
 
+def test_stop_while_the_chat_template_renders_is_a_stop_not_an_error(
+        qtbot, window, tiny_target, tmp_path):
+    """A model's template that loops for long is stopped by Stop like any
+    reply: the bubble says stopped, no error banner, and the next reply runs."""
+    import threading
+    import time
+
+    from specchat.engine import template
+    from tinymodels import with_chat_template
+
+    slow = with_chat_template(
+        tiny_target, tmp_path / "slow-template",
+        "{% if messages[-1].content == 'slow' %}{% for i in range(99999) %}"
+        "{% for j in range(99999) %}{% endfor %}{% endfor %}{% endif %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    load(qtbot, window, slow)
+    window.composer.edit.setPlainText("slow")
+    window.composer.send_button.click()
+    # Stop once the template is being rendered (its helper thread is alive).
+    wait_until(lambda: any(t.name == template.RENDER_THREAD and t.is_alive()
+                           for t in threading.enumerate()), timeout=30_000)
+    assert window.conversation.busy
+    started = time.monotonic()
+    window.composer.stop_button.click()
+    wait_until(lambda: not window.conversation.busy, timeout=10_000)
+    assert time.monotonic() - started < 3.0  # the issue asks for 1 s; slack for a busy box
+    msg = window.chat_model.messages[-1]
+    assert msg.error == "Stopped." and not msg.text
+    assert window.error_banner.isHidden(), window.error_banner.label.text()
+    reply = send_and_wait(qtbot, window, "fast")
+    assert reply.error is None and reply.summary is not None
+
+
 def test_speculative_toggle_takes_effect_next_reply(qtbot, window, tiny_target, tiny_draft):
     load(qtbot, window, tiny_target, tiny_draft)
     assert window.options.spec_box.isChecked() and window.options.spec_box.isEnabled()

@@ -8,14 +8,26 @@ import sqlite3
 from ui_support import load, make_window, send_and_wait, wait_until
 
 
-def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, home, tiny_target,
-                                                      tiny_draft):
-    """Another process holds the file's write lock (a backup tool, a second
-    instance). The window keeps running while its writes wait, then saves
-    the turn; before the store had its own thread, Send blocked the GUI
-    thread until SQLite gave up with "database is locked"."""
-    from PySide6.QtCore import QTimer
+def stored_rows(path) -> list[tuple]:
+    with sqlite3.connect(path) as other:
+        return other.execute("SELECT role, content, complete FROM messages "
+                             "ORDER BY conversation_id, position").fetchall()
 
+
+def test_a_locked_database_neither_freezes_the_window_nor_loses_the_turn(
+        qtbot, aloop, home, tiny_target, tiny_draft, monkeypatch):
+    """Another process holds the file's write lock (a backup tool, a second
+    instance) for longer than SQLite's busy timeout. The window keeps
+    running, the reply streams to its end, a line says saving is waiting;
+    once the lock is released the whole turn is in the file and the line
+    goes. Before, the reply waited for its rows, and after the timeout the
+    turn was gone even once the lock was released."""
+    from lockholder import hold_lock
+    from PySide6.QtCore import QTimer
+    from specchat.store import db
+    from specchat.ui.history_banner import WAITING
+
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_S", 0.2)  # 5 s in the app
     w = make_window(qtbot)
     w.session.update_settings(max_tokens=12)
     load(qtbot, w, tiny_target, tiny_draft)
@@ -26,30 +38,34 @@ def test_a_locked_database_does_not_freeze_the_window(qtbot, aloop, home, tiny_t
     timer.start()
 
     for stop in (False, True):
-        blocker = sqlite3.connect(path, isolation_level=None)
-        blocker.execute("BEGIN EXCLUSIVE")
-        before = len(ticks)
-        w.composer.edit.setPlainText(f"Locked turn, stop={stop}")
-        w.composer.send_button.click()
-        if stop:
-            w.composer.stop_button.click()
-        wait_until(lambda b=before: len(ticks) >= b + 10, timeout=3000)  # the loop runs
-        assert [m.role for m in w.chat_model.messages[-2:]] == ["user", "assistant"]
-        assert w.conversation.busy and w.chat_model.messages[-1].text == ""
-        assert blocker.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 * stop
-        blocker.execute("ROLLBACK")
-        blocker.close()
-        wait_until(lambda: not w.conversation.busy, timeout=60_000)
+        with hold_lock(path) as holder:
+            before = len(ticks)
+            w.composer.edit.setPlainText(f"Locked turn, stop={stop}")
+            w.composer.send_button.click()
+            if stop:
+                w.composer.stop_button.click()
+            wait_until(lambda b=before: len(ticks) >= b + 10, timeout=3000)  # the loop runs
+            wait_until(lambda: not w.conversation.busy, timeout=60_000)  # not held up
+            wait_until(w.history_banner.isVisible, timeout=10_000)
+            assert w.history_banner.label.text() == WAITING
+            assert not w.history_banner.button.isVisible()
+            with sqlite3.connect(path) as other:
+                assert other.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 * stop
+            holder.release()
+            wait_until(lambda: not w.history_banner.isVisible(), timeout=10_000)
 
     timer.stop()
+    w.session.store.submit(lambda: None).result()  # whatever was queued has run
     assert not w.error_banner.isVisible()
     msgs = w.chat_model.messages
     assert [m.role for m in msgs] == ["user", "assistant"] * 2
     assert msgs[1].text and msgs[1].summary.new_tokens > 0
     assert msgs[3].text == "" and msgs[3].error == "Stopped."  # stopped before its first step
-    stored = w.session.conversations.blocking.messages(w.conversation.conversation_id)
-    assert [(m.role, m.content, m.complete) for m in stored] == [
-        (m.role, m.text, True) for m in msgs]
+    with sqlite3.connect(path) as other:
+        stored = other.execute("SELECT role, content, complete FROM messages ORDER BY position"
+                               ).fetchall()
+    assert stored == [(m.role, m.text, 1) for m in msgs]
+    assert w.conversation.conversation_id is not None
     w.close()
 
 
@@ -255,4 +271,64 @@ def test_killed_mid_reply_keeps_the_partial_reply(qtbot, aloop, home, tiny_targe
     reply = w.chat_model.messages[-1]
     assert reply.text == rows[1][1] and not reply.complete
     assert "interrupted" in w.chat_view.delegate.footer(reply)
+    w.close()
+
+
+def _fill(conn: sqlite3.Connection) -> None:
+    """Make the history full, as a full disk does: SQLite's own limit on the
+    file's pages (SQLITE_FULL, "database or disk is full"), then rows of
+    halving size until not even a tiny one fits."""
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count={pages}")
+    size = 4096
+    while size:
+        try:
+            conn.execute("INSERT INTO conversations(title, created_at, updated_at) "
+                         "VALUES (?, 0, 0)", ("filler" + "x" * size,))
+        except sqlite3.OperationalError as exc:
+            assert exc.sqlite_errorcode == 13, exc  # SQLITE_FULL
+            size //= 2
+
+
+def _make_room(conn: sqlite3.Connection) -> None:
+    conn.execute("DELETE FROM conversations WHERE title LIKE 'filler%'")
+    conn.execute("PRAGMA max_page_count=1073741823")
+
+
+def test_a_new_chat_that_could_not_be_created_is_created_by_the_next_turn(
+        qtbot, aloop, home, tiny_target, tiny_draft):
+    """The history is full when a new chat's first turn is saved: creating
+    the conversation fails, and that is said once (not again for each of its
+    rows and each streamed save). Once there is room, the next turn creates
+    it and writes the whole chat, the first turn included. Before, every
+    later turn reused the failed creation and failed the same way."""
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=12)
+    load(qtbot, w, tiny_target, tiny_draft)
+    errors: list[str] = []
+    w.conversation.errorRaised.connect(errors.append)
+    store = w.session.store
+    path = home / "conversations.sqlite3"
+    # The store's own connection: SQLite's page limit is per connection.
+    store.submit(lambda: _fill(store._conn)).result()
+
+    first = send_and_wait(qtbot, w, "Said while the disk is full")
+    store.submit(lambda: None).result()  # every queued write has run (and failed)
+    wait_until(lambda: all(m.db_id is None for m in w.chat_model.messages), timeout=10_000)
+    assert errors == ["Could not save this conversation: database or disk is full"]
+    assert w.error_banner.isVisible() and errors[0] in w.error_banner.label.text()
+    assert stored_rows(path) == [] and w.conversation.conversation_id is None
+
+    store.submit(lambda: _make_room(store._conn)).result()
+    second = send_and_wait(qtbot, w, "And once there is room again")
+    store.submit(lambda: None).result()
+    wait_until(lambda: w.conversation.conversation_id is not None, timeout=10_000)
+    assert len(errors) == 1
+    assert stored_rows(path) == [("user", "Said while the disk is full", 1),
+                                 ("assistant", first.text, 1),
+                                 ("user", "And once there is room again", 1),
+                                 ("assistant", second.text, 1)]
+    with sqlite3.connect(path) as other:
+        assert other.execute("SELECT title FROM conversations").fetchall() == [
+            ("Said while the disk is full",)]
     w.close()

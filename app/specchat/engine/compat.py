@@ -10,6 +10,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+# Why a model cannot draft for itself, in the words both the engine (at load
+# time) and ``specchat models check`` use.
+SAME_MODEL = ("the draft is the target itself; a draft must be a smaller model with the same "
+              "tokenizer")
+
 
 @dataclass(frozen=True)
 class TokenizerFacts:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specchat.engine import chat, compute, drafter_kinds, modes, threads
-from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
+from specchat.engine import chat, compute, drafter_kinds, modes, request_check, threads
+from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
@@ -58,6 +58,10 @@ class Engine:
         loaded model of the same path. Refuses a draft whose tokenizer differs."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
+        draft_path = str(Path(draft).expanduser().resolve()) if draft else None
+        if draft_path == target_path:  # it would "speculate" at twice the cost of plain decoding
+            name = Path(target_path).name
+            raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
         if self.target is None or self.target.info.path != target_path:
             self._drop_target()
             self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
@@ -69,7 +73,6 @@ class Engine:
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
             threads.governor().set_ceiling(threads.parallel_ceiling(_largest_matrix(self.target.config)))
-        draft_path = str(Path(draft).expanduser().resolve()) if draft else None
         if draft_path is None:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
@@ -175,7 +178,8 @@ class Engine:
             drafter.reset()
 
     # -- generation ------------------------------------------------------
-    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+    def prompt_ids(self, request: GenerateRequest,
+                   cancelled: threading.Event | None = None) -> list[int]:
         if self.target is None:
             raise EngineError("No model is loaded.")
         if request.prompt_ids is not None:
@@ -188,7 +192,7 @@ class Engine:
                 raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
                                   f"vocabulary (ids 0 to {rows - 1}).")
         else:
-            ids = chat.render(self.target.tokenizer, request.messages)
+            ids = chat.render(self.target.tokenizer, request.messages, cancelled)
         limit = self.target.max_context
         if limit is not None and len(ids) + 1 > limit:
             raise EngineError(
@@ -225,12 +229,9 @@ class Engine:
         cancelled: threading.Event | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
     ) -> GenerationResult:
+        request = request_check.checked(request)  # every value in range, before MLX sees one
         mode = modes.get(request.draft.mode)
-        if request.max_tokens < 1:
-            raise EngineError("max tokens must be at least 1")
-        if request.draft.k is not None and not 1 <= request.draft.k <= 32:
-            raise EngineError("draft length K must be between 1 and 32 (or auto)")
-        ids = self.prompt_ids(request)
+        ids = self.prompt_ids(request, cancelled)
         limit = self.target.max_context
         if limit is not None:
             request = _cap_tokens(request, limit - len(ids))

@@ -141,9 +141,20 @@ class EngineThread:
                 job.emit(JobFailed("Out of memory: the models do not fit. Choose smaller models "
                                    "or close other apps."))
             except Exception as exc:  # noqa: BLE001 - report, never kill the thread
-                job.emit(JobFailed(f"Internal error: {exc}", traceback.format_exc()))
+                job.emit(JobFailed(internal_error(exc), traceback.format_exc()))
 
     # There is deliberately no way to end the thread. A thread that imported
     # mlx_lm and then exited made the process abort at interpreter shutdown
     # ("terminate called without an active exception", MLX 0.32 on Linux),
     # so a closed engine thread stays parked on its queue as a daemon.
+
+
+def internal_error(exc: BaseException) -> str:
+    """The one line for an exception that is not a SpecChatError: a bug in
+    SpecChat, never something the user typed (every value a user can type is
+    checked before it reaches MLX, see request_check.py). It says so, names
+    the exception, and keeps to one line (the traceback is the JobFailed's detail)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    return (f"Internal error (a bug in SpecChat, please report it): {type(exc).__name__}"
+            + (f": {first}" if first else ""))

@@ -23,15 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import paths
+from specchat.library import paths, staging
+from specchat.library.disk import check_free_space
 from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import (
     MARKER,
     ImportCancelled,
-    check_free_space,
     import_gguf,
     is_complete,
-    process_alive,
 )
 
 Progress = Callable[[str, float | None], None]
@@ -239,8 +238,10 @@ def ensure(name: str, progress: Progress | None = None,
            cancelled: threading.Event | None = None) -> Path:
     """The MLX folder of a bundled model, converting it on first use.
 
-    The parts are joined into ``<home>/tmp`` (the GGUF reader needs one
-    file), hashed on the way, converted, and the joined copy deleted.
+    The parts are joined into a locked work folder in ``<home>/tmp``
+    (staging.py; the GGUF reader needs one file), hashed on the way,
+    converted, and the work folder deleted; a process killed meanwhile
+    leaves it to the next ensure's sweep.
     """
     model = get(name)
     dest = folder(model.name)
@@ -265,19 +266,23 @@ def ensure(name: str, progress: Progress | None = None,
                                f"{exc.strerror or exc}") from exc
         return import_gguf(files[0], dest, later, cancelled, source=source)
     tmp_dir = paths.tmp_dir(create=True)
-    _remove_stale_joins(tmp_dir)
+    staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
     check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
                      f"joining the parts of {model.name}")
-    joined = tmp_dir / f"bundled-{model.name}-{os.getpid()}-{secrets.token_hex(4)}.gguf"
     try:
-        digest = sha256_of(files, joined, _scaled(say, model, 0.0, 0.2), cancelled)
-        _check_digest(model, files, digest)
-        return import_gguf(joined, dest, later, cancelled, source=source)
+        work = staging.claim(tmp_dir, staging.bundled_prefix(model.name))
     except OSError as exc:
         raise LibraryError(f"Could not prepare the bundled model {model.name}: "
                            f"{exc.strerror or exc}") from exc
-    finally:
-        joined.unlink(missing_ok=True)
+    with work:  # released (folder and joined file deleted) however this ends
+        joined = work.path / f"{model.name}.gguf"
+        try:
+            digest = sha256_of(files, joined, _scaled(say, model, 0.0, 0.2), cancelled)
+            _check_digest(model, files, digest)
+            return import_gguf(joined, dest, later, cancelled, source=source)
+        except OSError as exc:
+            raise LibraryError(f"Could not prepare the bundled model {model.name}: "
+                               f"{exc.strerror or exc}") from exc
 
 
 def _scaled(say: Progress, model: BundledModel, lo: float, hi: float) -> Progress:
@@ -292,13 +297,3 @@ def _discard(dest: Path) -> None:
     os.replace(dest, old)
     shutil.rmtree(old, ignore_errors=True)
 
-
-def _remove_stale_joins(tmp_dir: Path) -> None:
-    """Delete joined GGUFs left by processes that died mid-import."""
-    for p in tmp_dir.glob("bundled-*.gguf"):
-        try:
-            pid = int(p.stem.rsplit("-", 2)[-2])
-        except (ValueError, IndexError):
-            continue
-        if not process_alive(pid):
-            p.unlink(missing_ok=True)

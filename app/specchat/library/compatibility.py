@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specchat.engine.compat import SAME_MODEL
 from specchat.library import index
 from specchat.library.catalog import load_catalog
 from specchat.library.memory import MemoryEstimate
@@ -118,8 +119,7 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
     good: list[str] = []
     notes: list[str] = []
     if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
-        problems.append("the draft is the target itself; a draft must be a smaller model "
-                        "with the same tokenizer")
+        problems.append(SAME_MODEL)
     tp, tg, tn = _tokenizer_verdict(t, d)
     problems += tp
     good += tg
@@ -130,7 +130,7 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
     if d.facts is not None and d.facts.untrimmable_reason:
         problems.append(f"{d.name} cannot be used as a draft: {d.facts.untrimmable_reason}")
     if t.params and d.params:
-        if d.params >= t.params and not any("target itself" in p for p in problems):
+        if d.params >= t.params and SAME_MODEL not in problems:
             problems.append(
                 f"the draft is not smaller than the target ({params_text(d.params)} vs "
                 f"{params_text(t.params)} parameters), so drafting would cost as much as "

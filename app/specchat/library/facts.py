@@ -92,10 +92,23 @@ def weight_files(folder: Path) -> list[Path]:
     return folders.weight_files(folder)
 
 
-def validate_folder(folder: Path) -> dict:
-    """Refuse what the engine would refuse, with the same message, before
-    anything is copied or listed. Returns config.json."""
-    return folders.validate_folder(folder, LibraryError)
+def validate_folder(folder: Path, shown: Path | None = None) -> dict:
+    """Refuse what the engine would refuse, with the same message, and what
+    mlx-lm would fail to load (checks.check_folder: safetensors headers
+    against their files, the tensors config.json implies, config numbers,
+    tokenizer config, chat template), before anything is copied or listed.
+    Messages name ``shown`` (the folder the user gave), not a staging copy.
+    Returns config.json."""
+    return _validate(Path(folder), shown)[0]
+
+
+def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
+    from specchat.library import checks
+
+    config = folders.validate_folder(folder, LibraryError)
+    tensors = checks.check_folder(folder, config, weight_files(folder), shown)
+    return config, {name: {"dtype": t.dtype, "shape": list(t.shape)}
+                    for name, t in tensors.items()}
 
 
 def text_config(config: dict) -> dict:
@@ -148,8 +161,10 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
-def count_params(folder: Path, config: dict) -> tuple[int, str | None]:
-    """(logical parameter count, storage label) from the safetensors headers.
+def count_params(folder: Path, config: dict,
+                 tensors: dict[str, dict] | None = None) -> tuple[int, str | None]:
+    """(logical parameter count, storage label) from the safetensors headers
+    (``tensors``: the headers already read, name -> dtype and shape).
 
     Quantized weights (uint32 words with ``.scales``/``.biases`` beside them)
     count as ``words * 32 / bits`` parameters; scales and biases are not
@@ -157,9 +172,12 @@ def count_params(folder: Path, config: dict) -> tuple[int, str | None]:
     """
     quant = config.get("quantization") or config.get("quantization_config") or {}
     bits = quant.get("bits") if isinstance(quant, dict) else None
-    tensors: dict[str, dict] = {}
-    for shard in weight_files(folder):
-        tensors.update(safetensors_header(shard))
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits <= 0:
+        bits = None
+    if tensors is None:
+        tensors = {}
+        for shard in weight_files(folder):
+            tensors.update(safetensors_header(shard))
     dtype_bytes: dict[str, int] = {}
     total = 0
     for name, info in tensors.items():
@@ -213,15 +231,20 @@ def kv_shape(config: dict) -> tuple[int | None, int | None, int | None]:
     layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
     heads = cfg.get("num_attention_heads") or cfg.get("n_head")
     kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim")
-    hidden = cfg.get("hidden_size") or cfg.get("n_embd")
+    head_dim = _pos_int(cfg.get("head_dim"))
+    hidden = _pos_int(cfg.get("hidden_size") or cfg.get("n_embd"))
+    heads = _pos_int(heads)
     if not head_dim and hidden and heads:
-        head_dim = int(hidden) // int(heads)
-    return _pos_int(layers), _pos_int(kv_heads), _pos_int(head_dim)
+        head_dim = hidden // heads
+    return _pos_int(layers), _pos_int(kv_heads), head_dim
 
 
 def _pos_int(v) -> int | None:
-    return int(v) if isinstance(v, int | float) and v else None
+    """A positive number as an int; anything else (a string, 0, -4, true)
+    is unknown rather than an error, since the numbers are only estimates."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or v != v:
+        return None
+    return int(v) if v != float("inf") else None
 
 
 # Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
@@ -240,10 +263,11 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_size
 
 
-def tokenizer_facts(folder: Path):
+def tokenizer_facts(folder: Path, shown: Path | None = None):
     """TokenizerFacts from tokenizer.json, or None when the folder has only a
     sentencepiece model (then compatibility cannot be checked without loading).
-    Cached until either tokenizer file changes; callers must not mutate it."""
+    Cached until either tokenizer file changes; callers must not mutate it.
+    Errors name ``shown`` (the user's folder) instead of ``folder``."""
     if not (folder / "tokenizer.json").exists():
         return None
     from specchat.engine.compat import facts_from_tokenizer_json
@@ -256,7 +280,8 @@ def tokenizer_facts(folder: Path):
     try:
         facts = facts_from_tokenizer_json(folder)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LibraryError(f"{folder / 'tokenizer.json'} could not be read ({exc})") from exc
+        where = (shown or folder) / "tokenizer.json"
+        raise LibraryError(f"{where} could not be read ({exc})") from exc
     with _TOKENIZER_CACHE_LOCK:
         while len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
             _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
@@ -264,12 +289,15 @@ def tokenizer_facts(folder: Path):
     return facts
 
 
-def read_folder(folder: str | os.PathLike) -> ModelFacts:
-    """All facts about a valid MLX model folder."""
+def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = None) -> ModelFacts:
+    """All facts about an MLX model folder, after the full check that mlx-lm
+    would load it (validate_folder); every import, Hub pull and bundled
+    model is listed through here. Messages name ``shown`` if given."""
     folder = Path(folder)
-    config = validate_folder(folder)
-    params, label = count_params(folder, config)
-    tok = tokenizer_facts(folder)
+    shown = Path(shown) if shown is not None else None
+    config, tensors = _validate(folder, shown)
+    params, label = count_params(folder, config, tensors)
+    tok = tokenizer_facts(folder, shown)
     kind, reason = cache_kind(config)
     layers, kv_heads, head_dim = kv_shape(config)
     return ModelFacts(

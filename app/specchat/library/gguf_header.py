@@ -151,30 +151,30 @@ def read_header(path: str | Path, arrays: Iterable[str] = ()) -> Header:
     with f:
         size = path.stat().st_size
         if size < 24:
-            raise LibraryError(f"{path.name} is not a GGUF file (only {size} bytes)")
+            raise LibraryError(f"{path} is not a GGUF file (only {size} bytes)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             return _parse(path, buf, size, keep)
         except TruncatedError as exc:
             raise LibraryError(
-                f"{path.name} is truncated: its header needs at least {exc.args[0]:,} bytes but "
+                f"{path} is truncated: its header needs at least {exc.args[0]:,} bytes but "
                 f"the file has {size:,}. The download or copy was probably cut short; "
                 "get the file again") from None
         except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
-            raise LibraryError(f"{path.name} is not a valid GGUF file ({exc})") from None
+            raise LibraryError(f"{path} is not a valid GGUF file ({exc})") from None
         finally:
             buf.close()
 
 
 def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
     if bytes(buf[:4]) != MAGIC:
-        raise LibraryError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
+        raise LibraryError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     order = "<"
     version = struct.unpack_from("<I", buf, 4)[0]
     if version & 0xFFFF == 0:  # written on a big-endian machine
-        raise LibraryError(f"{path.name} is a big-endian GGUF file; only little-endian is supported")
+        raise LibraryError(f"{path} is a big-endian GGUF file; only little-endian is supported")
     if version not in (2, 3):
-        raise LibraryError(f"{path.name}: GGUF version {version} is not supported (only 2 and 3)")
+        raise LibraryError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
     cur = _Cursor(buf, size, order)
     cur.pos = 8
     n_tensors = cur.scalar("Q")
@@ -202,7 +202,9 @@ def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
         type_id = cur.scalar("I")
         offset = cur.scalar("Q")
         infos.append((name, dims, type_id, offset))
-    align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT)
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT
+    if isinstance(align, bool) or not isinstance(align, int) or align < 0 or align % 8:
+        raise ValueError(f"general.alignment is {align!r}, not a positive multiple of 8")
     data_offset = -(-cur.pos // align) * align
     tensors = [TensorInfo(n, d, t, data_offset + o) for n, d, t, o in infos]
     return Header(path=path, version=version, metadata=metadata, array_lengths=lengths,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import gguf_tokenizer
+from specchat.library import disk, gguf_tokenizer, staging
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
 
@@ -102,21 +102,37 @@ class _Job:
     hf_name: str
     out_dtype: str  # "float16" or "float32"
     unpermute_heads: int | None  # llama Q/K: undo llama.cpp's rotary row order
+    where: Path | None = None  # the GGUF file, for messages
 
 
 def _hf_name(name: str) -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
+    from specchat.library.checks import LAYER_INDEX
+
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+    if (len(parts) == 4 and parts[0] == "blk" and LAYER_INDEX.fullmatch(parts[1])
+            and parts[2] in _LAYER_NAMES):
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     return None
 
 
-def _num(meta: dict, key: str, default=None, kind=int):
-    v = meta.get(key, default)
+def _num(header: Header, key: str, default=None, kind=int):
+    """A metadata number the config needs: present (or defaulted), of the
+    right kind and above 0; anything else is a damaged or hand-edited file,
+    said in words that name it."""
+    v = header.metadata.get(key, default)
     if v is None:
-        raise LibraryError(f"This GGUF lacks {key!r}, which the import needs (damaged file?)")
+        if key in header.array_lengths:
+            raise LibraryError(f"{header.path}: {key} is a list (one value per layer), which "
+                               "SpecChat's importer does not support")
+        raise LibraryError(f"{header.path} lacks {key!r}, which the import needs "
+                           "(damaged file?)")
+    number = not isinstance(v, bool) and isinstance(v, int if kind is int else int | float)
+    if not number or not 0 < v < float("inf"):
+        what = "a whole number" if kind is int else "a number"
+        raise LibraryError(f"{header.path}: {key} must be {what} above 0; got {v!r} "
+                           "(damaged or hand-edited file?)")
     if kind is float:
         return float(f"{float(v):.7g}")  # float32 in the file: 1e-05, not 9.99999974e-06
     return kind(v)
@@ -125,42 +141,45 @@ def _num(meta: dict, key: str, default=None, kind=int):
 def build_config(header: Header) -> dict:
     """config.json for mlx-lm, from the GGUF metadata and tensor table."""
     arch = header.architecture
+    where = header.path
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise LibraryError(f"GGUF architecture {arch!r} is not supported "
+        raise LibraryError(f"{where}: GGUF architecture {arch!r} is not supported "
                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    m = header.metadata
-    hidden = _num(m, f"{arch}.embedding_length")
-    heads = _num(m, f"{arch}.attention.head_count")
-    kv_heads = _num(m, f"{arch}.attention.head_count_kv", heads)
-    head_dim = _num(m, f"{arch}.attention.key_length", hidden // heads)
-    rope_dims = _num(m, f"{arch}.rope.dimension_count", head_dim)
+    hidden = _num(header, f"{arch}.embedding_length")
+    heads = _num(header, f"{arch}.attention.head_count")
+    kv_heads = _num(header, f"{arch}.attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise LibraryError(f"{where}: {arch}.attention.head_count ({heads}) must be a multiple "
+                           f"of {arch}.attention.head_count_kv ({kv_heads}) (damaged file?)")
+    head_dim = _num(header, f"{arch}.attention.key_length", hidden // heads or None)
+    rope_dims = _num(header, f"{arch}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise LibraryError(f"This GGUF rotates {rope_dims} of {head_dim} head dimensions "
+        raise LibraryError(f"{where} rotates {rope_dims} of {head_dim} head dimensions "
                            "(partial rotary embedding), which SpecChat's importer does not support")
     embd = header.tensor("token_embd.weight")
     if embd is None or len(embd.dims) != 2:
-        raise LibraryError("This GGUF has no token embedding (token_embd.weight); damaged file?")
+        raise LibraryError(f"{where} has no token embedding (token_embd.weight); damaged file?")
     model_type, architecture = _MODEL_TYPES[arch]
     config: dict = {
         "architectures": [architecture],
         "model_type": model_type,
         "hidden_size": hidden,
-        "num_hidden_layers": _num(m, f"{arch}.block_count"),
-        "intermediate_size": _num(m, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _num(header, f"{arch}.block_count"),
+        "intermediate_size": _num(header, f"{arch}.feed_forward_length"),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "rms_norm_eps": _num(m, f"{arch}.attention.layer_norm_rms_epsilon", kind=float),
-        "rope_theta": _num(m, f"{arch}.rope.freq_base",
+        "rms_norm_eps": _num(header, f"{arch}.attention.layer_norm_rms_epsilon", kind=float),
+        "rope_theta": _num(header, f"{arch}.rope.freq_base",
                            1000000.0 if arch == "qwen2" else 10000.0, kind=float),
-        "max_position_embeddings": _num(m, f"{arch}.context_length", 4096),
+        "max_position_embeddings": _num(header, f"{arch}.context_length", 4096),
         "vocab_size": embd.dims[1],
         "tie_word_embeddings": header.tensor("output.weight") is None,
         "torch_dtype": "float16",
     }
     if head_dim != hidden // heads:
         if arch != "llama":
-            raise LibraryError(f"This {arch} GGUF has head size {head_dim} (not hidden/heads), "
-                               "which mlx-lm's qwen2 model does not support")
+            raise LibraryError(f"{where}: this {arch} GGUF has head size {head_dim} (not "
+                               "hidden/heads), which mlx-lm's qwen2 model does not support")
         config["head_dim"] = head_dim
     if arch == "llama":
         config["attention_bias"] = header.tensor("blk.0.attn_q.bias") is not None
@@ -169,7 +188,7 @@ def build_config(header: Header) -> dict:
     if scaling:
         config["rope_scaling"] = scaling
     for role in ("bos", "eos"):
-        tid = m.get(f"tokenizer.ggml.{role}_token_id")
+        tid = header.metadata.get(f"tokenizer.ggml.{role}_token_id")
         if isinstance(tid, int):
             config[f"{role}_token_id"] = tid
     return config
@@ -192,7 +211,8 @@ def _rope_scaling(header: Header, arch: str, head_dim: int, base: float) -> dict
         if orig:
             out["original_max_position_embeddings"] = int(orig)
         return out
-    raise LibraryError(f"This GGUF uses rope scaling {kind!r}, which the importer does not support")
+    raise LibraryError(f"{header.path} uses rope scaling {kind!r}, which the importer does not "
+                       "support")
 
 
 def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float) -> dict | None:
@@ -204,11 +224,11 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
     from gguf import GGMLQuantizationType
 
     if info.type_id != GGMLQuantizationType.F32 or info.n_elements != head_dim // 2:
-        raise LibraryError(f"This GGUF's rope_freqs.weight has an unexpected layout "
+        raise LibraryError(f"{header.path}: rope_freqs.weight has an unexpected layout "
                            f"({info.n_elements} values, type {info.type_id})")
     end = info.offset + 4 * info.n_elements
     if end > header.file_size:
-        raise LibraryError(f"{header.path.name} is truncated (in rope_freqs.weight); "
+        raise LibraryError(f"{header.path} is truncated (in rope_freqs.weight); "
                            "get the file again")
     with open(header.path, "rb") as f:
         f.seek(info.offset)
@@ -227,8 +247,23 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
                 return {"rope_type": "llama3", "factor": float(f"{factor:.7g}"),
                         "low_freq_factor": low, "high_freq_factor": high,
                         "original_max_position_embeddings": orig}
-    raise LibraryError("This GGUF's rope frequency factors (rope_freqs.weight) do not match "
-                       "Llama 3's rope scaling, so the importer cannot express them for mlx-lm")
+    raise LibraryError(f"{header.path}: the rope frequency factors (rope_freqs.weight) do not "
+                       "match Llama 3's rope scaling, so the importer cannot express them for "
+                       "mlx-lm")
+
+
+def _gguf_name(hf: str) -> str:
+    """The GGUF name of an HF tensor name (for messages about missing ones)."""
+    for g, h in _GLOBAL_NAMES.items():
+        if h == hf:
+            return g
+    parts = hf.split(".")
+    if len(parts) > 4 and parts[:2] == ["model", "layers"]:
+        inner = ".".join(parts[3:-1])
+        for g, h in _LAYER_NAMES.items():
+            if h == inner:
+                return f"blk.{parts[2]}.{g}.{parts[-1]}"
+    return hf
 
 
 def _plan(header: Header, config: dict) -> list[_Job]:
@@ -242,27 +277,72 @@ def _plan(header: Header, config: dict) -> list[_Job]:
             continue
         hf = _hf_name(info.name)
         if hf is None:
-            raise LibraryError(f"This {arch} GGUF has a tensor SpecChat does not know: "
-                               f"{info.name!r}")
+            raise LibraryError(f"{header.path}: this {arch} GGUF has a tensor SpecChat does not "
+                               f"know: {info.name!r}")
         if info.type_id not in checked:
-            _check_type(info)
+            _check_type(info, header.path)
             checked.add(info.type_id)
         heads = None
         if arch == "llama" and (".attn_q." in info.name or ".attn_k." in info.name):
             heads = config["num_attention_heads"] if ".attn_q." in info.name \
                 else config["num_key_value_heads"]
         keep32 = info.type_id in (GGMLQuantizationType.F32, GGMLQuantizationType.BF16)
-        jobs.append(_Job(info, hf, "float32" if keep32 else "float16", heads))
-        end = info.offset + tensor_nbytes(info)
+        jobs.append(_Job(info, hf, "float32" if keep32 else "float16", heads, header.path))
+        try:
+            end = info.offset + tensor_nbytes(info)
+        except LibraryError as exc:
+            raise LibraryError(f"{header.path}: {exc}") from None
         if end > header.file_size:
             raise LibraryError(
-                f"{header.path.name} is truncated: tensor {info.name!r} ends at byte {end:,} "
+                f"{header.path} is truncated: tensor {info.name!r} ends at byte {end:,} "
                 f"but the file has {header.file_size:,}. The download or copy was probably "
                 "cut short; get the file again")
+    _check_layout(header, config, jobs)
     return jobs
 
 
-def _check_type(info: TensorInfo) -> None:
+def _check_layout(header: Header, config: dict, jobs: list[_Job]) -> None:
+    """What would fail at load, found in the tensor table before converting:
+    tensors sharing bytes, blocks beyond (or missing below) block_count, and
+    any tensor the config implies missing, extra or of the wrong shape (the
+    same check every MLX folder gets, checks.check_tensors)."""
+    from specchat.library import checks
+
+    where, arch = header.path, header.architecture
+    spans = sorted((j.info.offset, j.info.offset + tensor_nbytes(j.info), j.info.name)
+                   for j in jobs)
+    for (_s0, end0, name0), (start1, _e1, name1) in zip(spans, spans[1:], strict=False):
+        if start1 < end0:
+            raise LibraryError(f"{where} is damaged: tensors {name0!r} and {name1!r} share "
+                               "bytes in the file")
+    count = config["num_hidden_layers"]
+    blocks: dict[int, str] = {}
+    for j in jobs:
+        parts = j.info.name.split(".")
+        if parts[0] == "blk":
+            blocks.setdefault(int(parts[1]), j.info.name)
+    beyond = sorted(n for n in blocks if n >= count)
+    if beyond:
+        raise LibraryError(
+            f"{where}: {arch}.block_count is {count} but the file has tensors for block "
+            f"{beyond[0]} ({blocks[beyond[0]]}); damaged or mislabelled file")
+    empty = checks.first_missing_layer(blocks, count)  # never counts up to block_count
+    if empty is not None:
+        raise LibraryError(
+            f"{where}: {arch}.block_count is {count} but block {empty} has no tensors "
+            f"(blk.{empty}.*); the file is damaged or incomplete")
+    tensors = {j.hf_name: checks.Tensor(j.hf_name, "F32", j.info.shape, 0, 0, where.name)
+               for j in jobs}
+    checks.check_tensors(tensors, config, where, source="its metadata", label=_gguf_name)
+    template = header.metadata.get("tokenizer.chat_template")
+    if template is not None:
+        if not isinstance(template, str):
+            raise LibraryError(f"{where}: tokenizer.chat_template must be text; got "
+                               f"{type(template).__name__}")
+        checks.check_chat_template(template, where)
+
+
+def _check_type(info: TensorInfo, where: Path) -> None:
     """Fail before converting anything if the gguf package cannot decode a type."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -271,16 +351,16 @@ def _check_type(info: TensorInfo) -> None:
     try:
         qtype = GGMLQuantizationType(info.type_id)
     except ValueError:
-        raise LibraryError(f"Tensor {info.name!r} has unknown data type {info.type_id} "
+        raise LibraryError(f"{where}: tensor {info.name!r} has unknown data type {info.type_id} "
                            "(a newer GGUF than the installed gguf package knows?)") from None
     if qtype.name.startswith("I") and not qtype.name.startswith("IQ") or qtype.name == "F64":
-        raise LibraryError(f"Tensor {info.name!r} is stored as {qtype.name}, "
+        raise LibraryError(f"{where}: tensor {info.name!r} is stored as {qtype.name}, "
                            "which is not a weight type the importer supports")
     try:
         dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8), qtype)
     except NotImplementedError:
-        raise LibraryError(f"Tensor {info.name!r} uses quantization {qtype.name}, which the "
-                           "installed gguf package cannot decode") from None
+        raise LibraryError(f"{where}: tensor {info.name!r} uses quantization {qtype.name}, "
+                           "which the installed gguf package cannot decode") from None
 
 
 # -- conversion --------------------------------------------------------------
@@ -316,7 +396,8 @@ def _chunks(data, job: _Job):
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
             part = part.astype(out, copy=False)
         if out == np.float16 and part.size and not np.isfinite(part).all():
-            raise LibraryError(f"Tensor {info.name!r} has values outside the float16 range "
+            raise LibraryError(f"{job.where}: tensor {info.name!r} has values outside the "
+                               "float16 range "
                                "(or NaN/inf in the file)")
         return part
 
@@ -383,15 +464,24 @@ def is_complete(folder: Path) -> bool:
 
 def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
                 cancelled: threading.Event | None = None, *,
-                max_shard_bytes: int = MAX_SHARD_BYTES, source: dict | None = None) -> Path:
+                max_shard_bytes: int = MAX_SHARD_BYTES, source: dict | None = None,
+                shown_dir: Path | None = None) -> Path:
     """Convert ``gguf_path`` into an mlx-lm folder at ``dest`` and return it.
 
     Returns at once if ``dest`` already holds a complete import. ``source``
     is extra provenance recorded in the marker file (e.g. the bundled name).
-    Raises LibraryError (ImportCancelled on cancel) with nothing left behind.
+    The header is checked completely before anything is written (metadata
+    numbers, block count against the tensors, the tensors the config
+    implies, the chat template). Raises LibraryError (ImportCancelled on
+    cancel) with nothing left behind; messages name ``gguf_path`` and, for
+    disk trouble, ``shown_dir`` (default ``dest.parent``; importing.py
+    passes the library folder, since its ``dest`` is a staging folder).
+    Partial folders of imports whose process died are removed first.
     """
     gguf_path, dest = Path(gguf_path), Path(dest)
+    where = shown_dir or dest.parent
     say: Progress = progress or (lambda _m, _f: None)
+    staging.sweep(dest.parent, staging.PARTIAL_NAMES)
     if is_complete(dest):
         return dest
     if dest.exists() and not (dest / MARKER).exists():
@@ -402,20 +492,23 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS)
     config = build_config(header)
     jobs = _plan(header, config)
-    tok_json, tok_config = gguf_tokenizer.build(header.metadata, config["max_position_embeddings"])
-
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_partials(dest)
-        check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path.name}")
-        tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-    except OSError as exc:
-        raise LibraryError(f"Cannot write to {dest.parent}: {exc.strerror or exc}") from exc
-    try:
-        say("writing the tokenizer", 0.0)
+        tok_json, tok_config = gguf_tokenizer.build(header.metadata,
+                                                    config["max_position_embeddings"])
         text = json.dumps(tok_json, ensure_ascii=False)
         gguf_tokenizer.validate(text)
+    except LibraryError as exc:
+        raise LibraryError(f"{gguf_path}: {exc}") from exc
+
+    try:
+        disk.check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path}",
+                              shown=where)
+        work = staging.claim(dest.parent, staging.partial_prefix(dest))
+    except OSError as exc:
+        raise staging.write_error(gguf_path, where, exc) from exc
+    tmp = work.path
+    try:
+        say("writing the tokenizer", 0.0)
         (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tok_config)
         _write_json(tmp / "config.json", config)
@@ -429,12 +522,10 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
             "seconds": round(time.monotonic() - started, 1),
         })
         _install(tmp, dest)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise LibraryError(f"Could not import {gguf_path.name} into {dest.parent}: "
-                               f"{exc.strerror or exc}") from exc
-        raise
+    except OSError as exc:
+        raise staging.write_error(gguf_path, where, exc) from exc
+    finally:
+        work.release()  # deletes what is left at tmp (nothing once installed)
     say(f"imported as {dest.name}", 1.0)
     return dest
 
@@ -442,17 +533,6 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
 def _output_bytes(jobs: list[_Job]) -> int:
     size = {"float16": 2, "float32": 4}
     return sum(j.info.n_elements * size[j.out_dtype] for j in jobs)
-
-
-def check_free_space(folder: Path, needed: int, doing: str) -> None:
-    """Refuse to start work that cannot fit on the disk (with 5% to spare)."""
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return
-    if free < needed * 1.05:
-        raise LibraryError(f"Not enough disk space for {doing}: it needs {needed / 1e9:.1f} GB "
-                           f"in {folder}, which has {free / 1e9:.1f} GB free")
 
 
 def _install(tmp: Path, dest: Path) -> None:
@@ -470,25 +550,3 @@ def _install(tmp: Path, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # a concurrent import won the race
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_stale_partials(dest: Path) -> None:
-    """Delete half-written siblings left by a process that died mid-import
-    (the pid in the name is no longer running)."""
-    for p in dest.parent.glob(f".{dest.name}.partial-*"):
-        pid = p.name.rsplit(".partial-", 1)[-1].split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id is running (for stale-file cleanup)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

@@ -1,26 +1,36 @@
-"""Downloads from the Hugging Face Hub, with progress, cancellation and resume.
+"""Downloads from the Hugging Face Hub: checked, resumable, cancellable,
+and bounded in time.
 
 How it works, and why:
 
 * One ``model_info`` call lists the repo's files with their sizes and
-  content ids at a fixed commit, so the total is known before the first byte
-  and a repo without safetensors is refused before anything is downloaded.
-* Files are then fetched one by one with ``hf_hub_download`` at that commit
-  (small files first) into ``<home>/hub``, the Hub's own cache layout.
-  Finished files are content-addressed blobs there, so a retry after a
-  cancel, a crash or a dropped connection downloads only what is missing,
-  and an update downloads only files that changed. Within a file,
-  huggingface_hub itself resumes a dropped connection with a Range request.
-* Progress and cancellation go through a small tqdm stand-in handed to
-  ``hf_hub_download(tqdm_class=...)``: it is told about every chunk, and
-  raises when the ``threading.Event`` is set, which aborts the file (its
-  temporary file is deleted) without touching finished ones.
-* Xet transfers are switched off: plain HTTP goes through the hooks above,
-  and hf_xet would keep a chunk cache in ~/.cache/huggingface, outside our
-  folder. ``cache_dir`` and ``endpoint`` are passed explicitly on every call
-  (HF_ENDPOINT is read at call time, so tests can point it at a local server).
-* The index entry is written last, after every file is checked against its
-  expected size: an interrupted pull never lists a model.
+  content ids at a fixed commit, so the total is known before the first byte,
+  a repo without safetensors is refused before anything is downloaded, and
+  a pull that cannot fit on the disk is refused with the numbers (only what
+  is still missing counts).
+* Files are fetched one by one (small files first) into ``<home>/hub``, the
+  Hub's own cache layout: content-addressed blobs named by their id, linked
+  from ``snapshots/<commit>/``. A retry after a cancel, a crash or a dropped
+  connection downloads only what is missing, an update only what changed.
+* Every file is checked against the id the Hub gives (SHA-256 for LFS
+  files, the git blob id for small ones) before it becomes a blob, and
+  cached blobs are checked again (cheaply: only those that changed since
+  their last check, see ``hub_files``) before a pull says "up to date" and
+  before an installed copy is used. A file that does not match is deleted
+  and named, with the expected and the actual id.
+* What the server says becomes paths and bytes on disk, so it is bounded
+  first: the commit must be 40 hex digits (it names ``snapshots/<commit>``),
+  a typed revision a name git allows (it names ``refs/<revision>``), and a
+  file is written only up to its listed size (a server sending more, or
+  never stopping, is cut off there instead of filling the disk).
+* A file cut off midway stays as ``blobs/<id>.incomplete`` under a lock, and
+  the next pull, in this process or another, resumes it with a Range request;
+  partial and lock files of dead processes are removed (``hub_files``).
+* The HTTP requests, their timeouts, Cancel while the server is silent, and
+  the one-line messages for what a server said are in ``hub_net``.
+* The index entry is written last, after every file is complete and
+  checked: an interrupted or refused pull never lists a model, and a listed
+  model whose file turns out damaged is unlisted before the file is removed.
 
 The token for gated or private repos is whatever huggingface_hub finds
 (HF_TOKEN, or the file ``hf auth login`` writes); SpecChat never reads,
@@ -40,21 +50,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecChatError
-from specchat.library import index, paths
+from specchat.library import disk, hub_files, hub_net, index, paths
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
+from specchat.library.units import size_text
 
 # What mlx-lm needs from a repo (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS without
 # *.py: SpecChat never runs repository code).
 ALLOW_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken",
                   "tiktoken.model", "*.txt", "*.jinja"]
-# Read size for streamed downloads: how often progress is reported and
-# cancellation is noticed (huggingface_hub's default is 10 MB).
+# Read size when checking files on disk: how often progress is reported and
+# Cancel is noticed while hashing (downloads write bytes as they arrive).
 CHUNK_BYTES = 1024 * 1024
 # Seconds between progress reports (the first and last of each file always go).
 PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # always fullmatch: "$" lets a trailing newline through
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -115,7 +126,43 @@ def parse_ref(ref: str) -> HubRef:
         raise LibraryError(
             f"{ref!r} is not a Hub reference: use hf:org/repo or hf:org/repo@revision, "
             "e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit")
-    return HubRef(repo, revision.strip() or None)
+    revision = revision.strip()
+    if revision and (why := _bad_revision(revision)):
+        raise LibraryError(
+            f"{ref!r}: {revision!r} is not a revision ({why}); use a branch or tag name "
+            "(e.g. main, v1.0, refs/pr/1) or a 40-character commit id.")
+    return HubRef(repo, revision or None)
+
+
+# Characters a git ref name cannot contain (``git check-ref-format``) besides
+# control characters.
+_REF_FORBIDDEN = " ~^:?*[\\"
+
+
+def _bad_revision(revision: str) -> str | None:
+    """Why a revision cannot be a git branch, tag or commit id, or None.
+
+    A revision is sent to the Hub and becomes a file under the cache's
+    ``refs/``, so it must stay one name inside that folder. The rules are
+    git's own (``git check-ref-format``), simple to state and to look up: no
+    control characters, none of ``space ~ ^ : ? * [ \\``, no ``..`` or ``@{``,
+    no leading ``/`` or ``-``, no empty part (``//``, trailing ``/``), no
+    part starting with ``.`` or ending with ``.lock``, not ending with ``.``.
+    """
+    parts = revision.split("/")
+    checks = [
+        (any(ord(c) < 0x20 or ord(c) == 0x7F for c in revision), "it has a control character"),
+        (any(c in _REF_FORBIDDEN for c in revision),
+         f"it has {next((c for c in revision if c in _REF_FORBIDDEN), '')!r}"),
+        (".." in revision, "it has '..'"),
+        ("@{" in revision or revision == "@", "it has '@{'"),
+        (revision.startswith(("/", "-")), f"it starts with {revision[:1]!r}"),
+        ("" in parts, "it has an empty part ('//' or a '/' at the end)"),
+        (any(p.startswith(".") for p in parts), "a part of it starts with '.'"),
+        (any(p.endswith(".lock") for p in parts), "a part of it ends with '.lock'"),
+        (revision.endswith("."), "it ends with '.'"),
+    ]
+    return next((why for bad, why in checks if bad), None)
 
 
 def offline() -> bool:
@@ -132,16 +179,11 @@ def offline() -> bool:
         return False
 
 
-def endpoint() -> str | None:
-    value = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
-    return value or None
-
-
 def installed(ref: str | HubRef) -> InstalledModel | None:
     """The installed copy of a Hub reference, without any network access."""
     hub = ref if isinstance(ref, HubRef) else parse_ref(ref)
     model = index.find_source(hub.ref)
-    if model is None and hub.revision and _COMMIT.match(hub.revision):
+    if model is None and hub.revision and _COMMIT.fullmatch(hub.revision):
         model = next((m for m in index.list_installed()
                       if m.kind == "hub" and m.revision == hub.revision
                       and m.source.split("@", 1)[0] == f"hf:{hub.repo}"), None)
@@ -153,7 +195,8 @@ def installed(ref: str | HubRef) -> InstalledModel | None:
 
 class _Tracker:
     """Adds up bytes over files, computes the rate, throttles reports and
-    raises DownloadCancelled from inside the download when asked to."""
+    raises DownloadCancelled when asked to. It runs on the calling thread
+    only: the network waits call ``tick`` every ~0.1 s (``hub_net``)."""
 
     def __init__(self, total: int, done: int, label: str,
                  progress: Callable[[DownloadProgress], None] | None,
@@ -179,13 +222,18 @@ class _Tracker:
                 f"Download of {self.label} cancelled; the finished files are kept and the "
                 "next pull continues from them.")
 
+    def tick(self) -> None:
+        """Called while waiting on the network or hashing: Cancel and progress."""
+        self.check()
+        self.emit()
+
     def rate(self) -> float:
         now = time.monotonic()
         self._samples.append((now, self.done))
         while len(self._samples) > 2 and now - self._samples[0][0] > 5.0:
             self._samples.popleft()
         t0, d0 = self._samples[0]
-        return (self.done - d0) / (now - t0) if now > t0 else 0.0
+        return max(0.0, (self.done - d0) / (now - t0)) if now > t0 else 0.0
 
     def emit(self, message: str | None = None, force: bool = False) -> None:
         rate = self.rate()
@@ -217,56 +265,12 @@ class _Tracker:
         self.current = 0
 
 
-def _bar_class(tracker: _Tracker) -> type:
-    """A tqdm look-alike bound to ``tracker`` (huggingface_hub instantiates
-    ``tqdm_class(total=..., initial=..., desc=..., ...)`` per file and calls
-    ``update(n)`` per chunk, with a negative n when it restarts a file)."""
-
-    class _Bar:
-        def __init__(self, *args, **kwargs):
-            self.n = kwargs.get("initial") or 0
-            self.total = kwargs.get("total")
-
-        def update(self, n: int | float | None = 1) -> None:
-            self.n += n or 0
-            tracker.advance(int(n or 0))
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> bool:
-            return False
-
-        def close(self) -> None:
-            pass
-
-        def refresh(self, *args, **kwargs) -> None:
-            pass
-
-        def set_description(self, *args, **kwargs) -> None:
-            pass
-
-        def set_postfix_str(self, *args, **kwargs) -> None:
-            pass
-
-    return _Bar
-
-
-# -- talking to the Hub --------------------------------------------------------
-
-
-def _hf():
-    """Import huggingface_hub and set the two knobs SpecChat relies on."""
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    constants.HF_HUB_DISABLE_XET = True
-    constants.DOWNLOAD_CHUNK_SIZE = CHUNK_BYTES
-    return huggingface_hub
+# -- what went wrong, in words ---------------------------------------------------------
 
 
 class HubUnreachable(LibraryError):
-    """The Hub could not be reached (no network, DNS, firewall, Hub down)."""
+    """The Hub could not be reached or did not answer (no network, DNS,
+    firewall, Hub down): an installed copy may be used instead."""
 
 
 # Exception class names, across huggingface_hub's HTTP stacks (requests in
@@ -274,16 +278,18 @@ class HubUnreachable(LibraryError):
 # connection broke midway".
 _UNREACHABLE = {"ConnectError", "ConnectTimeout", "ConnectionError", "ProxyError",
                 "OfflineModeIsEnabled", "PoolTimeout"}
-_BROKEN = {"ReadError", "ReadTimeout", "RemoteProtocolError", "ChunkedEncodingError",
-           "WriteError", "TimeoutException", "Timeout", "NetworkError", "TransportError"}
+_TIMEOUT = {"ReadTimeout", "WriteTimeout", "TimeoutException", "Timeout"}
+_BROKEN = {"ReadError", "RemoteProtocolError", "ChunkedEncodingError", "WriteError",
+           "NetworkError", "TransportError", "_EndedEarly"}
 
 
 def _kinds(exc: BaseException) -> set[str]:
     return {c.__name__ for c in type(exc).__mro__}
 
 
-def _translate(exc: Exception, hub: HubRef) -> LibraryError:
-    """One sentence a person can act on, for whatever the client raised."""
+def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> LibraryError:
+    """One sentence a person can act on, for whatever the client raised
+    (``file``: the file being downloaded, None while asking about the repo)."""
     from huggingface_hub import errors
 
     if isinstance(exc, LibraryError):
@@ -303,14 +309,24 @@ def _translate(exc: Exception, hub: HubRef) -> LibraryError:
             "case-sensitive, e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit); private repos "
             "need `hf auth login`.")
     kinds = _kinds(exc)
+    where = hub_net.endpoint()
+    _connect, read = hub_net.timeouts()
     if kinds & _UNREACHABLE:
-        where = endpoint() or "https://huggingface.co"
         return HubUnreachable(
             f"Could not reach the Hugging Face Hub at {where} ({type(exc).__name__}) for "
             f"{hub.ref}. Check the connection; finished files are kept for the next pull.")
+    if kinds & _TIMEOUT:
+        if file is None:
+            return HubUnreachable(
+                f"The Hugging Face Hub at {where} did not answer within {read:g} s about "
+                f"{hub.ref} (SPECCHAT_HUB_TIMEOUT sets how long to wait).")
+        return LibraryError(
+            f"The Hub stopped sending {file} of {hub.ref}: nothing arrived for {read:g} s "
+            "(SPECCHAT_HUB_TIMEOUT sets how long to wait). Finished files are kept; run the "
+            "pull again to continue.")
     if kinds & _BROKEN:
         return LibraryError(
-            f"The connection to the Hub broke while downloading {hub.ref} "
+            f"The connection to the Hub broke while downloading {file or hub.ref} "
             f"({type(exc).__name__}). Finished files are kept; run the pull again to continue.")
     if isinstance(exc, errors.HfHubHTTPError):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -322,20 +338,29 @@ def _translate(exc: Exception, hub: HubRef) -> LibraryError:
     return LibraryError(f"Download of {hub.ref} failed: {type(exc).__name__}: {exc}")
 
 
+# -- what the repo has -------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class _RemoteFile:
     name: str
-    size: int | None
-    etag: str | None  # LFS sha256, else the git blob id: the cache's blob name
+    size: int
+    etag: str  # LFS sha256, else the git blob id: the cache's blob name and its checksum
 
 
-def _remote_files(hub: HubRef) -> tuple[str, list[_RemoteFile], list[str]]:
+def _remote_files(hub: HubRef, tick: Callable[[], None]
+                  ) -> tuple[str, list[_RemoteFile], list[str]]:
     """(commit, wanted files, every file name) at the requested revision."""
-    hf = _hf()
-    api = hf.HfApi(endpoint=endpoint(), library_name="specchat")
-    info = api.model_info(hub.repo, revision=hub.revision, files_metadata=True)
+    info = hub_net.model_info(hub.repo, hub.revision, tick)
     if not info.sha:
         raise LibraryError(f"The Hub did not say which commit {hub.ref} is at.")
+    if not isinstance(info.sha, str) or not _COMMIT.fullmatch(info.sha):
+        # It becomes a folder name (snapshots/<commit>): "../.." would write
+        # outside the library.
+        raise LibraryError(
+            f"{hub_net.host(hub_net.endpoint())} gave {_short(info.sha)} as the commit of "
+            f"{hub.ref}, which is not a commit id (40 hex digits); nothing was downloaded. "
+            "Is HF_ENDPOINT right?")
     siblings = info.siblings or []
     names = [s.rfilename for s in siblings]
     from huggingface_hub.utils import filter_repo_objects
@@ -347,8 +372,17 @@ def _remote_files(hub: HubRef) -> tuple[str, list[_RemoteFile], list[str]]:
             continue
         lfs = getattr(s, "lfs", None)
         etag = lfs.sha256 if lfs is not None else getattr(s, "blob_id", None)
+        if not etag or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag) or s.size is None:
+            raise LibraryError(
+                f"The Hub gave no checksum or size for {s.rfilename} of {hub.ref}; SpecChat "
+                "does not install files it cannot check.")
         files.append(_RemoteFile(s.rfilename, s.size, etag))
     return info.sha, files, names
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _refuse_unusable(hub: HubRef, files: list[_RemoteFile], names: list[str]) -> None:
@@ -377,13 +411,6 @@ def _storage_folder(hub: HubRef) -> Path:
     return paths.hub_cache() / ("models--" + hub.repo.replace("/", "--"))
 
 
-def _is_cached(storage: Path, commit: str, f: _RemoteFile) -> bool:
-    pointer = storage / "snapshots" / commit / f.name
-    if pointer.exists():
-        return True
-    return bool(f.etag) and (storage / "blobs" / f.etag).exists()
-
-
 def _entry_name(hub: HubRef) -> str:
     from specchat.library.catalog import load_catalog
 
@@ -402,9 +429,10 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     """Download (or update) ``hf:org/repo[@revision]`` and list it.
 
     Asks the Hub which commit the revision is at and fetches only files that
-    are not cached yet. Offline (HF_HUB_OFFLINE=1) or with the Hub out of
-    reach, an installed copy is returned as it is and the progress message
-    says so; without one, LibraryError explains what to do.
+    are not cached (or whose cached copy no longer matches its checksum).
+    Offline (HF_HUB_OFFLINE=1) or with the Hub out of reach, an installed
+    copy is returned as it is (after checking its files) and the progress
+    message says so; without one, LibraryError explains what to do.
     """
     if not ref.startswith("hf:"):
         from specchat.library.catalog import load_catalog
@@ -420,6 +448,8 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     have = installed(hub)
     if offline():
         if have is not None:
+            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
+                                                 cancelled))
             say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
                                  f"Offline mode: using the downloaded copy of {hub.ref} "
                                  "(not checked for updates)"))
@@ -428,70 +458,276 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
             f"Offline mode (HF_HUB_OFFLINE is set): {hub.ref} has not been downloaded yet. "
             "Unset HF_HUB_OFFLINE and connect to the internet to pull it, or pick an "
             "installed model (`specchat models list`).")
-    if have is not None and hub.revision and _COMMIT.match(hub.revision) \
+    if have is not None and hub.revision and _COMMIT.fullmatch(hub.revision) \
             and have.revision == hub.revision:
-        return have  # a commit never changes: nothing to ask the Hub
+        # A commit never changes: nothing to ask the Hub, but the files are checked.
+        _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+        return have
     say(DownloadProgress(0, None, 0.0, f"Asking the Hub about {hub.ref}"))
+    asking = _Tracker(0, 0, hub.name, None, cancelled)
     try:
-        commit, files, names = _remote_files(hub)
+        commit, files, names = _remote_files(hub, asking.tick)
+    except SpecChatError as exc:
+        if have is not None and isinstance(exc, HubUnreachable):
+            return _fall_back(hub, have, progress, cancelled)
+        raise
     except Exception as exc:  # noqa: BLE001 - translated into one message
         err = _translate(exc, hub)
         if have is not None and isinstance(err, HubUnreachable):
-            say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
-                                 f"Could not reach the Hub; using the downloaded copy of "
-                                 f"{hub.ref} (not checked for updates)"))
-            return have
+            return _fall_back(hub, have, progress, cancelled)
         raise err from exc
     _refuse_unusable(hub, files, names)
     storage = _storage_folder(hub)
-    if have is not None and have.revision == commit and Path(have.path).is_dir() and all(
-            (Path(have.path) / f.name).exists() for f in files):
+    total = sum(f.size for f in files)
+    tracker = _Tracker(total, 0, hub.name, progress, cancelled)
+    todo = _missing(hub, storage, files, tracker)
+    tracker.base = total - sum(f.size for f in todo)
+    snapshot = storage / "snapshots" / commit
+    have = installed(hub)  # it may have been unlisted for a damaged file
+    if not todo and have is not None and have.revision == commit \
+            and Path(have.path) == snapshot and _linked(snapshot, storage, files):
         say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0, f"{hub.ref} is up to date"))
         return have
-    snapshot = _download(hub, commit, files, storage, progress, cancelled)
+    hub_files.sweep(storage, keep={f.etag for f in todo})
+    _check_space(hub, storage, todo)
+    _download(hub, commit, files, todo, storage, tracker)
     return _register(hub, commit, snapshot, have)
 
 
-def _download(hub: HubRef, commit: str, files: list[_RemoteFile], storage: Path,
-              progress, cancelled) -> Path:
-    hf = _hf()
-    todo = [f for f in files if not _is_cached(storage, commit, f)]
-    total = sum(f.size or 0 for f in files)
-    done = total - sum(f.size or 0 for f in todo)
-    tracker = _Tracker(total, done, hub.name, progress, cancelled)
-    bar = _bar_class(tracker)
-    cache_dir = paths.hub_cache(create=True)
+def _fall_back(hub: HubRef, have: InstalledModel, progress, cancelled) -> InstalledModel:
+    """The Hub is out of reach: the installed copy, if its files still check out."""
+    _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+    if progress is not None:
+        progress(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
+                                  f"Could not reach the Hub; using the downloaded copy of "
+                                  f"{hub.ref} (not checked for updates)"))
+    return have
+
+
+def _damaged(f_name: str, blob_id: str, got: str) -> str:
+    return (f"{f_name}: expected {hub_files.kind_of(blob_id)} {blob_id}, "
+            f"the file has {got}")
+
+
+def _unlist_users(storage: Path, blob: Path) -> None:
+    """Unlist every installed model with a file in this blob (before the
+    blob is removed, so nothing listed ever misses a file)."""
+    for m in index.list_installed():
+        folder = Path(m.path)
+        if m.kind != "hub" or folder.parent != storage / "snapshots" or not folder.is_dir():
+            continue
+        if any(hub_files.points_to(p, blob) for p in folder.iterdir()):
+            index.unlist(m.name)
+
+
+def _missing(hub: HubRef, storage: Path, files: list[_RemoteFile],
+             tracker: _Tracker) -> list[_RemoteFile]:
+    """The files to download: not cached, or cached but no longer matching
+    their checksum (those are unlisted, removed and fetched again)."""
+    todo = []
+    for f in files:
+        blob = storage / "blobs" / f.etag
+        if blob.is_file():
+            if not hub_files.checked_before(blob):
+                tracker.emit(f"Checking {f.name} of {hub.name}", force=True)
+            got = hub_files.check(blob, f.size, tracker.tick)
+            if got is None:
+                continue
+            _unlist_users(storage, blob)
+            hub_files.remove_blob(storage, f.etag)
+            tracker.emit(f"{f.name} in the library was damaged ({_damaged(f.name, f.etag, got)});"
+                         " downloading it again", force=True)
+        todo.append(f)
+    return todo
+
+
+def _linked(snapshot: Path, storage: Path, files: list[_RemoteFile]) -> bool:
+    return all(hub_files.points_to(snapshot / f.name, storage / "blobs" / f.etag)
+               for f in files)
+
+
+def _check_space(hub: HubRef, storage: Path, todo: list[_RemoteFile]) -> None:
+    """Refuse before the first byte if what is still missing cannot fit
+    (bytes already in partial files count as there)."""
+    needed = 0
+    for f in todo:
+        partials = [p for p in (storage / "blobs").glob(f"{f.etag}*.incomplete") if p.is_file()]
+        have = max((p.stat().st_size for p in partials), default=0)
+        needed += max(0, f.size - min(have, f.size))
+    disk.check_free_space(paths.hub_cache(create=True), needed, hub.ref)
+
+
+class _TooLong(LibraryError):
+    """The server sent more bytes than the file has (its partial file is deleted)."""
+
+
+class _PartialFile:
+    """A blob's ``.incomplete`` file: appends what arrives, hashes it, counts
+    it, and stops at the file's size (a server that sends more, or never
+    stops, must not fill the disk before the checksum can refuse it)."""
+
+    def __init__(self, path: Path, f: _RemoteFile, tracker: _Tracker, ref: str):
+        self.path = path
+        self.tracker = tracker
+        self.name = f.name
+        self.size = f.size
+        self.ref = ref
+        self.hasher = hub_files.Hasher(f.etag, f.size)
+        self.offset = path.stat().st_size if path.is_file() else 0
+        if self.offset > f.size:
+            path.unlink()
+            self.offset = 0
+        if self.offset:
+            tracker.emit(f"Resuming {f.name} of {tracker.label} at {size_text(self.offset)}",
+                         force=True)
+            hub_files.hash_file(path, f.etag, f.size, tracker.tick, self.hasher)
+            tracker.advance(self.offset)
+        self.file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+
+    def write(self, data: bytes) -> None:
+        if self.offset + len(data) > self.size:
+            raise _TooLong(
+                f"{self.ref}: the server sent more than the {size_text(self.size)} "
+                f"({self.size} bytes) the Hub gave as the size of {self.name}; the download was "
+                "stopped and deleted and nothing was installed. Something between you and the "
+                "Hub (a proxy, a captive portal, a bad mirror) changed it. Try again later or "
+                "from another network.")
+        view = memoryview(data)
+        while view:
+            n = self.file.write(view)
+            view = view[n:]
+        self.hasher.update(data)
+        self.offset += len(data)
+        self.tracker.advance(len(data))
+
+    def restart(self) -> None:
+        self.file.truncate(0)
+        self.file.seek(0)
+        self.hasher.reset()
+        self.tracker.advance(-self.offset)
+        self.offset = 0
+
+    def close(self) -> None:
+        """Keep what arrived for the next pull to resume (an empty file is dropped)."""
+        if not self.file.closed:
+            self.file.close()
+        if self.offset == 0:
+            self.path.unlink(missing_ok=True)
+
+    def finish(self) -> str:
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return self.hasher.hexdigest()
+
+    def discard(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_RemoteFile],
+              storage: Path, tracker: _Tracker) -> Path:
     tracker.emit(f"Downloading {hub.name}: {len(todo)} of {len(files)} files to fetch",
                  force=True)
     # Small files first: a cut-off pull then leaves the most files finished.
-    for f in sorted(files, key=lambda f: (f.size or 0, f.name)):
-        tracker.check()
-        fetched = f in todo
-        if not fetched and (storage / "snapshots" / commit / f.name).exists():
-            continue
-        if fetched:
-            tracker.start(f.name)
+    for f in sorted(todo, key=lambda f: (f.size, f.name)):
+        tracker.start(f.name)
         try:
-            # For a file whose blob is cached (unchanged since another commit)
-            # this only links it into the snapshot.
-            hf.hf_hub_download(hub.repo, f.name, revision=commit, cache_dir=str(cache_dir),
-                               endpoint=endpoint(), library_name="specchat", tqdm_class=bar)
-        except SpecChatError:  # DownloadCancelled, or a caller's progress callback refusing
+            _fetch(hub, commit, f, storage, tracker)
+        except BaseException:
             tracker.fail()
             raise
-        except Exception as exc:  # noqa: BLE001
-            tracker.fail()
-            raise _translate(exc, hub) from exc
-        if fetched:
-            tracker.finish(f.size or 0)
+        tracker.finish(f.size)
     snapshot = storage / "snapshots" / commit
     for f in files:
-        local = snapshot / f.name
-        if not local.exists() or (f.size is not None and local.stat().st_size != f.size):
-            raise LibraryError(
-                f"{hub.ref}: {f.name} is incomplete after download; run the pull again.")
+        blob = storage / "blobs" / f.etag
+        if not hub_files.points_to(snapshot / f.name, blob):
+            hub_files.link(blob, snapshot / f.name)
+    _remember_ref(storage, hub, commit)
     tracker.emit(f"Downloaded {hub.name}", force=True)
     return snapshot
+
+
+def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tracker) -> None:
+    """One file into its blob, checked, resuming a partial file if any."""
+    blob = storage / "blobs" / f.etag
+    blob.parent.mkdir(parents=True, exist_ok=True)
+
+    def waiting() -> None:
+        tracker.emit(f"Waiting for another download of {f.name} to finish", force=True)
+
+    with hub_files.claimed(storage, f.etag, tracker.tick, waiting) as partial:
+        if blob.is_file():  # another process finished it while we waited
+            if hub_files.check(blob, f.size, tracker.tick) is None:
+                return
+            hub_files.remove_blob(storage, f.etag)
+        sink = _PartialFile(partial, f, tracker, hub.ref)
+        try:
+            hub_net.download(hub_net.file_url(hub.repo, commit, f.name), f.name, f.size, sink,
+                             tracker.tick)
+        except (DownloadCancelled, _TooLong):
+            sink.discard()  # the file is dropped (nothing to resume), finished files stay
+            raise
+        except SpecChatError:
+            sink.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated into one message
+            sink.close()  # kept: the next pull resumes it
+            raise _translate(exc, hub, f.name) from exc
+        except BaseException:
+            sink.close()
+            raise
+        got = sink.finish()
+        if got != f.etag or sink.offset != f.size:
+            sink.discard()
+            sizes = "" if sink.offset == f.size else \
+                f" ({sink.offset} bytes instead of {f.size})"
+            raise LibraryError(
+                f"{hub.ref}: {f.name} as downloaded does not match the Hub's checksum"
+                f"{sizes}: expected {hub_files.kind_of(f.etag)} {f.etag}, got {got}. It was "
+                "deleted and nothing was installed: something between you and the Hub (a "
+                "proxy, a captive portal, a bad mirror) changed it. Try again later or from "
+                "another network.")
+        os.replace(partial, blob)
+        hub_files.remember(blob)
+
+
+def _remember_ref(storage: Path, hub: HubRef, commit: str) -> None:
+    """``refs/<branch>`` -> commit, as huggingface_hub keeps it (for tools
+    that read the cache)."""
+    revision = hub.revision or "main"
+    if revision == commit:
+        return
+    ref_file = storage / "refs" / revision
+    try:
+        ref_file.parent.mkdir(parents=True, exist_ok=True)
+        if not ref_file.is_file() or ref_file.read_text() != commit:
+            ref_file.write_text(commit)
+    except OSError:
+        pass
+
+
+def _check_installed(hub: HubRef, have: InstalledModel, tracker: _Tracker) -> None:
+    """Check an installed copy's files without the network (a file that
+    changed since its last check is hashed again); a damaged one is removed,
+    the model unlisted, and LibraryError names it."""
+    folder = Path(have.path)
+    storage = folder.parent.parent
+    problems = []
+    for pointer in sorted(folder.iterdir()) if folder.is_dir() else []:
+        blob = Path(os.path.realpath(pointer))
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", blob.name) or not blob.is_file():
+            continue
+        if not hub_files.checked_before(blob):
+            tracker.emit(f"Checking {pointer.name} of {hub.name}", force=True)
+        got = hub_files.check(blob, None, tracker.tick)
+        if got is not None:
+            _unlist_users(storage, blob)
+            hub_files.remove_blob(storage, blob.name)
+            problems.append(_damaged(pointer.name, blob.name, got))
+    if problems:
+        raise LibraryError(
+            f"{have.name} ({hub.ref}) is damaged and was removed from the list: "
+            f"{'; '.join(problems)}. Run `specchat models pull {hub.ref}` to download it again.")
 
 
 def _register(hub: HubRef, commit: str, snapshot: Path,
@@ -536,8 +772,19 @@ def prune(storage: Path) -> None:
 def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
             cancelled: threading.Event | None = None) -> Path:
     """The folder of an ``hf:`` reference: the installed copy if there is one
-    (no network), otherwise pulled now."""
-    have = installed(ref)
+    and its files check out (no network), otherwise pulled now."""
+    hub = parse_ref(ref)
+    have = installed(hub)
     if have is not None and Path(have.path).is_dir():
-        return Path(have.path)
+        try:
+            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
+                                                 cancelled))
+            return Path(have.path)
+        except DownloadCancelled:
+            raise
+        except LibraryError as damaged:
+            if offline():
+                raise
+            if progress is not None:
+                progress(DownloadProgress(0, None, 0.0, f"{damaged} Downloading it again."))
     return Path(pull(ref, progress, cancelled).path)

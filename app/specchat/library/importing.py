@@ -2,11 +2,15 @@
 (from mlx-lm, LM Studio or a Hugging Face cache) or a GGUF file (from LM
 Studio or Ollama, converted to an MLX folder).
 
-An import is staged in ``<home>/tmp`` and moved into ``<home>/models/<name>``
-with one rename once it is complete and readable, then listed; a cancelled or
-failed import leaves nothing behind. Files are hard-linked when the source is
-on the same disk (no second copy of a 4 GB file) and copied otherwise; the
-original is never modified.
+An import is checked completely first (facts.validate_folder: what mlx-lm
+would refuse at load is refused here, naming the user's files), staged in a
+locked work folder ``<home>/tmp/import-<pid>-<random>`` (staging.py) and
+moved into ``<home>/models/<name>`` with one rename once it is complete and
+readable, then listed; a cancelled or failed import leaves nothing behind,
+and the work folders of imports whose process died are removed when the next
+import starts. Files are hard-linked when the source is on the same disk (no
+second copy of a 4 GB file) and copied otherwise, after checking that they
+fit; the original is never modified.
 """
 
 from __future__ import annotations
@@ -15,18 +19,16 @@ import fnmatch
 import os
 import shutil
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import index, paths
+from specchat.library import index, paths, staging
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.index import InstalledModel
 
 Progress = Callable[[str, float | None], None]
 COPY_CHUNK = 8 * 1024 * 1024
-
 
 
 def is_gguf(path: Path) -> bool:
@@ -49,6 +51,7 @@ def import_path(path: str | os.PathLike, name: str | None = None,
     """Import an MLX folder or a GGUF file and list it under ``name`` (default:
     the folder or file name). Importing the same source again returns the
     model already imported from it."""
+    staging.sweep(paths.tmp_dir(), staging.IMPORT_NAMES)
     src = Path(path).expanduser()
     if not src.exists():
         raise LibraryError(f"Nothing to import at {src}: no such file or folder")
@@ -72,24 +75,30 @@ def import_path(path: str | os.PathLike, name: str | None = None,
             f"A model named {wanted!r} is already installed; pick another --name or remove it "
             "first (`specchat models rm`).")
     final_name = index.unique_name(wanted, source=source)
-    staging = paths.tmp_dir(create=True) / f"import-{uuid.uuid4().hex[:12]}"
-    try:
-        if kind == "import":
-            from specchat.library.facts import validate_folder
+    if kind == "import":
+        from specchat.library.facts import validate_folder
 
-            validate_folder(src)
-            staging.mkdir()
-            _copy_model_files(src, staging, say, cancelled)
-            built = staging
+        validate_folder(src)
+    where = paths.models_dir()
+    work = None
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        work = staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX)
+        if kind == "import":
+            _check_space_for_copy(src, work.path, where)
+            built = work.path / "model"
+            built.mkdir()
+            _copy_model_files(src, built, say, cancelled)
         else:
-            built = _convert_gguf(src, staging, say, cancelled)
-        return _install(built, final_name, source, kind, say)
+            built = _convert_gguf(src, work.path, say, cancelled, where)
+        return _install(built, final_name, source, kind, say, src)
     except LibraryError:  # ImportCancelled included: already says what happened
         raise
     except OSError as exc:
-        raise LibraryError(f"Could not import {src}: {exc}") from exc
+        raise staging.write_error(src, where, exc) from exc
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if work is not None:
+            work.release()
 
 
 def _default_name(src: Path, kind: str) -> str:
@@ -121,6 +130,18 @@ def wanted_files(folder: Path) -> list[Path]:
     return out
 
 
+def _check_space_for_copy(src: Path, work: Path, where: Path) -> None:
+    """Files on another disk are copied: refuse up front if they cannot fit
+    (hard links on the same disk take no space)."""
+    from specchat.library.disk import check_free_space
+
+    files = wanted_files(src)
+    if files and os.stat(os.path.realpath(files[0])).st_dev == os.stat(work).st_dev:
+        return
+    needed = sum(os.stat(os.path.realpath(f)).st_size for f in files)
+    check_free_space(work, needed, f"importing {src}", shown=where)
+
+
 def _copy_model_files(src: Path, dest: Path, say: Progress,
                       cancelled: threading.Event | None) -> None:
     files = wanted_files(src)
@@ -146,26 +167,30 @@ def _copy_model_files(src: Path, dest: Path, say: Progress,
     say(f"Imported the files of {src.name}", 1.0)
 
 
-def _convert_gguf(src: Path, staging: Path, say: Progress,
-                  cancelled: threading.Event | None) -> Path:
+def _convert_gguf(src: Path, work: Path, say: Progress,
+                  cancelled: threading.Event | None, where: Path) -> Path:
     from specchat.library.gguf_import import import_gguf
 
-    staging.mkdir(parents=True, exist_ok=True)
-    out = import_gguf(src, staging / "model", say, cancelled)
+    out = import_gguf(src, work / "model", say, cancelled, shown_dir=where)
     _check(cancelled, src)
     return Path(out)
 
 
-def _install(built: Path, name: str, source: str, kind: str, say: Progress) -> InstalledModel:
+def _install(built: Path, name: str, source: str, kind: str, say: Progress,
+             src: Path) -> InstalledModel:
     from specchat.library.facts import read_folder
 
-    facts = read_folder(built)
+    facts = read_folder(built, shown=src)
     dest = paths.models_dir(create=True) / name
     if dest.exists():  # left over from an import that never got listed
         shutil.rmtree(dest)
     os.replace(built, dest)
     model = InstalledModel.create(name, source, kind, dest, facts)
-    index.add(model)
+    try:
+        index.add(model)
+    except BaseException:  # e.g. the disk filled up writing index.json: unlisted, so gone
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
     say(f"Imported {name}", 1.0)
     return model
 

@@ -178,6 +178,18 @@ def add(model: InstalledModel, replace: bool = True) -> InstalledModel:
     return model
 
 
+def unlist(name: str) -> InstalledModel | None:
+    """Take a model off the list and leave its files (a download found one
+    of them damaged and is about to replace it)."""
+    with _locked():
+        models = _read()
+        data = models.pop(name, None)
+        if data is None:
+            return None
+        _write(models)
+    return InstalledModel.from_json(data)
+
+
 def unique_name(wanted: str, source: str | None = None) -> str:
     """``wanted`` made safe as a folder name, with -2, -3... appended if a
     different model already has it (the same source keeps its name)."""

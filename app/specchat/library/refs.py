@@ -38,6 +38,12 @@ def source_for(ref: str) -> tuple[str, sources.Source]:
     ref = (ref or "").strip()
     if not ref:
         raise LibraryError(f"No model given: pass {accepted()}.")
+    if ref.startswith("~"):  # every source expands it; an unknown user is a RuntimeError there
+        try:
+            Path(ref).expanduser()
+        except RuntimeError:
+            raise LibraryError(f"Model file or folder not found: {ref} (there is no such "
+                               "user's home folder).") from None
     source = sources.find(ref)
     if source is None:
         raise unknown_model(ref)

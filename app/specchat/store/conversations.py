@@ -11,9 +11,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specchat.store.summary import ReplySummary
+
+if TYPE_CHECKING:  # recovery.py builds on this module's message type
+    from specchat.store.recovery import UnsavedConversation
 
 
 @dataclass
@@ -27,14 +33,20 @@ class Conversation:
 
 
 @dataclass
-class StoredMessage:
-    id: int
+class MessageContent:
+    """What a message holds, saved or not (recovery.py keeps unsaved ones)."""
+
     role: str
     content: str
     runs: list[tuple[str, str]] = field(default_factory=list)
     summary: ReplySummary | None = None
     error: str | None = None
     complete: bool = True
+
+
+@dataclass
+class StoredMessage(MessageContent):
+    id: int = 0  # its row in the history
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:
@@ -45,8 +57,8 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 def _message(row: sqlite3.Row) -> StoredMessage:
     runs = [tuple(r) for r in json.loads(row["runs"])] if row["runs"] else []
     summary = ReplySummary.from_json(json.loads(row["summary"])) if row["summary"] else None
-    return StoredMessage(row["id"], row["role"], row["content"], runs, summary, row["error"],
-                         bool(row["complete"]))
+    return StoredMessage(row["role"], row["content"], runs, summary, row["error"],
+                         bool(row["complete"]), id=row["id"])
 
 
 class ConversationStore:
@@ -106,15 +118,33 @@ class ConversationStore:
 
     def add_message(self, conversation_id: int, role: str, content: str, *,
                     complete: bool = True) -> int:
-        pos = self._db.execute(
-            "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id=?",
-            (conversation_id,)).fetchone()[0]
-        cur = self._db.execute(
-            "INSERT INTO messages(conversation_id, position, role, content, complete, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (conversation_id, pos, role, content, int(complete), time.time()))
-        self._touch(conversation_id)
+        # One transaction, taking the write lock first: if another program
+        # holds it, nothing is done and the store's thread can simply try
+        # the whole call again (a half-done call would add the row twice).
+        with self._transaction():
+            pos = self._db.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id=?",
+                (conversation_id,)).fetchone()[0]
+            cur = self._db.execute(
+                "INSERT INTO messages(conversation_id, position, role, content, complete,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, pos, role, content, int(complete), time.time()))
+            self._touch(conversation_id)
         return cur.lastrowid
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        if self._db.in_transaction:  # a part of a larger one (restore)
+            yield
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def update_message(self, message_id: int, content: str, *,
                        runs: list[tuple[str, str]] | None = None,
@@ -129,6 +159,23 @@ class ConversationStore:
 
     def delete_message(self, message_id: int) -> None:
         self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+
+    def restore(self, conversations: list[UnsavedConversation]) -> None:
+        """Write conversations kept in a recovery file (recovery.py), all or
+        nothing: one that still exists gets exactly the messages it had on
+        screen, the others are added as new conversations."""
+        with self._transaction():
+            for c in conversations:
+                if c.id is not None and self.get(c.id) is not None:
+                    cid = c.id
+                    self._db.execute("DELETE FROM messages WHERE conversation_id=?", (cid,))
+                else:
+                    cid = self.create(c.title, c.target, c.draft).id
+                for m in c.messages:
+                    row = self.add_message(cid, m.role, m.content, complete=m.complete)
+                    self.update_message(row, m.content, runs=list(m.runs), summary=m.summary,
+                                        error=m.error, complete=m.complete)
+                self._touch(cid)
 
     # -- export ----------------------------------------------------------
     def export_markdown(self, conversation_id: int) -> str:

@@ -9,11 +9,26 @@ even a few rows can wait on an fsync, which the GUI thread must not.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.errors import SpecChatError
+
 FILENAME = "conversations.sqlite3"
+
+# How long one SQLite call waits for another program's lock before it gives
+# up (the worker then retries a write; opening reports the history locked).
+# A module constant so tests can shorten it.
+BUSY_TIMEOUT_S = 5.0
+
+log = logging.getLogger("specchat.store")
+
+
+class HistoryUnavailable(SpecChatError):
+    """The history file could not be opened; ``str()`` says why, in words."""
 
 # Each entry upgrades the schema by one version (PRAGMA user_version).
 _MIGRATIONS: tuple[str, ...] = (
@@ -64,16 +79,52 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
         # First, so that even switching to WAL waits out another process
         # holding the file (a backup, a second instance) instead of failing;
         # the waiting happens on the store thread.
-        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        # Before anything writes (switching to WAL rewrites the header): a
+        # newer version's history must be left exactly as it is.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(_MIGRATIONS):
+            raise NewerSchema(version)
+        _check_before_writing(conn, version)
         conn.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode: durable against an app crash or kill (what we
         # care about), and only a power cut can lose the last commits.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
         _migrate(conn)
+        _check_layout(conn)
     except BaseException:
         conn.close()
         raise
+    return conn
+
+
+class NewerSchema(Exception):
+    """The file was written by a newer SpecChat (its user_version is higher
+    than this version knows): read it, never write it."""
+
+    def __init__(self, version: int):
+        super().__init__(f"schema version {version}")
+        self.version = version
+
+
+def connect_read_only(path: str | Path) -> sqlite3.Connection:
+    """Open an existing file for reading only: SQLite itself refuses every
+    write (mode=ro), and query_only says so again on this connection."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
+def placeholder() -> sqlite3.Connection:
+    """An empty, read-only history in memory: what the stores read while the
+    real file cannot be opened, so the window lists nothing instead of
+    failing on every read."""
+    conn = connect(":memory:")
+    conn.execute("PRAGMA query_only=ON")
     return conn
 
 
@@ -82,29 +133,136 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
 _UNREADABLE = {11, 26}
 
 
-def connect_or_set_aside(path: str | Path | None = None) -> tuple[sqlite3.Connection, str | None]:
-    """Open the store; if SQLite cannot read the file, move it aside (with
-    its WAL) and start an empty one. Why: the app must still open, and a
-    damaged history must stay on disk for whoever wants to recover it.
-    Returns the connection and, if a file was moved, a message for people."""
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_FULL, SQLITE_CANTOPEN = 5, 6, 8, 13, 14
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Another connection holds the lock this call needed (past the busy
+    timeout): the call did nothing and may be tried again."""
+    return getattr(exc, "sqlite_errorcode", None) in (SQLITE_BUSY, SQLITE_LOCKED) or (
+        isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc))
+
+
+@dataclass
+class Opened:
+    """A history that opened: its connection, whether it may be written,
+    and a message for people if something happened on the way."""
+
+    conn: sqlite3.Connection
+    writable: bool = True
+    notice: str | None = None
+
+
+def open_history(path: str | Path | None = None) -> Opened:
+    """Open the history for the app, whatever state the file is in.
+
+    A file SQLite cannot read is moved aside (with its WAL) and an empty one
+    started: the app must still open, and a damaged history must stay on
+    disk for whoever wants to recover it. A newer version's file is opened
+    read-only. Anything else (locked, disk full, a folder in its place, a
+    layout this version does not know) raises ``HistoryUnavailable`` in
+    words; the file is left as it is so that trying again can succeed.
+    Every such event is also logged, for people who look for it later."""
     path = Path(path) if path is not None else default_path()
     try:
-        return connect(path), None
-    except sqlite3.DatabaseError as exc:
+        return Opened(connect(path))
+    except NewerSchema as exc:
+        return _read_only(path, exc.version)
+    except (sqlite3.Error, OSError) as exc:
         if getattr(exc, "sqlite_errorcode", None) not in _UNREADABLE or str(path) == ":memory:":
-            raise
+            raise _unavailable(path, exc) from exc
         reason = str(exc)
     aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-    for suffix in ("", "-wal", "-shm"):
-        part = Path(f"{path}{suffix}")
-        if part.exists():
-            part.rename(f"{aside}{suffix}")
-    return connect(path), (
-        f"Your conversation history could not be read ({reason}). The file was kept as "
-        f"{aside} and a new, empty history was started.")
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{path}{suffix}")
+            if part.exists():
+                part.rename(f"{aside}{suffix}")
+        conn = connect(path)
+    except (sqlite3.Error, OSError) as exc:
+        raise _unavailable(path, exc) from exc
+    notice = (f"Your conversation history could not be read ({reason}). The file was kept as "
+              f"{aside} and a new, empty history was started.")
+    log.warning("%s", notice)
+    return Opened(conn, notice=notice)
+
+
+def _read_only(path: Path, version: int) -> Opened:
+    try:
+        conn = connect_read_only(path)
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except (sqlite3.Error, OSError) as exc:
+        raise _unavailable(path, exc) from exc
+    notice = (f"Your conversation history ({path}) was written by a newer version of SpecChat "
+              f"(schema {version}; this version knows {len(_MIGRATIONS)}). It is shown "
+              "read-only: new chats and changes are not saved.")
+    log.warning("%s", notice)
+    return Opened(conn, writable=False, notice=notice)
+
+
+def _unavailable(path: Path, exc: BaseException) -> HistoryUnavailable:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, WrongLayout):
+        why = f"it is not laid out as SpecChat's history ({exc})"
+    elif is_busy(exc):
+        why = "another program has it locked"
+    elif code == SQLITE_FULL or getattr(exc, "errno", None) == 28:
+        why = "the disk is full"
+    elif path.is_dir():
+        why = "a folder is in its place"
+    elif code == SQLITE_CANTOPEN:
+        why = "the file cannot be created or opened there"
+    else:
+        why = str(exc)
+    error = HistoryUnavailable(
+        f"Your conversation history ({path}) could not be opened: {why}.")
+    log.error("%s", error)
+    return error
+
+
+class WrongLayout(sqlite3.DatabaseError):
+    """The file is a database, but not one with the tables and columns this
+    version reads and writes."""
+
+
+# What the code reads and writes: every later migration keeps these.
+_LAYOUT = {
+    "conversations": {"id", "title", "created_at", "updated_at", "target", "draft"},
+    "messages": {"id", "conversation_id", "position", "role", "content", "runs", "summary",
+                 "error", "complete", "created_at"},
+    "settings": {"key", "value"},
+}
+
+
+def _check_before_writing(conn: sqlite3.Connection, version: int) -> None:
+    """A file that is not SpecChat's history is refused before anything is
+    written to it (even the switch to WAL): it may be someone's data."""
+    if version > 0:
+        _check_layout(conn)
+        return
+    for table in _LAYOUT:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
+            raise WrongLayout(f"it already has a {table} table that SpecChat did not make")
+
+
+def _check_layout(conn: sqlite3.Connection) -> None:
+    for table, columns in _LAYOUT.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if not have:
+            raise WrongLayout(f"no {table} table")
+        missing = sorted(columns - have)
+        if missing:
+            raise WrongLayout(f"the {table} table lacks {', '.join(missing)}")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-        conn.executescript("BEGIN;" + script + f"PRAGMA user_version={i}; COMMIT;")
+        try:
+            conn.executescript("BEGIN;" + script + f"PRAGMA user_version={i}; COMMIT;")
+        except sqlite3.OperationalError as exc:
+            # A plain SQL error here ("table conversations already exists")
+            # means the file holds tables this version did not make.
+            if getattr(exc, "sqlite_errorcode", None) == 1:
+                raise WrongLayout(str(exc)) from exc
+            raise

@@ -8,6 +8,8 @@ import json
 import sqlite3
 from dataclasses import asdict, dataclass, fields, replace
 
+from specchat import values
+
 
 @dataclass(frozen=True)
 class AppSettings:
@@ -37,10 +39,70 @@ def apply_preset(settings: AppSettings, name: str) -> AppSettings:
 
 
 def preset_of(settings: AppSettings) -> str | None:
-    for name, values in PRESETS.items():
-        if all(getattr(settings, k) == v for k, v in values.items()):
+    for name, preset in PRESETS.items():
+        if all(getattr(settings, k) == v for k, v in preset.items()):
             return name
     return None
+
+
+# How each stored field is checked: a name in specchat.values' table (its
+# range), or the plain types it may have.
+_CHECKS: dict[str, str | tuple[type, ...]] = {
+    "system_prompt": (str,),
+    "temperature": "temperature",
+    "top_p": "top-p",
+    "top_k": "top-k",
+    "max_tokens": "max tokens",
+    "seed": "seed",
+    "speculative": (bool,),
+    "k": "K",
+    "color_tokens": (bool,),
+    "last_target": (str, type(None)),
+    "last_draft": (str, type(None)),
+}
+
+
+def _checked(name: str, value: object) -> object:
+    """The value to keep for a field, or BadValue."""
+    rule = _CHECKS[name]
+    if isinstance(rule, str):
+        return values.check(rule, value)
+    if not isinstance(value, rule):
+        raise values.BadValue(f"{name} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def checked_changes(changes: dict[str, object]) -> tuple[dict[str, object], list[str]]:
+    """The changes whose values are in range (as their field's kind), and
+    the one-line reason for each that is not: what a session applies."""
+    good: dict[str, object] = {}
+    refused: list[str] = []
+    for name, value in changes.items():
+        try:
+            good[name] = _checked(name, value) if name in _CHECKS else value
+        except values.BadValue as exc:
+            refused.append(str(exc))
+    return good, refused
+
+
+def from_stored(data: object) -> tuple[AppSettings, list[str]]:
+    """Settings from a stored JSON value, and the names (as people read them:
+    "top-p", "system prompt") of the fields that were not valid and took their defaults. Why field by field: one bad value
+    (a hand edit, an older or newer version's file) must not cost the user
+    every other setting, nor stop the app from starting."""
+    if not isinstance(data, dict):
+        return AppSettings(), ["all settings"]
+    good: dict[str, object] = {}
+    bad: list[str] = []
+    for f in fields(AppSettings):
+        if f.name not in data:
+            continue
+        try:
+            good[f.name] = _checked(f.name, data[f.name])
+        except Exception:  # noqa: BLE001 - whatever a stored value breaks, it is one field
+            rule = _CHECKS[f.name]
+            bad.append(rule if isinstance(rule, str) else f.name.replace("_", " "))
+    return AppSettings(**good), bad
 
 
 class SettingsStore:
@@ -50,18 +112,18 @@ class SettingsStore:
         self._db = conn
 
     def load(self) -> AppSettings:
+        return self.read()[0]
+
+    def read(self) -> tuple[AppSettings, list[str]]:
+        """The stored settings and the fields that fell back to defaults."""
         row = self._db.execute("SELECT value FROM settings WHERE key=?", (self.KEY,)).fetchone()
         if row is None:
-            return AppSettings()
+            return AppSettings(), []
         try:
             data = json.loads(row["value"])
         except ValueError:
-            return AppSettings()
-        known = {f.name for f in fields(AppSettings)}
-        try:
-            return AppSettings(**{k: v for k, v in data.items() if k in known})
-        except TypeError:
-            return AppSettings()
+            return AppSettings(), ["all settings"]
+        return from_stored(data)
 
     def save(self, settings: AppSettings) -> None:
         self._db.execute(

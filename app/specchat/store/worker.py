@@ -9,38 +9,211 @@ One thread in FIFO order keeps the guarantees the stores had on one
 connection: a read queued after a write sees it, and closing drains the
 queue, so a normal quit loses nothing that was queued. A kill loses at most
 the writes still queued, which is the last moment of a reply.
+
+Another program may hold the file's write lock for longer than SQLite's
+busy timeout (a backup, a sync tool, a second instance). Then the call at
+the head of the queue is tried again until the lock clears, and every call
+behind it waits its turn, so nothing is lost and nothing is reordered;
+``on_waiting`` tells the window while that lasts. A call may take what an
+earlier one returns (``Later``), so the window never has to wait for a row
+id before it can go on. Only closing stops the retrying, after
+``CLOSE_WAIT_S``: quitting must not hang on someone else's lock.
+
+The history may also not open at all (locked, disk full, a folder in its
+place, a layout this version does not know) or be a newer version's file.
+The worker still starts: the stores then read an empty in-memory history
+(or the newer file, read-only), writes fail with ``HistoryNotSaved``, and
+``reopen`` tries the file again.
+
+Whatever could still not be written when the app quits is the window's to
+keep (recovery.py); each time the history opens for writing, the worker
+imports what an earlier session kept that way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from specchat.store import db
+from specchat.errors import SpecChatError
+from specchat.store import db, recovery
 from specchat.store.conversations import ConversationStore
 from specchat.store.settings import SettingsStore
 
 T = TypeVar("T")
 
+# At close, how long the queued writes may still wait for another program's
+# lock (in all) before they are given up and logged as lost.
+CLOSE_WAIT_S = 5.0
+
+# Between two attempts of a call while the file is locked. SQLite's busy
+# handler usually waits already, but some busy answers (SQLITE_LOCKED, a
+# busy timeout of 0 at close) come back at once: without a pause the store's
+# thread would spin a core until the lock clears.
+RETRY_PAUSE_S = 0.05
+
+# The store methods that only read: their failures lose nothing.
+_READS = frozenset({"get", "list", "messages", "export_markdown", "load", "read"})
+
+SAVING, READ_ONLY, UNAVAILABLE = "saving", "read-only", "unavailable"
+
+log = logging.getLogger("specchat.store")
+
+
+class HistoryNotSaved(SpecChatError):
+    """A write while the history can only be read (a newer version's file,
+    or none could be opened); the message says why."""
+
+
+class EarlierFailed(HistoryNotSaved):
+    """A call that takes what an earlier call returns (``Later``), when that
+    earlier call failed: it is not run. Its failure is the earlier one,
+    already reported, so :func:`report_failure` does not report it again."""
+
+
+class Later:
+    """What an earlier queued call returns (or its attribute ``attr``), as an
+    argument of a later call. The worker runs calls in order, so by the time
+    the later one runs the value is known: the window queues "add the row,
+    then update it" without waiting for the row's id in between, and so a
+    locked history never holds up a reply."""
+
+    def __init__(self, future: asyncio.Future, attr: str | None = None):
+        self.future = future
+        self.attr = attr
+
+
+class _Source:
+    """A Later as the worker thread sees it: the concurrent future behind it."""
+
+    def __init__(self, future: Future, attr: str | None):
+        self.future = future
+        self.attr = attr
+
+    def value(self) -> Any:
+        try:
+            result = self.future.result()  # done: it was queued before (FIFO)
+        except Exception as exc:
+            raise EarlierFailed(f"an earlier change it needs was not saved ({exc})") from exc
+        return getattr(result, self.attr) if self.attr else result
+
 
 class StoreWorker:
     """Owns the connection; runs calls on it one at a time, in order."""
 
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None,
+                 on_waiting: Callable[[bool], None] | None = None):
+        """``on_waiting(True/False)`` is called on this worker's thread when
+        a call starts and stops waiting for another program's lock."""
+        self._path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specchat-store")
         self._closed = False
+        self._close_by: float | None = None
+        self._lost = 0
+        self.failed_writes = 0  # calls that change the history and failed
+        self.recovered = 0  # conversations imported from recovery files at the last opening
+        self._waiting = False
+        self._on_waiting = on_waiting
+        self._origins: weakref.WeakKeyDictionary[asyncio.Future, Future] = (
+            weakref.WeakKeyDictionary())
+        self._conn: sqlite3.Connection | None = None
+        self._stores: dict[type, Any] = {}
+        self.state = UNAVAILABLE
+        self.problem: str | None = None  # why nothing is saved (read-only or unavailable)
+        self.notice: str | None = None  # an unreadable history moved aside, conversations recovered
         # Opened on the worker so the connection belongs to it (sqlite3
         # refuses use from other threads); waiting here is start-up time.
-        conn, notice = self._pool.submit(db.connect_or_set_aside, path).result()
-        self.notice: str | None = notice  # set if an unreadable history was moved aside
-        self._conn = conn
-        self.conversations: Remote[ConversationStore] = Remote(ConversationStore(conn), self)
-        self.settings: Remote[SettingsStore] = Remote(SettingsStore(conn), self)
+        self._pool.submit(self._open).result()
+        self.conversations: Remote[ConversationStore] = Remote(ConversationStore, self)
+        self.settings: Remote[SettingsStore] = Remote(SettingsStore, self)
 
+    @property
+    def saving(self) -> bool:
+        """Writes reach the history file (it opened, and may be written)."""
+        return self.state == SAVING
+
+    @property
+    def waiting(self) -> bool:
+        """A write is waiting for another program's lock."""
+        return self._waiting
+
+    # -- opening ---------------------------------------------------------------
+    def reopen(self) -> Future:
+        """Try the history file again (after it could not be opened); the
+        future gives whether it is now saving."""
+        return self.submit(self._open)
+
+    def _open(self) -> bool:
+        try:
+            opened = db.open_history(self._path)
+        except db.HistoryUnavailable as exc:
+            self.problem = str(exc)
+            if self._conn is None:
+                self._use(db.placeholder(), UNAVAILABLE)
+            return False
+        old = self._conn
+        self._use(opened.conn, SAVING if opened.writable else READ_ONLY)
+        if old is not None:
+            old.close()
+        self.problem = None if opened.writable else opened.notice
+        self.notice = opened.notice if opened.writable else None
+        if opened.writable:
+            self._import_unsaved()
+        return opened.writable
+
+    @property
+    def recovery_folder(self) -> Path | None:
+        """Where conversations that could not be saved are kept until the
+        history takes them (beside the history file)."""
+        path = Path(self._path) if self._path is not None else db.default_path()
+        return None if str(path) == ":memory:" else recovery.folder_for(path)
+
+    def _import_unsaved(self) -> None:
+        """Write what an earlier session kept in recovery files; each file is
+        deleted only once its conversations are committed. A file that
+        cannot be imported now (locked, disk full) stays for the next time."""
+        self.recovered = 0
+        folder = self.recovery_folder
+        for path in recovery.pending(folder) if folder is not None else []:
+            try:
+                conversations = recovery.read(path)
+                self._stores[ConversationStore].restore(conversations)
+            except recovery.Unreadable as exc:
+                aside = path.with_name(path.name + ".unreadable")
+                log.error("The recovery file %s could not be read (%s); kept as %s.",
+                          path, exc, aside)
+                path.rename(aside)
+                continue
+            except (sqlite3.Error, OSError) as exc:
+                log.error("The recovery file %s could not be added to the history yet (%s); "
+                          "it is kept and tried again at the next start.", path, exc)
+                continue
+            try:
+                path.unlink()
+            except OSError as exc:
+                log.error("The recovery file %s was added to the history but could not be "
+                          "deleted (%s): delete it, or it is added again.", path, exc)
+            self.recovered += len(conversations)
+            log.warning("Recovered %d conversation(s) from %s.", len(conversations), path)
+        if self.recovered:
+            recovered = (f"Recovered {self.recovered} conversation(s) that could not be saved "
+                         "last time.")
+            self.notice = f"{self.notice} {recovered}" if self.notice else recovered
+
+    def _use(self, conn: sqlite3.Connection, state: str) -> None:
+        self._conn = conn
+        self.state = state
+        self._stores = {ConversationStore: ConversationStore(conn),
+                        SettingsStore: SettingsStore(conn)}
+
+    # -- calls -----------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         """Queue ``fn(*args, **kwargs)``; once closed, fails as a closed
         sqlite3 connection would, so callers handle one kind of error."""
@@ -50,43 +223,126 @@ class StoreWorker:
             return failed
         return self._pool.submit(fn, *args, **kwargs)
 
+    def call(self, kind: type, name: str, args: tuple, kwargs: dict) -> Future:
+        """Queue the store method ``kind.name``, retried while the file is
+        locked. Later arguments are turned into their sources here, on the
+        caller's thread, where the asyncio futures live."""
+        args = tuple(self._source(a) for a in args)
+        kwargs = {k: self._source(v) for k, v in kwargs.items()}
+        return self.submit(self._run, kind, name, args, kwargs)
+
+    def remember(self, future: asyncio.Future, source: Future) -> None:
+        self._origins[future] = source
+
+    def source_of(self, future: asyncio.Future) -> Future | None:
+        """The worker's own future behind one a Remote call returned: it is
+        done as soon as the call ran, even when the event loop has not yet
+        run (at quit, once ``close`` has drained the queue)."""
+        return self._origins.get(future)
+
+    def _source(self, value: Any) -> Any:
+        if not isinstance(value, Later):
+            return value
+        source = self._origins.get(value.future)
+        if source is None:
+            raise TypeError("Later takes a future returned by this store's own calls")
+        return _Source(source, value.attr)
+
+    def _run(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
+        try:
+            return self._attempt(kind, name, args, kwargs)
+        except Exception:
+            if name not in _READS:
+                self.failed_writes += 1
+            raise
+
+    def _attempt(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
+        args = tuple(a.value() if isinstance(a, _Source) else a for a in args)
+        kwargs = {k: v.value() if isinstance(v, _Source) else v for k, v in kwargs.items()}
+        method = getattr(self._stores[kind], name)
+        try:
+            while True:
+                try:
+                    return method(*args, **kwargs)
+                except sqlite3.OperationalError as exc:
+                    if db.is_busy(exc) and self._may_wait():
+                        self._set_waiting(True)
+                        time.sleep(RETRY_PAUSE_S)
+                        continue
+                    if self._closed and db.is_busy(exc):
+                        self._lost += 1
+                    if (getattr(exc, "sqlite_errorcode", None) == db.SQLITE_READONLY
+                            and not self.saving):
+                        raise HistoryNotSaved(self.problem or str(exc)) from exc
+                    raise
+        finally:
+            self._set_waiting(False)
+
+    def _may_wait(self) -> bool:
+        if self._close_by is None or time.monotonic() < self._close_by:
+            return True
+        if self._conn is not None:  # the rest of the queue fails at once
+            self._conn.execute("PRAGMA busy_timeout=0")
+        return False
+
+    def _set_waiting(self, waiting: bool) -> None:
+        if waiting == self._waiting:
+            return
+        self._waiting = waiting
+        if waiting:
+            log.warning("Saving is waiting: another program holds the history's lock.")
+        if self._on_waiting is not None:
+            self._on_waiting(waiting)
+
     def close(self) -> None:
-        """Finish every queued call, then close the connection."""
+        """Finish every queued call, then close the connection. Calls still
+        waiting for a lock after CLOSE_WAIT_S are given up and logged."""
         if self._closed:
             return
         self._closed = True
-        self._pool.submit(self._conn.close)
+        self._close_by = time.monotonic() + CLOSE_WAIT_S
+        self._pool.submit(lambda: self._conn.close() if self._conn is not None else None)
         self._pool.shutdown(wait=True)
+        if self._lost:
+            log.error("%d change(s) to the history were not saved: another program held its "
+                      "lock until SpecChat quit.", self._lost)
 
 
 class Remote(Generic[T]):
     """A store seen from the event loop: each method call runs on the worker
     and returns an asyncio future (``await`` it, or ignore it for a write
     whose failure :func:`report_failure` surfaces). ``blocking`` runs the same
-    methods and waits: for start-up, shutdown and tests, never mid-session."""
+    methods and waits: for start-up, shutdown and tests, never mid-session.
+    The store object is looked up when the call runs, so a call queued
+    before ``reopen`` and one queued after each reach their own file."""
 
-    def __init__(self, target: T, worker: StoreWorker):
-        self._target = target
+    def __init__(self, kind: type[T], worker: StoreWorker):
+        self._kind = kind
         self._worker = worker
-        self.blocking: T = _Blocking(target, worker)  # type: ignore[assignment]
+        self.blocking: T = _Blocking(kind, worker)  # type: ignore[assignment]
 
     def __getattr__(self, name: str) -> Callable[..., asyncio.Future]:
-        method = getattr(self._target, name)
+        if not callable(getattr(self._kind, name, None)):
+            raise AttributeError(name)
 
         def call(*args: Any, **kwargs: Any) -> asyncio.Future:
-            return asyncio.wrap_future(self._worker.submit(method, *args, **kwargs))
+            source = self._worker.call(self._kind, name, args, kwargs)
+            future = asyncio.wrap_future(source)
+            self._worker.remember(future, source)
+            return future
 
         return call
 
 
 class _Blocking:
-    def __init__(self, target: Any, worker: StoreWorker):
-        self._target = target
+    def __init__(self, kind: type, worker: StoreWorker):
+        self._kind = kind
         self._worker = worker
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self._target, name)
-        return lambda *args, **kwargs: self._worker.submit(method, *args, **kwargs).result()
+        if not callable(getattr(self._kind, name, None)):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._worker.call(self._kind, name, args, kwargs).result()
 
 
 def report_failure(future: asyncio.Future, report: Callable[[str], None],
@@ -97,7 +353,7 @@ def report_failure(future: asyncio.Future, report: Callable[[str], None],
         if f.cancelled():
             return
         exc = f.exception()
-        if exc is not None:
+        if exc is not None and not isinstance(exc, EarlierFailed):
             report(f"Could not {doing}: {exc}")
 
     future.add_done_callback(done)

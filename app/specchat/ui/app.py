@@ -47,8 +47,9 @@ def create_app():
 def run(target: str | None = None, draft: str | None = None, lookup: bool = False) -> int:
     import qasync
 
-    from specchat import startup
+    from specchat import applog, startup
     startup.prepare()  # the system BLAS before anything imports MLX
+    applog.setup()  # before the session opens the history: what it reports is logged
     from specchat.ui.main_window import MainWindow
     from specchat.ui.session import AppSession
 

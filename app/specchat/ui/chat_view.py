@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QRectF, QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QAbstractTextDocumentLayout,
-    QDesktopServices,
     QFont,
     QFontMetrics,
     QGuiApplication,
@@ -31,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.store.summary import ReplySummary
-from specchat.ui import theme
+from specchat.ui import links, theme
 from specchat.ui.chat_model import ChatMessage, MessageRole
 from specchat.ui.markdown import (
     COPY_SCHEME,
@@ -292,6 +291,7 @@ class ChatView(QTreeView):
     unless the person has scrolled up to read."""
 
     copied = Signal(str)  # what was copied, for a status message
+    notice = Signal(str)  # a link opened or refused (ui/links.py), for the status line
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -371,6 +371,10 @@ class ChatView(QTreeView):
         href, _ = self._anchor(event.position().toPoint())
         self.viewport().setCursor(Qt.CursorShape.PointingHandCursor if href
                                   else Qt.CursorShape.ArrowCursor)
+        # Where a link goes, before it is clicked (and that it will not open).
+        self.viewport().setToolTip("" if not href or href.startswith(COPY_SCHEME)
+                                   else href if links.openable(href)
+                                   else f"{href}: not opened (only http and https links open)")
         super().mouseMoveEvent(event)
 
     def mouseReleaseEvent(self, event) -> None:  # noqa: N802
@@ -383,7 +387,7 @@ class ChatView(QTreeView):
                     self.copied.emit("Code copied to the clipboard")
                 return
             if href:
-                QDesktopServices.openUrl(QUrl(href))
+                self.notice.emit(links.open_link(href))
                 return
         super().mouseReleaseEvent(event)
 

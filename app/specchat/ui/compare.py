@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QGridLayout,
@@ -24,7 +25,9 @@ from PySide6.QtWidgets import (
 from specchat.engine import modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerationResult
+from specchat.ui import links, theme
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
+from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
 from specchat.ui.requests import reply_summary
 
 
@@ -46,8 +49,9 @@ class CompareDialog(QDialog):
         self.headline = QLabel("")
         self.headline.setObjectName("GaugeValue")
         self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.plain_text = QTextBrowser()
-        self.spec_text = QTextBrowser()
+        self.plain_text = self._reply_view()
+        self.spec_text = self._reply_view()
+        self._blocks: dict[QTextBrowser, list[str]] = {}  # each view's copyable code blocks
         self.plain_stats = QLabel("")
         self.spec_stats = QLabel("")
         for lab in (self.plain_stats, self.spec_stats):
@@ -72,6 +76,26 @@ class CompareDialog(QDialog):
         self.run_button.clicked.connect(self.start)
         self.task: asyncio.Future | None = None
         self.outcome: CompareOutcome | None = None
+
+    def _reply_view(self) -> QTextBrowser:
+        """A read-only view of a model's reply: the browser follows no link
+        itself (``_link`` decides), so nothing but http(s) ever opens."""
+        view = QTextBrowser()
+        view.setOpenLinks(False)
+        view.setOpenExternalLinks(False)
+        view.anchorClicked.connect(lambda url, v=view: self._link(v, url))
+        return view
+
+    def _link(self, view: QTextBrowser, url: QUrl) -> None:
+        href = url.toString()
+        if href.startswith(COPY_SCHEME):
+            blocks = self._blocks.get(view, [])
+            n = href[len(COPY_SCHEME):]
+            if n.isdigit() and int(n) < len(blocks):
+                QGuiApplication.clipboard().setText(blocks[int(n)])
+                self.status.setText("Code copied to the clipboard")
+            return
+        self.status.setText(links.open_link(href))
 
     def start(self) -> None:
         text = self.prompt.toPlainText().strip()
@@ -105,7 +129,16 @@ class CompareDialog(QDialog):
             self.finished_run.emit(outcome)
 
     def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
-        view.setMarkdown(result.text)
+        # The chat's rendering (ui/markdown.py), not QTextBrowser.setMarkdown,
+        # which passes the reply's raw HTML through and loads its images.
+        c = theme.current()
+        doc, blocks = build_document(result.text, view.font(),
+                                     DocColors(text=c.text, code_bg=c.code_bg,
+                                               code_header=c.code_header, link=c.link))
+        doc.setParent(view)  # the view does not own a document it did not make
+        doc.setDocumentMargin(4)
+        view.setDocument(doc)
+        self._blocks[view] = blocks
         stats.setText(reply_summary(result.summary).line())
 
     def show_outcome(self, o: CompareOutcome) -> None:

@@ -22,6 +22,7 @@ from specchat.ui.chat_view import ChatView
 from specchat.ui.composer import Composer
 from specchat.ui.conversation import ConversationController
 from specchat.ui.gauges import GaugeStrip
+from specchat.ui.history_banner import HistoryBanner
 from specchat.ui.lag_label import LagLabel
 from specchat.ui.load_views import LoadBanner, PairStatus, pair_name
 from specchat.ui.options_bar import OptionsBar
@@ -50,6 +51,7 @@ class MainWindow(QMainWindow):
         self._build()
         self._wire()
         self._settings_changed(self.session.settings)
+        self.sidebar.set_read_only(self.session.history_problem)
         self.update_state()
 
     # -- layout ----------------------------------------------------------------
@@ -64,6 +66,7 @@ class MainWindow(QMainWindow):
         self.composer = Composer()
         self.load_banner = LoadBanner(self.session.engine)
         self.error_banner = Banner("ErrorBanner", closable=True)
+        self.history_banner = HistoryBanner(self.session)
 
         center = QWidget()
         cl = QVBoxLayout(center)
@@ -75,6 +78,7 @@ class MainWindow(QMainWindow):
         banners.setContentsMargins(12, 6, 12, 0)
         banners.addWidget(self.load_banner)
         banners.addWidget(self.error_banner)
+        banners.addWidget(self.history_banner)
         cl.addLayout(banners)
         cl.addWidget(self.chat_view, 1)
         cl.addWidget(self.gauges)
@@ -106,6 +110,8 @@ class MainWindow(QMainWindow):
         c.conversationsChanged.connect(self._conversations_changed)
         s.settingsChanged.connect(self._settings_changed)
         s.failed.connect(self.show_error)
+        s.noticed.connect(self.show_error)
+        s.historyChanged.connect(self._history_changed)
         self.sidebar.openRequested.connect(self.open_conversation)
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.failed.connect(self.show_error)
@@ -117,6 +123,7 @@ class MainWindow(QMainWindow):
         self.options.settingsRequested.connect(self.open_settings)
         self.options.notice.connect(self._status)
         self.chat_view.copied.connect(self._copied)
+        self.chat_view.notice.connect(self._status)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._scheme_changed)
 
     # -- start / close -----------------------------------------------------
@@ -165,6 +172,14 @@ class MainWindow(QMainWindow):
             self.chat_view.set_color_tokens(s.color_tokens)
             self.chat_model.refresh_all()
         self._preview_mode()
+
+    def _history_changed(self) -> None:
+        """The history opened again (Retry): list it, and write the chat on
+        screen if it was said while nothing could be saved."""
+        self.sidebar.set_read_only(self.session.history_problem)
+        if self.session.saving:
+            self.conversation.save_unsaved()
+            self.sidebar.relist(self.conversation.conversation_id)
 
     def _status(self, message: str) -> None:
         self.statusBar().showMessage(message, STATUS_MS)

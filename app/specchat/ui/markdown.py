@@ -17,6 +17,7 @@ from PySide6.QtGui import (
     QFont,
     QFontDatabase,
     QFontInfo,
+    QImage,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
@@ -111,9 +112,24 @@ def code_family() -> str:
     return _code_family
 
 
+class ReplyDocument(QTextDocument):
+    """A document of untrusted text that loads nothing: Qt would otherwise
+    read a Markdown image (``![x](file:///home/me/photo.png)`` or a bare
+    path) from disk and show it. Every resource is one transparent pixel (an
+    empty answer would make Qt try the path itself); raw HTML is text anyway
+    (``MarkdownNoHTML``)."""
+
+    def loadResource(self, _type: int, _name) -> QImage:  # noqa: N802 - Qt override
+        blank = QImage(1, 1, QImage.Format.Format_ARGB32)
+        blank.fill(0)
+        return blank
+
+
 def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocument, list[str]]:
-    """The rendered document and the code blocks its ``copy:N`` links refer to."""
-    doc = QTextDocument()
+    """The rendered document and the code blocks its ``copy:N`` links refer to.
+    Used for every model reply (chat bubbles and Compare): HTML in the text
+    stays text, and no file or image is loaded."""
+    doc = ReplyDocument()
     doc.setDefaultFont(font)
     doc.setDocumentMargin(0)
     doc.setDefaultStyleSheet(f"a {{ color: {colors.link.name()}; }}")

@@ -81,8 +81,13 @@ class OptionsBar(QFrame):
             box.blockSignals(True)
             box.setChecked(on)
             box.blockSignals(False)
+        # The session's K is valid (from_stored and update_settings check it):
+        # any K from 1 to 32 is shown, listed or not.
+        k = s.k
         self.k_box.blockSignals(True)
-        self.k_box.setCurrentIndex(max(0, self.k_box.findData(s.k)))
+        if k is not None and self.k_box.findData(k) < 0:
+            self.k_box.addItem(f"K = {k}", k)
+        self.k_box.setCurrentIndex(max(0, self.k_box.findData(k)))
         self.k_box.blockSignals(False)
 
     def show_pair(self, pair: LoadedPair | None) -> None:

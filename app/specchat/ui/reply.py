@@ -67,7 +67,9 @@ class Reply(QObject):
                 result = await engine.run(request, on_step=self._step)
                 summary = reply_summary(result.summary)
             except EngineError as exc:
-                error = str(exc)
+                # Stopped before the first step (e.g. while the chat template
+                # renders) ends the job as a failure; the user asked for it.
+                error = STOPPED if self._stopped else str(exc)
             except asyncio.CancelledError:
                 error = STOPPED
                 engine.cancel_generation()

@@ -1,4 +1,9 @@
-"""The settings dialog: system prompt, sampling and presets."""
+"""The settings dialog: system prompt, sampling and presets.
+
+Every number is a ``ValueEdit`` checked against ``specchat.values``: a value
+out of range shows its one line under the form and the dialog cannot be
+accepted until it is fixed, so what is saved is what the engine accepts.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,15 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
+    QLabel,
     QPlainTextEdit,
-    QSpinBox,
     QVBoxLayout,
 )
 
-from specchat.store.settings import PRESETS, AppSettings, apply_preset, preset_of
+from specchat import values
+from specchat.store.settings import PRESETS, AppSettings, preset_of
+from specchat.ui.value_edit import ValueEdit
 
 
 class SettingsDialog(QDialog):
@@ -28,15 +34,15 @@ class SettingsDialog(QDialog):
         self.system.setFixedHeight(90)
         self.preset = QComboBox()
         self.preset.addItems([*PRESETS, "Custom"])
-        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
-        self.temperature.setToolTip("0 = greedy: the reply is exactly what the target alone "
-                                    "would write, with or without speculation")
-        self.top_p = QDoubleSpinBox(minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
-        self.top_k = QSpinBox(minimum=0, maximum=1000)
-        self.top_k.setSpecialValueText("off")
-        self.max_tokens = QSpinBox(minimum=1, maximum=32768, singleStep=64)
-        self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1)
-        self.seed.setSpecialValueText("random")
+        self.temperature = ValueEdit("temperature")
+        self.temperature.setToolTip(
+            self.temperature.toolTip() + ". 0 = greedy: the reply is exactly what the target "
+            "alone would write, with or without speculation")
+        self.top_p = ValueEdit("top-p")
+        self.top_k = ValueEdit("top-k")
+        self.max_tokens = ValueEdit("max tokens")
+        self.seed = ValueEdit("seed", blank="random")
+        self.numbers = (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed)
         form = QFormLayout()
         form.addRow("System prompt", self.system)
         form.addRow("Preset", self.preset)
@@ -45,34 +51,57 @@ class SettingsDialog(QDialog):
         form.addRow("Top-k", self.top_k)
         form.addRow("Max new tokens", self.max_tokens)
         form.addRow("Seed", self.seed)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
-                                   | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        self.error = QLabel()  # the first bad value's one line
+        self.error.setObjectName("ErrorBanner")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                        | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
         lay.addLayout(form)
-        lay.addWidget(buttons)
+        lay.addWidget(self.error)
+        lay.addWidget(self.buttons)
         self._show(settings)
         self.preset.activated.connect(self._preset_chosen)
-        for w in (self.temperature, self.top_p):
-            w.valueChanged.connect(self._sync_preset)
-        self.top_k.valueChanged.connect(self._sync_preset)
+        for w in self.numbers:
+            w.valueChanged.connect(self._edited)
+        self._edited()
 
     def _show(self, s: AppSettings) -> None:
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
         self.top_k.setValue(s.top_k)
         self.max_tokens.setValue(s.max_tokens)
-        self.seed.setValue(-1 if s.seed is None else s.seed)
+        self.seed.setValue(s.seed)
         self._sync_preset()
 
+    def problem(self) -> str:
+        """The first bad value's message, or "" when every value is good."""
+        return next((p for p in (w.problem() for w in self.numbers) if p), "")
+
+    def _edited(self) -> None:
+        problem = self.problem()
+        self.error.setText(problem)
+        self.error.setVisible(bool(problem))
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not problem)
+        self._sync_preset()
+
+    def accept(self) -> None:
+        if not self.problem():  # Enter in a field must not save a bad value either
+            super().accept()
+
     def _preset_chosen(self, i: int) -> None:
-        name = self.preset.itemText(i)
-        if name in PRESETS:
-            self._show(apply_preset(self.values(), name))
+        # A preset sets sampling only; the other fields stay as typed.
+        for key, value in PRESETS.get(self.preset.itemText(i), {}).items():
+            getattr(self, key).setValue(value)
 
     def _sync_preset(self, *_args) -> None:
-        name = preset_of(self.values()) or "Custom"
+        try:
+            name = preset_of(self.values()) or "Custom"
+        except values.BadValue:
+            name = "Custom"
         self.preset.blockSignals(True)
         self.preset.setCurrentText(name)
         self.preset.blockSignals(False)
@@ -80,12 +109,12 @@ class SettingsDialog(QDialog):
     def edited(self) -> dict:
         """What this dialog edits, as AppSettings fields: the window hands
         them to ``AppSession.update_settings``, so settings changed elsewhere
-        meanwhile (the last pair) stay as they are."""
+        meanwhile (the last pair) stay as they are. ``values.BadValue`` while
+        a value is out of range (the dialog cannot be accepted then)."""
         return dict(system_prompt=self.system.toPlainText(),
-                    temperature=round(self.temperature.value(), 3),
-                    top_p=round(self.top_p.value(), 3), top_k=self.top_k.value(),
-                    max_tokens=self.max_tokens.value(),
-                    seed=None if self.seed.value() < 0 else self.seed.value())
+                    temperature=self.temperature.value(), top_p=self.top_p.value(),
+                    top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
+                    seed=self.seed.value())
 
     def values(self) -> AppSettings:
         return replace(self._base, **self.edited())

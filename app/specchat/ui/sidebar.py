@@ -2,6 +2,9 @@
 
 Reads and writes go through the store's thread: the list fills when its
 query returns, and a rename or delete shows at once while its write runs.
+While the history cannot be written (read-only or unavailable) rename and
+delete are disabled and their tooltips say why: shown at once, they would
+change the list on screen and then fail.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class ConversationListModel(QAbstractListModel):
         self.items: list[Conversation] = []
         self.search = ""
         self._asked = 0  # the latest query; an older one that returns late is dropped
+        self.writable = True
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.items)
@@ -53,16 +57,18 @@ class ConversationListModel(QAbstractListModel):
         return None
 
     def flags(self, index):
-        return (Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
-                | Qt.ItemFlag.ItemIsEditable)
+        flags = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        return flags | Qt.ItemFlag.ItemIsEditable if self.writable else flags
 
     def setData(self, index, value, role=Qt.ItemDataRole.EditRole) -> bool:  # noqa: N802
-        if role != Qt.ItemDataRole.EditRole or not str(value).strip():
+        if role != Qt.ItemDataRole.EditRole or not str(value).strip() or not self.writable:
             return False
         self.rename(self.items[index.row()].id, str(value))
         return True
 
     def rename(self, conversation_id: int, title: str) -> None:
+        if not self.writable:
+            return
         report_failure(self.store.rename(conversation_id, title), self.failed.emit,
                        "rename the conversation")
         row = self.row_of(conversation_id)
@@ -144,11 +150,27 @@ class Sidebar(QWidget):
         self.model.modelReset.connect(lambda: self.select(self.current_id))
         self.current_id: int | None = None
         self._current: Conversation | None = None  # the open conversation, once listed
+        self._read_only: str | None = None  # why the history cannot be written, if so
         self.model.reload()
 
     def _apply_search(self) -> None:
         self.model.search = self.search.text()
         self.refresh()
+
+    def set_read_only(self, why: str | None) -> None:
+        """``why`` the history cannot be written now (None: it can)."""
+        self._read_only = why
+        self.model.writable = why is None
+        self._enable()
+
+    def _enable(self) -> None:
+        listed = self._current is not None
+        self.export_button.setEnabled(listed)
+        for b, tip in ((self.rename_button, "Rename the conversation"),
+                       (self.delete_button, "Delete the conversation")):
+            b.setEnabled(listed and self._read_only is None)
+            b.setToolTip(tip if self._read_only is None
+                         else f"Not available: nothing can be changed now. {self._read_only}")
 
     def refresh(self) -> asyncio.Future:
         return self.model.reload()
@@ -169,8 +191,7 @@ class Sidebar(QWidget):
             self.list.clearSelection()
             if self._current is not None and self._current.id != conversation_id:
                 self._current = None  # (a search may hide the open one: keep it then)
-        for b in (self.rename_button, self.delete_button, self.export_button):
-            b.setEnabled(self._current is not None)
+        self._enable()
 
     def _open_index(self, index: QModelIndex) -> None:
         cid = index.data(Qt.ItemDataRole.UserRole)
@@ -183,14 +204,18 @@ class Sidebar(QWidget):
             return
         self._open_index(index)
         menu = QMenu(self)
-        menu.addAction("Rename", self.rename_current)
+        menu.setToolTipsVisible(True)
+        rename = menu.addAction("Rename", self.rename_current)
         menu.addAction("Export as Markdown…", lambda: self.export_current())
-        menu.addAction("Delete", self.delete_current)
+        delete = menu.addAction("Delete", self.delete_current)
+        for action in (rename, delete):
+            action.setEnabled(self._read_only is None)
+            action.setToolTip(self.rename_button.toolTip() if self._read_only else "")
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def rename_current(self) -> None:
         conv = self._current
-        if conv is None:
+        if conv is None or self._read_only is not None:
             return
         title, ok = QInputDialog.getText(self, "Rename conversation", "Title:", text=conv.title)
         if ok and title.strip():
@@ -199,7 +224,7 @@ class Sidebar(QWidget):
 
     def delete_current(self, confirm: bool = True) -> None:
         conv = self._current
-        if conv is None:
+        if conv is None or self._read_only is not None:
             return
         if confirm and QMessageBox.question(
                 self, "Delete conversation",

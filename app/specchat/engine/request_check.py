@@ -1,0 +1,73 @@
+"""The whole request checked before any MLX call.
+
+``Engine.generate`` is the one door every reply goes through (the window,
+Compare, the CLI, the bench and any caller of the API), so a request is
+checked here, field by field, against ``specchat.values``: a bad value
+becomes the same one line the CLI and the settings dialog give
+(``BadValue``, a ``SpecChatError``), never an exception from deep inside
+sampling or the tokenizer that the engine thread would have to report as an
+internal error. Pure Python: no MLX.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import replace
+
+from specchat import values
+from specchat.engine import modes
+from specchat.engine.errors import EngineError
+from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
+
+ACCEPTANCE = ("rejection", "equality")
+# How each role's text is named in a message about it.
+_ROLE_NAMES = {"system": "the system prompt", "user": "the message",
+               "assistant": "an earlier reply"}
+
+
+def checked(request: GenerateRequest) -> GenerateRequest:
+    """``request`` with every value in its range and in its kind (a seed
+    folded into 64 bits, a K of "auto" as None), or ``BadValue`` /
+    ``EngineError`` naming the first one that is not."""
+    s = request.sampling
+    sampling = SamplingParams(
+        temperature=values.check("temperature", s.temperature),
+        top_p=values.check("top-p", s.top_p),
+        top_k=values.check("top-k", s.top_k),
+        seed=values.check("seed", s.seed),
+    )
+    d = request.draft
+    mode = modes.get(d.mode)  # EngineError naming the modes there are
+    if d.acceptance not in ACCEPTANCE:
+        raise EngineError(f"acceptance must be one of {', '.join(ACCEPTANCE)}; "
+                          f"got {d.acceptance!r}")
+    draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance)
+    return replace(
+        request,
+        messages=tuple(_message(m) for m in request.messages),
+        prompt_ids=None if request.prompt_ids is None else _ids("prompt token", request.prompt_ids),
+        max_tokens=values.check("max tokens", request.max_tokens),
+        sampling=sampling,
+        draft=draft,
+        stop_strings=tuple(values.text("a stop string", t) for t in request.stop_strings),
+        stop_token_ids=_ids("stop token", request.stop_token_ids),
+    )
+
+
+def _message(m: Message) -> Message:
+    if not isinstance(m.role, str):
+        raise EngineError(f"a message role must be text; got {type(m.role).__name__}")
+    name = _ROLE_NAMES.get(m.role, f"the {values.text('a message role', m.role)} message")
+    return Message(m.role, values.text(name, m.content))
+
+
+def _ids(name: str, ids) -> tuple[int, ...]:
+    """Token ids must be whole numbers (their range is the vocabulary's,
+    checked where the vocabulary is known)."""
+    out = []
+    for t in ids:
+        try:
+            out.append(operator.index(t))  # ints, and numpy's
+        except TypeError:
+            raise EngineError(f"a {name} id must be a whole number; got {t!r}") from None
+    return tuple(out)

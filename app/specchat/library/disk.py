@@ -1,0 +1,47 @@
+"""Free disk space, checked before work that writes a lot (a download, an
+import, a GGUF conversion, joining the bundled parts), so it is refused with
+the numbers before the first byte instead of failing midway.
+
+One check and one message for all of them, so the user reads the same line
+whichever way a model arrives. The margin leaves room for what the sizes do
+not count (file system overhead, the index, the logs, other programs writing
+meanwhile): a disk filled to the last byte breaks more than SpecChat.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from specchat.library.errors import LibraryError
+from specchat.library.units import size_text
+
+MARGIN = 0.05  # of the bytes needed, kept free on top of them
+
+
+class NotEnoughSpace(LibraryError):
+    """The work would not fit on the disk; nothing was started."""
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Free bytes on the disk holding ``folder`` (None if it cannot be asked)."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def check_free_space(folder: Path, needed: int, doing: str, shown: Path | None = None) -> None:
+    """Refuse ``doing`` (e.g. "importing /their/folder", "hf:org/repo") if
+    ``needed`` bytes and the margin do not fit on the disk holding ``folder``;
+    the message names ``shown`` instead when ``folder`` is a work folder the
+    user never sees (it must be on the same disk). A disk that cannot be
+    asked is not refused: the write itself then says what went wrong."""
+    free = free_bytes(folder)
+    if free is None or free >= needed * (1 + MARGIN):
+        return
+    raise NotEnoughSpace(
+        f"Not enough disk space for {doing}: it needs {size_text(needed)} "
+        f"(plus {MARGIN:.0%} to spare) and the disk holding {shown or folder} has "
+        f"{size_text(free)} free. Free some space (`specchat models rm NAME` removes a "
+        "model) and try again.")

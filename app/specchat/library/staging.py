@@ -1,0 +1,187 @@
+"""Work folders that say whether the process writing them is still alive.
+
+An import writes into a work folder and renames it into place when done; a
+process killed mid-import (SIGKILL, a crash, power loss) leaves the folder
+behind, and a fresh random name each time means nobody would ever look at
+it again. So each work folder ``<prefix><pid>-<random>`` has a lock file
+beside it (``...lock``), held with ``flock`` by the process doing the work
+for as long as it works. The kernel drops that lock when the process dies,
+however it dies, so the next import can tell a dead import's folder (lock
+free: removed) from a live one's (lock held: left alone) without trusting
+process ids, which the system reuses. The pid in the name only matters for a
+folder whose lock file is missing (the instant between creating the two, or
+the files of older versions, which wrote no lock: those also go once a day
+old, so a reused pid cannot keep them). Imports, GGUF conversions and the
+joining of bundled models all go through here: liveness is decided in one
+place.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+from specchat.library.errors import LibraryError
+
+LOCK_SUFFIX = ".lock"
+# Folders from SpecChat versions without pids or locks: removed once nobody
+# could still be writing them.
+LEGACY_AGE_SECONDS = 24 * 3600
+
+# ``<home>/tmp/import-<pid>-<random>`` (and the older ``import-<random>``).
+IMPORT_PREFIX = "import-"
+IMPORT_NAMES = re.compile(r"import-(?:(?P<pid>\d+)-)?[0-9a-f]+")
+# ``.<name>.partial-<pid>-<random>`` beside a GGUF import's destination.
+PARTIAL_NAMES = re.compile(r"\..+\.partial-(?P<pid>\d+)-[0-9a-f]+")
+# ``<home>/tmp/bundled-<model>-<pid>-<random>`` where a bundled model's parts
+# are joined (and the loose ``...-<pid>-<random>.gguf`` of older versions).
+BUNDLED_NAMES = re.compile(r"bundled-.+-(?P<pid>\d+)-[0-9a-f]+(?:\.gguf)?")
+
+
+def bundled_prefix(model: str) -> str:
+    return f"bundled-{model}-"
+
+
+def partial_prefix(dest: Path) -> str:
+    return f".{dest.name}.partial-"
+
+
+class WorkDir:
+    """A claimed work folder; ``release`` deletes whatever is still at its
+    path (nothing, once it was renamed into place) and drops the lock."""
+
+    def __init__(self, path: Path, lock: Path, fd: int):
+        self.path, self._lock, self._fd = path, lock, fd
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        try:
+            self._lock.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> WorkDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def claim(parent: Path, prefix: str) -> WorkDir:
+    """Create ``parent/<prefix><pid>-<random>`` with its lock held."""
+    parent.mkdir(parents=True, exist_ok=True)
+    name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
+    lock = parent / (name + LOCK_SUFFIX)
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
+        (parent / name).mkdir()
+    except BaseException:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+        raise
+    return WorkDir(parent / name, lock, fd)
+
+
+def sweep(parent: Path, names: re.Pattern) -> list[Path]:
+    """Delete the work folders in ``parent`` matching ``names`` whose owner
+    is gone, and lock files left without a folder. Returns what was removed.
+    Never raises: cleaning up is best effort and must not stop an import."""
+    removed: list[Path] = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if name.endswith(LOCK_SUFFIX):
+            folder = parent / name[:-len(LOCK_SUFFIX)]
+            if names.fullmatch(folder.name) and not folder.exists():
+                _remove_if_unlocked(entry, None)
+            continue
+        match = names.fullmatch(name)
+        if match is None or entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
+            continue
+        lock = parent / (name + LOCK_SUFFIX)
+        if lock.exists():
+            if _remove_if_unlocked(lock, entry):
+                removed.append(entry)
+        elif not _owner_may_live(entry, match.groupdict().get("pid")):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def _remove_if_unlocked(lock: Path, folder: Path | None) -> bool:
+    """Take the lock without waiting; if that works its owner is dead, so
+    delete the folder, then the lock file (still holding it, so a second
+    sweeper cannot start on the same folder)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: a live import
+        if folder is not None:
+            _remove(folder)
+        lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _owner_may_live(entry: Path, pid: str | None) -> bool:
+    """For an entry without a lock file (older versions wrote none): its
+    named process is gone, or it has not changed for a day. The age bound
+    is what keeps a reused pid from keeping a dead process's files forever."""
+    try:
+        age = time.time() - entry.stat().st_mtime
+    except OSError:
+        return True
+    if age >= LEGACY_AGE_SECONDS:
+        return False
+    return pid is None or process_alive(int(pid))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id is running (only a fallback: the id
+    may belong to another process by now)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def write_error(src: Path, where: Path, exc: OSError) -> LibraryError:
+    """What a person reads when writing an import failed: a full disk is
+    called that, and the message names the user's file and the library
+    folder, not the work folder the bytes were going to."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LibraryError(
+            f"Not enough disk space to import {src}: the disk holding {where} filled up "
+            "during the import; nothing was added. Free some space and import again.")
+    return LibraryError(f"Could not import {src} into {where}: {exc.strerror or exc}")

@@ -1,0 +1,111 @@
+"""Conversations that could not be written before SpecChat quit, kept in a
+file until the history takes them.
+
+Why: at quit another program may still hold the history's lock (quitting
+waits only ``worker.CLOSE_WAIT_S`` for it), the history may never have
+opened, or a write may have failed (a full disk). Whatever was on screen and
+may not be in the history is then written as JSON to
+``<history folder>/unsaved/<time>-<pid>-<random>.json`` (two windows may
+quit in the same second): atomically (a temporary file
+renamed into place), so a crash leaves a whole file or none. The next start
+that opens the history for writing imports each file in one transaction and
+deletes it only once that committed: a crash in between imports it again
+instead of losing it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specchat.store.conversations import MessageContent
+from specchat.store.summary import ReplySummary
+
+FOLDER = "unsaved"
+VERSION = 1
+
+log = logging.getLogger("specchat.store")
+
+
+# A message as it was on screen: the same fields as a stored one, no row.
+UnsavedMessage = MessageContent
+
+
+@dataclass
+class UnsavedConversation:
+    """A conversation as it was on screen. ``id`` is its row in the history
+    if it had one (then the import replaces that conversation's messages with
+    these: the screen was the newest state), else None (a new conversation)."""
+
+    id: int | None
+    title: str
+    messages: list[UnsavedMessage]
+    target: str | None = None
+    draft: str | None = None
+
+
+class Unreadable(ValueError):
+    """A recovery file that is not one this version wrote."""
+
+
+def folder_for(history: Path) -> Path:
+    return history.parent / FOLDER
+
+
+def write(folder: Path, conversations: list[UnsavedConversation]) -> Path:
+    """Write one recovery file; its path. OSError if it cannot be written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"version": VERSION, "saved_at": time.time(),
+            "conversations": [_to_json(c) for c in conversations]}
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def pending(folder: Path) -> list[Path]:
+    """The recovery files waiting to be imported, oldest first."""
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def read(path: Path) -> list[UnsavedConversation]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != VERSION:
+            raise Unreadable(f"version {data.get('version')!r}")
+        return [_from_json(c) for c in data["conversations"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Unreadable(str(exc)) from exc
+
+
+def _to_json(c: UnsavedConversation) -> dict[str, Any]:
+    data = asdict(c)
+    data["messages"] = [{**asdict(m), "summary": m.summary.to_json() if m.summary else None}
+                        for m in c.messages]
+    return data
+
+
+def _from_json(data: dict[str, Any]) -> UnsavedConversation:
+    messages = [UnsavedMessage(str(m["role"]), str(m["content"]),
+                               [(str(o), str(t)) for o, t in m.get("runs") or []],
+                               ReplySummary.from_json(m["summary"]) if m.get("summary") else None,
+                               m.get("error"), bool(m.get("complete", True)))
+                for m in data["messages"]]
+    cid = data.get("id")
+    return UnsavedConversation(cid if isinstance(cid, int) else None, str(data["title"]),
+                               messages, data.get("target"), data.get("draft"))

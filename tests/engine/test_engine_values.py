@@ -1,0 +1,117 @@
+"""Engine.generate checks the whole request before any MLX call: a bad value
+from any caller (window, Compare, CLI, API) is the one line from
+specchat.values, never an exception from sampling or the tokenizer that the
+engine thread would report as "Internal error". A model cannot draft for
+itself, in the same words as ``specchat models check``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import pytest
+from specchat import values
+from specchat.engine.client import EngineClient
+from specchat.engine.compat import SAME_MODEL
+from specchat.engine.errors import EngineError
+from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
+from specchat.engine.session import Engine
+from specchat.engine.worker import EngineThread, JobFailed
+from specchat.errors import SpecChatError
+
+BASE = GenerateRequest(messages=(Message("user", "Hello there"),), max_tokens=4,
+                       draft=DraftSettings(mode="plain"))
+
+BAD = {
+    "temperature nan": (replace(BASE, sampling=SamplingParams(float("nan"))), "temperature must"),
+    "temperature inf": (replace(BASE, sampling=SamplingParams(float("inf"))), "temperature must"),
+    "temperature negative": (replace(BASE, sampling=SamplingParams(-1.0)), "temperature must"),
+    "top-p 0": (replace(BASE, sampling=SamplingParams(1.0, 0.0)), "top-p must"),
+    "top-p nan": (replace(BASE, sampling=SamplingParams(1.0, float("nan"))), "top-p must"),
+    "top-k negative": (replace(BASE, sampling=SamplingParams(1.0, 1.0, -5)), "top-k must"),
+    "max tokens 0": (replace(BASE, max_tokens=0), "max tokens must"),
+    "max tokens 2.5": (replace(BASE, max_tokens=2.5), "max tokens must"),
+    "K 0": (replace(BASE, draft=DraftSettings(mode="draft", k=0)), "K must"),
+    "K 33": (replace(BASE, draft=DraftSettings(mode="draft", k=33)), "K must"),
+    "acceptance": (replace(BASE, sampling=SamplingParams(1.0),
+                           draft=DraftSettings(mode="draft", acceptance="maybe")), "acceptance"),
+    "prompt not UTF-8": (replace(BASE, messages=(Message("user", "ab\udcffc"),)),
+                         "the message is not valid UTF-8 text: byte 0xFF at character 3"),
+    "system not UTF-8": (replace(BASE, messages=(Message("system", "\udcc3("),
+                                                 Message("user", "hi"))),
+                         "the system prompt is not valid UTF-8"),
+    "stop string not UTF-8": (replace(BASE, stop_strings=("\udcff",)),
+                              "a stop string is not valid UTF-8"),
+    "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
+                               "prompt token id must be a whole number"),
+}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_target, tiny_draft):
+    c = EngineClient()
+    c.load(str(tiny_target), str(tiny_draft)).wait()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_request_fails_with_its_one_line(client, case):
+    request, words = BAD[case]
+    job = client.generate(request)
+    with pytest.raises(EngineError):
+        job.wait()
+    assert isinstance(job.outcome, JobFailed)
+    message = job.outcome.message
+    assert words in message, message
+    assert not message.startswith("Internal error") and "\n" not in message
+
+
+@pytest.mark.parametrize("typed", [-1, -(10 ** 30), 10 ** 30, 2 ** 64])
+def test_any_integer_is_a_seed_folded_into_64_bits(tiny_engine, typed):
+    """MLX's key takes an unsigned 64-bit seed (a negative or larger one is
+    a TypeError there); the engine folds, so -1 samples as 2**64 - 1 does."""
+    folded = values.check("seed", typed)
+    assert 0 <= folded < 2 ** 64
+    mx.random.key(folded)  # what the engine's KeyStream calls
+
+    def run(seed):
+        tiny_engine.reset_cache()
+        return tiny_engine.generate(replace(
+            BASE, max_tokens=6, sampling=SamplingParams(1.0, seed=seed))).token_ids
+
+    assert run(typed) == run(folded)
+
+
+def test_checked_values_reach_the_sampler(tiny_engine):
+    """A K of "auto" typed as text and a temperature of 0 as an int are
+    values like any other, not errors (the check converts them)."""
+    r = tiny_engine.generate(replace(BASE, sampling=SamplingParams(0, 1, 0, None),
+                                     draft=DraftSettings(mode="draft", k="auto")))
+    assert r.summary.new_tokens == 4
+
+
+def test_a_model_cannot_draft_for_itself(tiny_target, tmp_path):
+    engine = Engine()
+    link = tmp_path / "same-model"
+    link.symlink_to(tiny_target)  # another path to the same folder
+    for draft in (tiny_target, link, f"{tiny_target}/"):
+        with pytest.raises(EngineError) as caught:
+            engine.load(tiny_target, draft)
+        assert SAME_MODEL in str(caught.value)
+    assert engine.target is None  # refused before anything was loaded
+
+
+def test_a_real_bug_is_still_reported_as_one_line():
+    """The generic wrapper stays for real bugs: it says so, names the
+    exception and keeps to one line (the traceback is in the detail)."""
+    def broken(_job):
+        raise ValueError("first line\nsecond line")
+
+    job = EngineThread(name="test-bug").submit(broken)
+    with pytest.raises(EngineError):
+        job.wait()
+    assert job.outcome.message == ("Internal error (a bug in SpecChat, please report it): "
+                                   "ValueError: first line")
+    assert "Traceback" in job.outcome.detail
+    assert not issubclass(ValueError, SpecChatError)

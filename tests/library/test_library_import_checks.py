@@ -1,0 +1,673 @@
+"""Nothing unverified, nothing stuck, nothing lost (issue 13): imports.
+
+A model that mlx-lm would fail to load is refused before it is copied or
+listed, in one line that names the user's own file (never a staging folder);
+work folders of imports whose process was killed are removed by the next
+import while a live import's are left alone; a full disk is said in words
+and leaves nothing behind. Damaged files are real files on disk, the killed
+import is a real subprocess killed with SIGKILL, and the full disk is a real
+small tmpfs (when the tests run as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from held import kill, start_held
+from smalldisk import fill
+from specchat.library import facts, importing, index, paths
+from specchat.library.errors import LibraryError
+from tinygguf import write_gguf
+
+
+# -- helpers -------------------------------------------------------------------
+def _read_st(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _write_st(path: Path, header: dict, data: bytes) -> None:
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def _drop_tensors(path: Path, names: set[str]) -> None:
+    """Rewrite a safetensors file without some tensors (a valid file)."""
+    header, data = _read_st(path)
+    meta = header.pop("__metadata__", None)
+    out: dict = {"__metadata__": meta} if meta else {}
+    chunks, at = [], 0
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if name in names:
+            continue
+        start, end = info["data_offsets"]
+        chunks.append(data[start:end])
+        out[name] = {**info, "data_offsets": [at, at + end - start]}
+        at += end - start
+    _write_st(path, out, b"".join(chunks))
+
+
+def _copy(src: Path, dest: Path, config: dict | None = None, drop_keys: tuple = ()) -> Path:
+    shutil.copytree(src, dest)
+    data = json.loads((dest / "config.json").read_text())
+    data.update(config or {})
+    for key in drop_keys:
+        data.pop(key)
+    (dest / "config.json").write_text(json.dumps(data))
+    return dest
+
+
+def _nothing_listed_or_left() -> None:
+    """After any failed import: no entry, no model folder, no work folder."""
+    assert index.list_installed() == []
+    assert not paths.models_dir().exists() or list(paths.models_dir().iterdir()) == []
+    assert not paths.tmp_dir().exists() or list(paths.tmp_dir().iterdir()) == []
+
+
+def _refused(src: Path) -> str:
+    """Import ``src``; it must be refused naming ``src``, not a staging folder."""
+    with pytest.raises(LibraryError) as err:
+        importing.import_path(src)
+    msg = str(err.value)
+    assert str(src) in msg, msg
+    assert str(paths.tmp_dir()) not in msg, msg
+    assert "\n" not in msg
+    _nothing_listed_or_left()
+    return msg
+
+
+def _mlx_lm_cannot_load(folder: Path) -> None:
+    """What the check stands in for: mlx-lm's own loader fails on it."""
+    from mlx_lm.utils import load_model
+
+    with pytest.raises(Exception):  # noqa: B017, PT011 - mlx raises assorted types
+        load_model(folder)
+
+
+# -- safetensors files and the tensors config.json implies -----------------------
+def _cut(folder: Path) -> None:
+    f = folder / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+
+
+def _bad_span(folder: Path) -> None:
+    f = folder / "model.safetensors"
+    header, data = _read_st(f)
+    header["model.norm.weight"]["shape"] = [65]
+    _write_st(f, header, data)
+
+
+def _overlap(folder: Path) -> None:
+    f = folder / "model.safetensors"
+    header, data = _read_st(f)
+    a, b = sorted(("model.layers.0.input_layernorm.weight",
+                   "model.layers.0.post_attention_layernorm.weight"),
+                  key=lambda n: header[n]["data_offsets"][0])
+    header[b]["data_offsets"] = header[a]["data_offsets"]
+    _write_st(f, header, data)
+
+
+def _trailing(folder: Path) -> None:
+    with open(folder / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 16)
+
+
+def _missing_tensor(folder: Path) -> None:
+    _drop_tensors(folder / "model.safetensors", {"model.layers.3.mlp.down_proj.weight"})
+
+
+def _no_lm_head(folder: Path) -> None:  # the config says untied
+    _drop_tensors(folder / "model.safetensors", {"lm_head.weight"})
+
+
+def _config(**values):
+    def edit(folder: Path) -> None:
+        data = json.loads((folder / "config.json").read_text())
+        data.update(values)
+        (folder / "config.json").write_text(json.dumps(data))
+    return edit
+
+
+DAMAGE = {
+    # case: (damage, words the message has, mlx-lm fails on it too)
+    "truncated": (_cut, "model.safetensors is truncated", True),
+    "span": (_bad_span, "shape [65] of F32, which is 260 bytes, but its data_offsets span 256",
+             True),
+    "overlap": (_overlap, "overlaps", False),
+    "trailing": (_trailing, "16 bytes after its last tensor belong to no tensor", False),
+    "missing": (_missing_tensor, "tensor model.layers.3.mlp.down_proj.weight is missing", True),
+    "more-layers": (_config(num_hidden_layers=7),
+                    "config.json describes 7 layers, but tensor model.layers.6.", True),
+    "fewer-layers": (_config(num_hidden_layers=5),
+                     "tensor model.layers.5.input_layernorm.weight (and 8 more) is not part of "
+                     "the 5-layer model config.json describes", True),
+    "no-lm-head": (_no_lm_head, "tensor lm_head.weight is missing", True),
+    "shape": (_config(intermediate_size=256),
+              "has shape [128, 64] (in model.safetensors) but config.json implies [256, 64]",
+              True),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_folder_that_would_fail_at_load_is_not_imported(lib_home, tmp_path, tiny_target, case):
+    damage, words, mlx_fails = DAMAGE[case]
+    broken = tmp_path / f"broken-{case}"
+    shutil.copytree(tiny_target, broken)
+    damage(broken)
+    msg = _refused(broken)
+    assert words in msg, msg
+    # The Hub registers snapshots through read_folder: same check, same words.
+    with pytest.raises(LibraryError, match="^" + str(broken)):
+        facts.read_folder(broken)
+    if mlx_fails:
+        _mlx_lm_cannot_load(broken)
+
+
+def test_good_folders_pass_the_check(lib_home, tiny_target, tiny_qwen_target, tiny_draft):
+    """No false alarms: llama (untied) and qwen2 (padded vocabulary) folders
+    that mlx-lm loads import as before."""
+    for folder in (tiny_target, tiny_qwen_target, tiny_draft):
+        assert importing.import_path(folder).params
+
+
+@pytest.fixture(scope="module")
+def tiny_q4(tmp_path_factory, tiny_target) -> Path:
+    """tiny_target quantized by mlx-lm (4 bits, groups of 32): packed uint32
+    weights with .scales and .biases beside them."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model, quantize_model
+
+    folder = tmp_path_factory.mktemp("q4") / "tiny-q4"
+    shutil.copytree(tiny_target, folder)
+    model, config = load_model(folder)
+    model, config = quantize_model(model, config, group_size=32, bits=4)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_quantized_folders_are_checked_with_their_packing(lib_home, tmp_path, tiny_q4):
+    from mlx_lm.utils import load_model
+
+    load_model(tiny_q4)  # the fixture is a folder mlx-lm loads
+    model = importing.import_path(tiny_q4)
+    assert model.quantization == "q4"
+    index.remove(model.name)
+
+    no_biases = tmp_path / "no-biases"
+    shutil.copytree(tiny_q4, no_biases)
+    _drop_tensors(no_biases / "model.safetensors", {"model.layers.2.mlp.up_proj.biases"})
+    assert "tensor model.layers.2.mlp.up_proj.biases is missing" in _refused(no_biases)
+    _mlx_lm_cannot_load(no_biases)
+
+    no_scales = tmp_path / "no-scales"
+    shutil.copytree(tiny_q4, no_scales)
+    _drop_tensors(no_scales / "model.safetensors", {"model.layers.2.mlp.up_proj.scales"})
+    msg = _refused(no_scales)
+    assert "model.layers.2.mlp.up_proj.weight has shape [128, 8]" in msg, msg
+    _mlx_lm_cannot_load(no_scales)
+
+
+def test_a_broken_hub_repo_is_not_listed(hub, tmp_path, tiny_target):
+    from specchat.library import hub as lib_hub
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_target, broken)
+    _missing_tensor(broken)
+    hub.add_repo("test-org/broken", broken)
+    with pytest.raises(LibraryError, match="model.layers.3.mlp.down_proj.weight is missing"):
+        lib_hub.pull("hf:test-org/broken")
+    assert index.list_installed() == []
+
+
+# -- an absurd layer count ---------------------------------------------------------
+ABSURD_IMPORT = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from specchat.library import importing
+from specchat.library.errors import LibraryError
+
+started = time.monotonic()
+try:
+    importing.import_path(sys.argv[1])
+    print(json.dumps({"imported": True}))
+except LibraryError as exc:
+    print(json.dumps({"seconds": time.monotonic() - started, "message": str(exc)}))
+"""
+
+
+def _import_in_a_child(src: Path) -> dict:
+    """Import in a child with 2 GiB of address space, so a regression (11
+    expected tensors per claimed layer, 10**9 layers) fails this test
+    instead of taking the machine's memory."""
+    done = subprocess.run([sys.executable, "-c", ABSURD_IMPORT, str(src)], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_an_absurd_layer_count_is_refused_at_once(lib_home, tmp_path, tiny_target,
+                                                   tiny_tokenizer, kind):
+    """num_hidden_layers / block_count only has to be a whole number above
+    0, and checking used to count up to it (10**9: never done, Cancel
+    powerless). The check takes time in the layers the weights hold. The
+    bound is 10 s for what takes milliseconds, for a loaded 2-core box."""
+    if kind == "folder":
+        src = _copy(tiny_target, tmp_path / "billion", {"num_hidden_layers": 10**9})
+        words = ("config.json describes 1000000000 layers, but tensor "
+                 "model.layers.6.input_layernorm.weight is missing: the weights hold 6 layers")
+    else:
+        src = write_gguf(tmp_path / "billion.gguf", tiny_tokenizer,
+                         metadata={"llama.block_count": 10**9}).path
+        words = "llama.block_count is 1000000000 but block 2 has no tensors (blk.2.*)"
+    out = _import_in_a_child(src)
+    assert "message" in out, out
+    assert out["message"].startswith(str(src)) and words in out["message"], out
+    assert out["seconds"] < 10, out
+    _nothing_listed_or_left()
+
+
+# -- shards, for any architecture ------------------------------------------------------
+def _shard(folder: Path, index: bool = True) -> list[str]:
+    """Split model.safetensors into model-0000i-of-00002.safetensors the way
+    Transformers saves big models (with model.safetensors.index.json)."""
+    header, data = _read_st(folder / "model.safetensors")
+    header.pop("__metadata__", None)
+    names = sorted(header)
+    files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    weight_map = {}
+    for fname, part in zip(files, (names[:len(names) // 2], names[len(names) // 2:]),
+                           strict=True):
+        out, chunks, at = {}, [], 0
+        for name in part:
+            start, end = header[name]["data_offsets"]
+            chunks.append(data[start:end])
+            out[name] = {**header[name], "data_offsets": [at, at + end - start]}
+            at += end - start
+            weight_map[name] = fname
+        _write_st(folder / fname, out, b"".join(chunks))
+    (folder / "model.safetensors").unlink()
+    if index:
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": len(data)}, "weight_map": weight_map}))
+    return files
+
+
+@pytest.fixture(scope="module")
+def other_archs(tmp_path_factory, tiny_tokenizer) -> dict[str, Path]:
+    """Real tiny phi3 and gemma folders (layouts the tensor check does not
+    model), sharded in two with an index."""
+    from tinymodels import build_model
+
+    root = tmp_path_factory.mktemp("archs")
+    out = {}
+    for arch, extra in (("phi3", None), ("gemma", {"head_dim": 16})):
+        folder = build_model(root / arch, tiny_tokenizer, model_type=arch, extra_config=extra)
+        _shard(folder)
+        out[arch] = folder
+    return out
+
+
+def _no_second_shard(folder: Path) -> None:
+    (folder / "model-00002-of-00002.safetensors").unlink()
+
+
+def _second_shard_short(folder: Path) -> None:
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    gone = sorted(n for n, f in weight_map.items() if f == "model-00002-of-00002.safetensors")[0]
+    _drop_tensors(folder / "model-00002-of-00002.safetensors", {gone})
+
+
+def _no_index_no_second_shard(folder: Path) -> None:
+    (folder / "model.safetensors.index.json").unlink()
+    _no_second_shard(folder)
+
+
+def _unknown_arch_no_second_shard(folder: Path) -> None:
+    _config(model_type="specchat_unknown_arch")(folder)
+    _no_index_no_second_shard(folder)
+
+
+SHARDS = {
+    "index-file-missing": (_no_second_shard, "is incomplete: model.safetensors.index.json lists "
+                           "model-00002-of-00002.safetensors, which is missing", True),
+    "index-tensor-missing": (_second_shard_short, "model-00002-of-00002.safetensors is "
+                             "incomplete: model.safetensors.index.json puts tensor ", True),
+    "no-index": (_no_index_no_second_shard, "is incomplete: it has "
+                 "model-00001-of-00002.safetensors but not model-00002-of-00002.safetensors",
+                 True),
+    "unknown-arch": (_unknown_arch_no_second_shard, "is incomplete: it has "
+                     "model-00001-of-00002.safetensors but not "
+                     "model-00002-of-00002.safetensors", False),
+}
+
+
+@pytest.mark.parametrize("arch", ["phi3", "gemma"])
+@pytest.mark.parametrize("case", list(SHARDS))
+def test_a_missing_shard_is_refused_for_any_architecture(lib_home, tmp_path, other_archs, arch,
+                                                         case):
+    damage, words, mlx_loads_arch = SHARDS[case]
+    broken = tmp_path / f"{arch}-{case}"
+    shutil.copytree(other_archs[arch], broken)
+    damage(broken)
+    msg = _refused(broken)
+    assert words in msg, msg
+    with pytest.raises(LibraryError, match="is incomplete"):
+        facts.read_folder(broken)
+    if mlx_loads_arch:
+        _mlx_lm_cannot_load(broken)
+
+
+def test_complete_shards_of_other_architectures_import(lib_home, other_archs):
+    """No false alarm: the whole sharded folders load in mlx-lm and import."""
+    from mlx_lm.utils import load_model
+
+    for arch, folder in other_archs.items():
+        load_model(folder)
+        model = importing.import_path(folder)
+        assert model.model_type == arch and model.params
+
+
+# -- malformed metadata ------------------------------------------------------------
+CONFIGS = {
+    "string": ({"num_attention_heads": "sixteen"}, (),
+               "num_attention_heads must be a whole number above 0; got 'sixteen'"),
+    "zero": ({"num_attention_heads": 0}, (), "num_attention_heads must be a whole number above "
+                                             "0; got 0"),
+    "negative": ({"hidden_size": -64}, (), "hidden_size must be a whole number above 0; got -64"),
+    "fraction": ({"num_key_value_heads": 1.5}, (), "num_key_value_heads must be a whole number "
+                                                   "above 0; got 1.5"),
+    "bool": ({"vocab_size": True}, (), "vocab_size must be a whole number above 0; got true"),
+    "eps": ({"rms_norm_eps": "small"}, (), "rms_norm_eps must be a number above 0; got 'small'"),
+    "missing": ({}, ("hidden_size",), "lacks 'hidden_size', which a llama model needs"),
+    "no-type": ({}, ("model_type",), "lacks 'model_type'"),
+    "heads": ({"num_key_value_heads": 3}, (), "num_attention_heads (4) must be a multiple of "
+                                              "num_key_value_heads (3)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_malformed_config_is_named(lib_home, tmp_path, tiny_target, case):
+    values, dropped, words = CONFIGS[case]
+    broken = _copy(tiny_target, tmp_path / f"cfg-{case}", values, dropped)
+    msg = _refused(broken)
+    assert msg.startswith(f"{broken / 'config.json'}"), msg
+    assert words in msg, msg
+
+
+def _tokenizer_config(folder: Path, text: str) -> None:
+    (folder / "tokenizer_config.json").write_text(text)
+
+
+TOKENIZER_CONFIGS = {
+    "json": ('{"eos_token": "<|im_end|>",', "tokenizer_config.json is broken: it is not valid JSON"),
+    "object": ('["not", "a", "config"]', "tokenizer_config.json is broken: it is not a JSON object"),
+    "template-type": ('{"chat_template": 5}',
+                      "tokenizer_config.json is broken: chat_template must be text or a list"),
+    "token-type": ('{"eos_token": 3}', "tokenizer_config.json is broken: eos_token must be a token"),
+    "decoder": ('{"added_tokens_decoder": [1, 2]}',
+                "tokenizer_config.json is broken: added_tokens_decoder must be"),
+    # "²".isdigit() is true, but transformers' int("²") fails on it.
+    "decoder-digit": ('{"added_tokens_decoder": {"\u00b2": {"content": "x"}}}',
+                      "tokenizer_config.json is broken: added_tokens_decoder must be"),
+    # Python's compiler, not Jinja, refuses these (SyntaxError, RecursionError).
+    "nested-fors": (json.dumps({"chat_template": "{% for m in messages %}" * 25 + "x"
+                                + "{% endfor %}" * 25}),
+                    "tokenizer_config.json: the chat template is broken, its blocks or "
+                    "expressions are nested too deeply to compile"),
+    "nested-ifs": (json.dumps({"chat_template": "{% if messages %}" * 3000 + "x"
+                               + "{% endif %}" * 3000}),
+                   "tokenizer_config.json: the chat template is broken, its blocks or "
+                   "expressions are nested too deeply to compile"),
+    "jinja": (json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}"}),
+              "tokenizer_config.json: the chat template is broken, it is not valid Jinja (line 1: "),
+    "named-jinja": (json.dumps({"chat_template": [
+        {"name": "default", "template": "{{ messages }}"},
+        {"name": "tool_use", "template": "{{ messages | no_such_filter }}"}]}),
+        "the chat template 'tool_use' is broken, it is not valid Jinja"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZER_CONFIGS))
+def test_broken_tokenizer_config_or_template_is_named(lib_home, tmp_path, tiny_target, case):
+    text, words = TOKENIZER_CONFIGS[case]
+    broken = _copy(tiny_target, tmp_path / f"tok-{case}")
+    _tokenizer_config(broken, text)
+    msg = _refused(broken)
+    assert msg.startswith(str(broken / "tokenizer_config.json")), msg
+    assert words in msg, msg
+
+
+def test_a_broken_chat_template_file_is_named(lib_home, tmp_path, tiny_target):
+    broken = _copy(tiny_target, tmp_path / "jinja-file")
+    (broken / "chat_template.jinja").write_text("{% if messages %}\n{{ messages[0] }\n{% endif %}")
+    msg = _refused(broken)
+    assert msg.startswith(f"{broken / 'chat_template.jinja'}: the chat template is broken, it is "
+                          "not valid Jinja (line 2: "), msg
+
+
+def test_templates_transformers_accepts_compile(lib_home, tmp_path, tiny_target):
+    """{% generation %} (transformers' extension), loop controls and tojson
+    are part of what transformers compiles; they must not be refused."""
+    good = _copy(tiny_target, tmp_path / "good-template")
+    config = json.loads((good / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+        "{% generation %}{{ m.content | tojson }}{% endgeneration %}{% endfor %}")
+    (good / "tokenizer_config.json").write_text(json.dumps(config))
+    assert importing.import_path(good).name == "good-template"
+
+
+
+
+def test_checking_a_template_never_runs_its_arithmetic(lib_home, tmp_path, tiny_target):
+    """Jinja folds constants while compiling: checking ``'x' * 10**10``
+    in a plain sandbox would build a 10 GB string. The check runs in a child
+    with 1 GiB of address space, so a fold kills it instead of the machine."""
+    bomb = _copy(tiny_target, tmp_path / "bomb-template")
+    config = json.loads((bomb / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ 'x' * 10**10 }}{{ [1] * 10**10 }}{{ 9 ** 9999999 }}"
+    (bomb / "tokenizer_config.json").write_text(json.dumps(config))
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from specchat.library import facts; facts.validate_folder(sys.argv[1]); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+# -- GGUF files ------------------------------------------------------------------
+GGUFS = {
+    "zero-heads": (dict(metadata={"llama.attention.head_count": 0}),
+                   "llama.attention.head_count must be a whole number above 0; got 0"),
+    "string-heads": (dict(metadata={"llama.attention.head_count": "sixteen"}),
+                     "llama.attention.head_count must be a whole number above 0; got 'sixteen'"),
+    "negative": (dict(metadata={"llama.embedding_length": -64}),
+                 "llama.embedding_length must be a whole number above 0; got -64"),
+    "missing-key": (dict(metadata={"llama.feed_forward_length": None}),
+                    "lacks 'llama.feed_forward_length', which the import needs"),
+    "eps": (dict(metadata={"llama.attention.layer_norm_rms_epsilon": "tiny"}),
+            "llama.attention.layer_norm_rms_epsilon must be a number above 0; got 'tiny'"),
+    "block-missing": (dict(metadata={"llama.block_count": 3}),
+                      "llama.block_count is 3 but block 2 has no tensors"),
+    "block-beyond": (dict(metadata={"llama.block_count": 1}),
+                     "llama.block_count is 1 but the file has tensors for block 1"),
+    "tensor-missing": (dict(drop={"blk.1.ffn_down.weight"}),
+                       "its metadata describes 2 layers, but tensor blk.1.ffn_down.weight is "
+                       "missing"),
+    "template": (dict(metadata={"tokenizer.chat_template": "{% for m in messages %}"}),
+                 "the chat template is broken, it is not valid Jinja"),
+    # "²".isdigit() is true; int("²") raised a raw ValueError in the block check.
+    "unicode-digit": (dict(extra_tensor=("blk.\u00b2.attn_q.weight",
+                                         np.zeros((64, 64), np.float32), None)),
+                      "has a tensor SpecChat does not know: 'blk.\u00b2.attn_q.weight'"),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUFS))
+def test_malformed_gguf_is_named_and_not_listed(lib_home, tmp_path, tiny_tokenizer, case):
+    kwargs, words = GGUFS[case]
+    g = write_gguf(tmp_path / f"{case}.gguf", tiny_tokenizer, **kwargs)
+    msg = _refused(g.path)
+    assert msg.startswith(str(g.path)), msg
+    assert words in msg, msg
+
+
+# -- work folders of dead imports ---------------------------------------------------
+HELD_IMPORT = """
+import os, sys, time
+from pathlib import Path
+from specchat.library import gguf_import, importing
+
+kind, src, dest = sys.argv[1:4]
+
+
+def hold(message, fraction):
+    # Stands still mid-import (files half written) until the test kills it.
+    if (fraction or 0) > 0 or message.startswith("converting"):
+        print("HELD", flush=True)
+        time.sleep(600)
+
+
+if kind == "folder":
+    def no_links(*args):
+        raise OSError("copy instead")  # so the import writes its own files
+    os.link = no_links
+    importing.COPY_CHUNK = 4096
+    importing.import_path(src, progress=hold)
+else:
+    gguf_import.import_gguf(Path(src), Path(dest), hold)
+"""
+
+
+def _start_held_import(tmp_path: Path, kind: str, src: Path, dest: Path | None = None):
+    script = tmp_path / "held_import.py"
+    script.write_text(HELD_IMPORT)
+    return start_held([str(script), kind, str(src), str(dest or "")])
+
+
+def _work_folders() -> list[str]:
+    return sorted(p.name for p in paths.tmp_dir().iterdir()) if paths.tmp_dir().exists() else []
+
+
+def test_killed_import_is_cleaned_by_the_next_and_a_live_one_is_left_alone(
+        lib_home, tmp_path, tiny_target, tiny_draft, tiny_qwen_draft):
+    dead = _start_held_import(tmp_path, "folder", tiny_target)
+    kill(dead)
+    left = _work_folders()
+    assert left == [f"import-{dead.pid}-{left[0].split('-')[2]}",
+                    f"import-{dead.pid}-{left[0].split('-')[2]}.lock"], left
+    assert list((paths.tmp_dir() / left[0] / "model").iterdir())  # files half copied
+
+    live = _start_held_import(tmp_path, "folder", tiny_draft)
+    try:
+        live_folders = [n for n in _work_folders() if n.startswith(f"import-{live.pid}-")]
+        assert len(live_folders) == 2
+        model = importing.import_path(tiny_qwen_draft)  # sweeps first
+        assert _work_folders() == live_folders  # the dead one gone, the live one kept
+        assert [m.name for m in index.list_installed()] == [model.name]
+    finally:
+        kill(live)
+    importing.import_path(tiny_qwen_draft)  # already imported: returns it, after sweeping
+    assert _work_folders() == []
+    assert [m.name for m in index.list_installed()] == [model.name]
+    assert sorted(p.name for p in paths.models_dir().iterdir()) == [model.name]
+
+
+def test_killed_gguf_conversion_is_cleaned_even_if_its_pid_is_reused(tmp_path, tiny_tokenizer):
+    g = write_gguf(tmp_path / "tiny.gguf", tiny_tokenizer)
+    out = tmp_path / "out"
+    dead = _start_held_import(tmp_path, "gguf", g.path, out / "m")
+    kill(dead)
+    left = sorted(p.name for p in out.iterdir())
+    assert len(left) == 2 and left[0].startswith(f".m.partial-{dead.pid}-"), left
+    # The pid is a live process now (pid reuse): the free lock still tells.
+    for name in left:
+        os.rename(out / name, out / name.replace(f"-{dead.pid}-", "-1-"))
+
+    from specchat.library.gguf_import import import_gguf
+
+    import_gguf(g.path, out / "other")
+    assert sorted(p.name for p in out.iterdir()) == ["other"]
+
+
+def test_work_folders_from_older_versions_are_removed_once_old(lib_home):
+    from specchat.library import staging
+
+    tmp = paths.tmp_dir(create=True)
+    old, recent = tmp / "import-0123456789ab", tmp / "import-ba9876543210"
+    for folder in (old, recent):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    week_ago = old.stat().st_mtime - 7 * 24 * 3600
+    os.utime(old, (week_ago, week_ago))
+    assert staging.sweep(tmp, staging.IMPORT_NAMES) == [old]
+    assert _work_folders() == [recent.name]
+
+
+# -- a full disk ---------------------------------------------------------------------
+@pytest.fixture
+def home_disk(small_disk, monkeypatch):
+    """mount(size) -> a real small tmpfs holding SPECCHAT_HOME."""
+
+    def mount(size: str) -> Path:
+        point = small_disk(size)
+        monkeypatch.setenv("SPECCHAT_HOME", str(point / "home"))
+        return point
+
+    return mount
+
+
+def test_a_model_too_big_for_the_disk_is_refused_up_front(home_disk, tiny_target):
+    home_disk("256k")
+    with pytest.raises(LibraryError) as err:
+        importing.import_path(tiny_target)
+    msg = str(err.value)
+    assert msg.startswith(f"Not enough disk space for importing {tiny_target.resolve()}: it "
+                          f"needs 1.1 MB (plus 5% to spare) and the disk holding "
+                          f"{paths.models_dir()} has "), msg
+    _nothing_listed_or_left()
+
+
+def test_disk_filling_up_mid_import_is_said_and_leaves_nothing(home_disk, tiny_target):
+    disk = home_disk("8m")
+    filled = []
+
+    def progress(_msg, _fraction):
+        if not filled:
+            fill(disk)
+            filled.append(True)
+
+    with pytest.raises(LibraryError) as err:
+        importing.import_path(tiny_target, progress=progress)
+    assert str(err.value) == (
+        f"Not enough disk space to import {tiny_target.resolve()}: the disk holding "
+        f"{paths.models_dir()} filled up during the import; nothing was added. Free some "
+        "space and import again.")
+    _nothing_listed_or_left()
+
+
+def test_disk_filling_up_mid_gguf_conversion_is_said_and_leaves_nothing(home_disk, tmp_path,
+                                                                       tiny_tokenizer):
+    g = write_gguf(tmp_path / "tiny.gguf", tiny_tokenizer)
+    disk = home_disk("8m")
+
+    def progress(msg, _fraction):
+        if msg.startswith("converting") and not (disk / "filler").exists():
+            fill(disk)
+
+    with pytest.raises(LibraryError) as err:
+        importing.import_path(g.path, progress=progress)
+    assert str(err.value) == (
+        f"Not enough disk space to import {g.path}: the disk holding {paths.models_dir()} "
+        "filled up during the import; nothing was added. Free some space and import again.")
+    _nothing_listed_or_left()

@@ -1,0 +1,91 @@
+"""The specchat command refuses bad values as usage errors: exit 2 and one
+line naming the range (the same line the engine and the settings give),
+including text whose bytes are not UTF-8, passed through a real argv."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from specchat.engine.compat import SAME_MODEL
+
+ENV = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+
+
+def specchat(*args: str | bytes) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "specchat", *args]
+    return subprocess.run(argv, env=ENV, capture_output=True, timeout=120)
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    text = proc.stderr.decode("utf-8")  # every message prints as UTF-8
+    assert "Traceback" not in text and "Internal error" not in text, text
+    return [line for line in text.splitlines() if "error" in line]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--temperature", "nan"], "argument --temperature: temperature must be a number from 0 to 5"),
+    (["--temperature", "inf"], "temperature must be a number from 0 to 5"),
+    (["--temperature=-1"], "temperature must be a number from 0 to 5"),
+    (["--top-p", "0"], "argument --top-p: top-p must be a number above 0 and at most 1"),
+    (["--top-k", "-3"], "argument --top-k: top-k must be a whole number from 0 to 1000000"),
+    (["--max-tokens", "0"], "max tokens must be a whole number from 1 to 1048576"),
+    (["--seed", "1.5"], "argument --seed: seed must be a whole number"),
+    (["--k", "0"], "argument --k: K must be a whole number from 1 to 32"),
+    ([b"--prompt", b"ab\xffc"],
+     "argument --prompt: the prompt is not valid UTF-8 text: byte 0xFF at character 3"),
+    ([b"--system", b"\xc3("], "argument --system: the system prompt is not valid UTF-8 text"),
+    ([b"--stop", b"\xff"], "argument --stop: a stop string is not valid UTF-8 text"),
+    (["--draft", ""], "argument --draft: No model given: pass"),
+])
+def test_generate_refuses_a_bad_value_as_a_usage_error(tiny_target, args, words):
+    base = ["generate", "--target", str(tiny_target), "--max-tokens", "3"]
+    if b"--prompt" not in args:
+        base += ["--prompt", "hi"]
+    proc = specchat(*base, *args)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_generate_accepts_any_integer_as_a_seed(tiny_target):
+    for seed in ("-1", str(-10 ** 30), str(10 ** 30)):
+        proc = specchat("generate", "--target", str(tiny_target), "--prompt", "hi",
+                        "--max-tokens", "3", "--temperature", "1", "--seed", seed, "--json")
+        assert proc.returncode == 0, proc.stderr.decode()
+
+
+def test_bench_refuses_bad_values(tiny_target, tiny_draft, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "kind": "chat", "messages": []}\n')
+    for args, words in ((["--temperature", "nan"], "temperature must"),
+                        (["--seed", "x"], "seed must"),
+                        (["--max-tokens", "-4"], "max tokens must"),
+                        (["--draft", " "], "No model given"),
+                        (["--prompts", str(tmp_path / "none.jsonl")], "no such file: ")):
+        base = ["bench", "--target", str(tiny_target), "--draft", str(tiny_draft),
+                "--prompts", str(prompts)]
+        proc = specchat(*base, *args)
+        assert proc.returncode == 2
+        lines = error_lines(proc)
+        assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_draft_that_is_the_target_is_refused_in_the_check_s_words(tiny_target):
+    proc = specchat("generate", "--target", str(tiny_target), "--draft", f"{tiny_target}/",
+                    "--prompt", "hi", "--max-tokens", "3")
+    assert proc.returncode == 1
+    lines = error_lines(proc)
+    assert len(lines) == 1 and SAME_MODEL in lines[0], lines
+
+
+def test_a_model_in_an_unknown_user_s_home_is_not_found(tmp_path):
+    """``~nobody-here/model``: expanding it is a RuntimeError in pathlib, which
+    used to reach the user as "RuntimeError: Could not determine home directory"."""
+    proc = specchat("generate", "--target", "~specchat-no-such-user/model", "--prompt", "hi")
+    assert proc.returncode == 1
+    lines = error_lines(proc)
+    assert len(lines) == 1 and "Model file or folder not found: ~specchat-no-such-user" in lines[0]
+    assert "RuntimeError" not in lines[0]

@@ -1,0 +1,79 @@
+"""specchat.values: every number a user can type has one range and one line
+that names it; text that is not UTF-8 is refused without repeating it."""
+
+from __future__ import annotations
+
+import pytest
+from specchat import values
+from specchat.errors import SpecChatError
+
+
+@pytest.mark.parametrize("name,typed,allowed", [
+    ("temperature", "nan", "from 0 to 5"),
+    ("temperature", float("nan"), "from 0 to 5"),
+    ("temperature", float("inf"), "from 0 to 5"),
+    ("temperature", "-inf", "from 0 to 5"),
+    ("temperature", -0.5, "from 0 to 5"),
+    ("temperature", "", "from 0 to 5"),
+    ("top-p", 0, "above 0 and at most 1"),
+    ("top-p", "1.5", "above 0 and at most 1"),
+    ("top-p", "nan", "above 0 and at most 1"),
+    ("top-k", -1, "from 0 to 1000000"),
+    ("top-k", "2.5", "from 0 to 1000000"),
+    ("max tokens", 0, "from 1 to 1048576"),
+    ("max tokens", True, "from 1 to 1048576"),
+    ("context", 8, "from 16 to 1048576"),
+    ("K", 0, "from 1 to 32"),
+    ("K", "33", "from 1 to 32"),
+    ("seed", "1.5", "any integer"),
+    ("seed", "abc", "any integer"),
+])
+def test_a_bad_value_is_one_line_naming_its_range(name, typed, allowed):
+    with pytest.raises(values.BadValue) as caught:
+        values.check(name, typed)
+    message = str(caught.value)
+    assert isinstance(caught.value, SpecChatError)
+    assert message.startswith(f"{name} must be") and allowed in message
+    assert "\n" not in message and "got" in message
+
+
+@pytest.mark.parametrize("name,typed,expected", [
+    ("temperature", " 0.7 ", 0.7),
+    ("temperature", 0, 0.0),
+    ("top-p", 1, 1.0),
+    ("top-k", "40", 40),
+    ("max tokens", 2.0, 2),
+    ("K", "auto", None),
+    ("K", None, None),
+    ("K", "8", 8),
+    ("seed", "", None),
+    ("seed", "random", None),
+    ("seed", 7, 7),
+    ("seed", "-1", 2 ** 64 - 1),
+    ("seed", -(2 ** 64) - 5, 2 ** 64 - 5),
+    ("seed", str(10 ** 30), 10 ** 30 % 2 ** 64),
+])
+def test_good_values_come_back_in_their_kind(name, typed, expected):
+    got = values.check(name, typed)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_what_was_typed_is_shown_on_one_line():
+    with pytest.raises(values.BadValue) as caught:
+        values.check("temperature", "1\n2\udcff")
+    assert str(caught.value).endswith("got 1\\n2\\udcff")
+    str(caught.value).encode("utf-8")  # printable anywhere
+
+
+@pytest.mark.parametrize("text,where", [
+    ("ab\udcffc", "byte 0xFF at character 3"),  # argv's surrogate escape for b"\xff"
+    ("\udcc3(", "byte 0xC3 at character 1"),
+    ("x\ud800", "the lone surrogate U+D800 at character 2"),
+])
+def test_text_that_is_not_utf8_is_refused_without_repeating_it(text, where):
+    with pytest.raises(values.BadValue) as caught:
+        values.text("the prompt", text)
+    message = str(caught.value)
+    assert message.startswith("the prompt is not valid UTF-8 text") and where in message
+    message.encode("utf-8")
+    assert values.text("the prompt", "café 🙂") == "café 🙂"
