@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,37 @@ from specchat.tools.variants import VARIANTS
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"tokens_per_s", "acceptance_rate", "tokens_per_step", "speedup_vs_plain",
           "identical_to_plain"}
+# The bench logs a line as it loads and after every run. Its longest silence
+# is the load plus one short warm-up run per mode, seconds with the tiny
+# models: a bench silent this long is stuck, not slow. There is no limit on
+# the whole run, which grows with the modes and the machine.
+STALL_S = 600
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    """``specchat bench ARGS`` to its end, however long that takes, as long
+    as it keeps saying something; killed (and the test failed, with what it
+    said) only once it has been silent for STALL_S."""
+    with _log("stdout") as out, _log("stderr") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "specchat", "bench", *args],
+                                stdout=out, stderr=err, text=True)
+        said, heard = 0, time.monotonic()
+        while proc.poll() is None:
+            time.sleep(0.5)
+            size = Path(err.name).stat().st_size + Path(out.name).stat().st_size
+            if size != said:
+                said, heard = size, time.monotonic()
+            elif time.monotonic() - heard > STALL_S:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"the bench said nothing for {STALL_S} s:\n"
+                            + Path(err.name).read_text()[-3000:])
+        return subprocess.CompletedProcess(proc.args, proc.returncode,
+                                           Path(out.name).read_text(), Path(err.name).read_text())
+
+
+def _log(kind: str):
+    return tempfile.NamedTemporaryFile("w+", prefix=f"bench-{kind}-", suffix=".log")
 
 
 def test_shipped_prompts_cover_the_kinds():
@@ -46,9 +79,8 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     ]
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "report.json"
-    p = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
-                        "--draft", str(tiny_draft), "--prompts", str(prompts), "--max-tokens", "12",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    p = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts", str(prompts),
+               "--max-tokens", "12", "--json", str(out))
     assert p.returncode == 0, p.stderr
     rep = json.loads(out.read_text())
     assert set(rep) >= {"machine", "models", "modes", "by_kind"}
@@ -77,10 +109,9 @@ def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
     prompts.write_text(json.dumps({"id": "c1", "kind": "code",
                                    "messages": [{"role": "user", "content": "Write a stack."}]}) + "\n")
     out = tmp_path / "report.json"
-    p = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
-                        "--draft", str(tiny_draft), "--prompts", str(prompts), "--max-tokens", "24",
-                        "--modes", "plain", "spec", "mlx-lm-spec-k2", "--background-load", "2",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    p = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts", str(prompts),
+               "--max-tokens", "24", "--modes", "plain", "spec", "mlx-lm-spec-k2",
+               "--background-load", "2", "--json", str(out))
     assert p.returncode == 0, p.stderr
     rep = json.loads(out.read_text())
     assert rep["settings"]["background_load"] == 2
@@ -88,7 +119,6 @@ def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
     for mode in ("plain", "spec", "mlx-lm-spec-k2"):
         assert sum(rep["modes"][mode]["blas_threads"].values()) > 0, mode
     assert "background load: 2 spinning processes" in p.stdout
-    bad = subprocess.run([sys.executable, "-m", "specchat", "bench", "--target", str(tiny_target),
-                          "--draft", str(tiny_draft), "--prompts", str(prompts),
-                          "--background-load", "-1"], capture_output=True, text=True, timeout=120)
+    bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
+                 str(prompts), "--background-load", "-1")
     assert bad.returncode == 1 and "--background-load must be 0 or more" in bad.stderr

@@ -140,6 +140,39 @@ def test_ensure_imports_once(home, fake_bundled, monkeypatch):
     assert bundled.ensure("bundled:tiny") == folder
 
 
+def test_first_launch_progress_reads_as_a_person_expects(home, fake_bundled):
+    """Issue 20: the progress listed raw tensor names and the temporary
+    joined file. Each message names the model and a stage a person knows
+    (checking the download, then converting), with a rising fraction; no
+    tensor, part file, temporary file or folder appears."""
+    model, files = fake_bundled
+    seen: list[tuple[str, float | None]] = []
+    bundled.ensure("tiny", lambda m, f: seen.append((m, f)))
+    prefix = "Preparing the built-in model Tiny: "
+    assert all(m.startswith(prefix) for m, _ in seen), seen
+    stages = [m.removeprefix(prefix) for m, _ in seen]
+    assert set(stages) == {"checking the download", "converting"}, set(stages)
+    # checking first, then converting, never back
+    assert stages == sorted(stages, key=["checking the download", "converting"].index)
+    fractions = [f for _, f in seen]
+    assert None not in fractions and fractions == sorted(fractions) and fractions[-1] == 1.0
+    words = " ".join(m for m, _ in seen)
+    for leak in ("blk.", "token_embd", "output_norm", ".gguf", ".bin", str(home), "tmp",
+                 *(f.name for f in files)):
+        assert leak not in words, leak
+
+
+def test_a_gguf_import_reports_stages_not_tensors_or_temp_names(tmp_path, tiny_tokenizer):
+    from specchat.library.gguf_import import import_gguf
+
+    g = write_gguf(tmp_path / "joined-a1b2.gguf", tiny_tokenizer)
+    seen: list[str] = []
+    import_gguf(g.path, tmp_path / "out" / "staging-x9", lambda m, f: seen.append(m))
+    assert "converting the weights" in seen and seen[-1] == "converted"
+    for m in seen:
+        assert "blk." not in m and "joined-a1b2" not in m and "staging-x9" not in m, m
+
+
 def test_ensure_with_damaged_parts_leaves_nothing(home, fake_bundled):
     _model, files = fake_bundled
     files[1].write_bytes(b"\0" * files[1].stat().st_size)

@@ -3,7 +3,7 @@ an unclosed fence while streaming is still code, inline code is monospace."""
 
 from __future__ import annotations
 
-from PySide6.QtGui import QColor, QFont, QFontInfo
+from PySide6.QtGui import QColor, QFont, QFontMetricsF
 from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document, split_segments
 
 COLORS = DocColors(QColor("black"), QColor("#eeeeee"), QColor("gray"), QColor("blue"))
@@ -31,10 +31,18 @@ def test_document_has_copy_links_and_monospace(qapp):
         while not it.atEnd():
             frag = it.fragment()
             if frag.text() == "sorted":
-                mono.append(QFontInfo(frag.charFormat().font()).fixedPitch())
+                mono.append(_fixed_pitch(frag.charFormat().font()))
             it += 1
         block = block.next()
     assert mono == [True]  # inline code resolves to a real fixed-pitch font
+
+
+def _fixed_pitch(font: QFont) -> bool:
+    """Every glyph as wide as every other, measured in the font Qt really
+    uses. Not QFontInfo.fixedPitch(): that is fontconfig's spacing flag,
+    which is "dual", so False, for Noto Sans Mono, a monospace font."""
+    metrics = QFontMetricsF(font)
+    return len({metrics.horizontalAdvance(c) for c in "iIl1.mMW0 _"}) == 1
 
 
 def test_no_html_injection(qapp):

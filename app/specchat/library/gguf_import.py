@@ -431,7 +431,9 @@ def _write_weights(header: Header, jobs: list[_Job], folder: Path, progress: Pro
                     job = by_name[entry.name]
                     if cancelled is not None and cancelled.is_set():
                         raise ImportCancelled("Import cancelled")
-                    progress(f"converting {job.info.name}", done / total)
+                    # The fraction is the news; a tensor's name means nothing
+                    # to the person waiting.
+                    progress("converting the weights", done / total)
                     for chunk in _chunks(data, job):
                         writer.write(entry.name, chunk)
                     done += tensor_nbytes(job.info)
@@ -487,7 +489,7 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     if dest.exists() and not (dest / MARKER).exists():
         raise LibraryError(f"{dest} already exists and is not a SpecChat import; "
                            "move it away or choose another destination")
-    say(f"reading {gguf_path.name}", 0.0)
+    say("reading the model's header", 0.0)
     started = time.monotonic()
     header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS)
     config = build_config(header)
@@ -526,7 +528,7 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         raise staging.write_error(gguf_path, where, exc) from exc
     finally:
         work.release()  # deletes what is left at tmp (nothing once installed)
-    say(f"imported as {dest.name}", 1.0)
+    say("converted", 1.0)
     return dest
 
 

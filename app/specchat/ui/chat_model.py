@@ -34,6 +34,13 @@ class ChatMessage:
     db_id: int | None = None
     version: int = 0
     uid: int = field(default_factory=lambda: next(_uids))
+    steps: int = 0  # engine steps received; none yet while the prompt is read
+
+    @property
+    def waiting(self) -> bool:
+        """A reply whose first token has not come: the target is still reading
+        the prompt (seconds for a long one), which the bubble says."""
+        return self.streaming and self.steps == 0
 
     def _run(self, origin: str, text: str) -> None:
         if not text:
@@ -48,6 +55,7 @@ class ChatMessage:
         """Append streamed text; ``origins`` (and ``pieces``, the text each
         token released) decide how it is tinted in the colour-by-origin view."""
         self.text += text
+        self.steps += 1
         if not text:
             pass
         elif origins and len(pieces) == len(origins):

@@ -49,6 +49,7 @@ PAD_Y = 9
 FOOTER_GAP = 3
 MAX_TEXT_WIDTH = 860
 RADIUS = 10
+READING = "Reading the prompt…"  # a reply's bubble until its first token
 
 
 @dataclass
@@ -123,6 +124,8 @@ class MessageDelegate(QStyledItemDelegate):
     def _text_for(self, msg: ChatMessage) -> str:
         if msg.text:
             return msg.text
+        if msg.waiting:
+            return READING
         return "…" if msg.streaming else ""
 
     def _doc_colors(self, msg: ChatMessage) -> DocColors:
@@ -153,7 +156,7 @@ class MessageDelegate(QStyledItemDelegate):
             return [("runs", msg.version, "")]
         chunks = split_chunks(msg.text)
         if not chunks:
-            return [("text", "…" if msg.streaming else "", "")]
+            return [("text", self._text_for(msg), "")]
         return [(c.kind, c.text, c.lang) for c in chunks]
 
     def rendered(self, msg: ChatMessage) -> _Rendered:
@@ -201,6 +204,8 @@ class MessageDelegate(QStyledItemDelegate):
             return ""
         if msg.error:
             return msg.error
+        if msg.waiting:
+            return ""  # the bubble says it: Reading the prompt…
         if msg.streaming:
             return "generating…"
         if not msg.complete:

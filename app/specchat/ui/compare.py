@@ -1,8 +1,10 @@
 """Plain vs speculative on the same prompt, side by side.
 
 The runs are CompareRunner's (compare_runner.py); this dialog asks for them
-and shows both replies, their speeds, and whether the texts are identical
-(with greedy sampling they must be).
+and shows both replies as they stream, their speeds, and whether the texts
+are identical (with greedy sampling they must be). Steps are coalesced as in
+the chat (reply.FLUSH_S), so a fast engine cannot flood the window. Cancel,
+or closing the dialog, stops the run going on and skips the rest.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.engine import modes
-from specchat.engine.errors import EngineError
-from specchat.engine.events import GenerationResult
+from specchat.engine.events import GenerationResult, StepEvent
+from specchat.errors import SpecChatError
 from specchat.ui import links, theme
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
 from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
+from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
 
 
@@ -44,6 +47,9 @@ class CompareDialog(QDialog):
         self.prompt.setFixedHeight(70)
         self.run_button = QPushButton("Run both")
         self.run_button.setObjectName("SendButton")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop the run going on now and skip the rest")
+        self.cancel_button.setEnabled(False)
         self.status = QLabel("Runs the prompt plain, then speculative, with the current settings.")
         self.status.setWordWrap(True)
         self.headline = QLabel("")
@@ -67,15 +73,22 @@ class CompareDialog(QDialog):
         grid.addWidget(self.spec_stats, 2, 1)
         top = QHBoxLayout()
         top.addWidget(self.prompt, 1)
-        top.addWidget(self.run_button)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        top.addLayout(buttons)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(self.status)
         lay.addWidget(self.headline)
         lay.addLayout(grid, 1)
         self.run_button.clicked.connect(self.start)
+        self.cancel_button.clicked.connect(self.cancel)
         self.task: asyncio.Future | None = None
         self.outcome: CompareOutcome | None = None
+        self._streamed: dict[QTextBrowser, str] = {}  # each pane's text so far
+        self._dirty: set[QTextBrowser] = set()
+        self._flush_scheduled = False
 
     def _reply_view(self) -> QTextBrowser:
         """A read-only view of a model's reply: the browser follows no link
@@ -102,43 +115,90 @@ class CompareDialog(QDialog):
         if not text or (self.task and not self.task.done()):
             return
         if self.runner.busy:
-            self.status.setText("A reply is still being written; try again when it is done.")
+            self.status.setText("A reply is still being written or a model loading; try again "
+                                "when it is done.")
             return
         self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
         self.headline.setText("")
-        self.plain_text.clear()
-        self.spec_text.clear()
+        self.outcome = None
+        self._streamed = {self.plain_text: "", self.spec_text: ""}
+        self._dirty.clear()
+        for view in (self.plain_text, self.spec_text):
+            view.clear()
+            self._blocks[view] = []
         self.plain_stats.clear()
         self.spec_stats.clear()
-        self.task = asyncio.ensure_future(self._run(text))
+        self.task = asyncio.ensure_future(
+            self._run(self.runner.start(text, self._phase, self._step)))
+
+    def cancel(self) -> None:
+        """Stop the run going on now and skip the rest (the runs end with a
+        "Compare cancelled" status)."""
+        if self.task is not None and not self.task.done():
+            self.status.setText("Cancelling…")
+            self.cancel_button.setEnabled(False)
+            self.runner.cancel()
+
+    def done(self, result: int) -> None:
+        """Closing the dialog (its close button, Esc) cancels its runs: the
+        engine is free for the chat at once."""
+        self.cancel()
+        super().done(result)
 
     def _phase(self, mode: modes.Mode) -> None:
         self.status.setText(f"Running {mode.name}…")
+        if mode.speculative:
+            self.spec_title.setText(f"<b>Speculative</b> ({mode.name})")
 
-    async def _run(self, text: str) -> None:
+    def _step(self, mode: modes.Mode, ev: StepEvent) -> None:
+        view = self.spec_text if mode.speculative else self.plain_text
+        self._streamed[view] = self._streamed.get(view, "") + ev.text
+        self._dirty.add(view)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for view in self._dirty:
+            self._render(view, self._streamed[view])
+        self._dirty.clear()
+
+    async def _run(self, runs: asyncio.Future) -> None:
         outcome = None
         try:
-            outcome = await self.runner.run(text, self._phase)
-        except EngineError as exc:
+            outcome = await runs
+        except SpecChatError as exc:  # EngineError, or CompareCancelled saying what stopped
+            self._flush()  # what streamed before it stopped stays shown
             self.status.setText(str(exc))
         else:
+            self._dirty.clear()
             self.show_outcome(outcome)
         finally:
             self.run_button.setEnabled(True)
+            self.cancel_button.setEnabled(False)
             self.outcome = outcome
             self.finished_run.emit(outcome)
 
-    def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
+    def _render(self, view: QTextBrowser, text: str) -> None:
         # The chat's rendering (ui/markdown.py), not QTextBrowser.setMarkdown,
         # which passes the reply's raw HTML through and loads its images.
         c = theme.current()
-        doc, blocks = build_document(result.text, view.font(),
+        doc, blocks = build_document(text, view.font(),
                                      DocColors(text=c.text, code_bg=c.code_bg,
                                                code_header=c.code_header, link=c.link))
-        doc.setParent(view)  # the view does not own a document it did not make
         doc.setDocumentMargin(4)
+        old = view.document()
+        mine = old.parent() is view  # made here (the view deletes its own first one)
+        doc.setParent(view)  # the view does not own a document it did not make
         view.setDocument(doc)
+        if mine:
+            old.deleteLater()  # streaming makes one per flush: do not keep them all
         self._blocks[view] = blocks
+
+    def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
+        self._render(view, result.text)
         stats.setText(reply_summary(result.summary).line())
 
     def show_outcome(self, o: CompareOutcome) -> None:

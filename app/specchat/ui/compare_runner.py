@@ -2,22 +2,35 @@
 
 Both runs go one after the other through the engine thread, so the only
 difference between them is the decoding mode; with greedy sampling the two
-texts must be identical. The dialog (compare.py) only shows the outcome.
+texts must be identical. The dialog (compare.py) shows each run as it
+streams and the outcome at the end.
+
+While a Compare runs it holds the engine (``EngineController.hold``), so a
+chat message sent meanwhile is refused with the reason instead of queueing
+silently behind both runs; ``cancel`` stops the run going on now and skips
+the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from specchat.engine import modes
 from specchat.engine.errors import EngineError
-from specchat.engine.events import GenerationResult, Message
+from specchat.engine.events import GenerationResult, Message, StepEvent
+from specchat.errors import SpecChatError
 from specchat.ui.conversation import ConversationController
 from specchat.ui.requests import build_request, reply_summary
 from specchat.ui.session import AppSession
 
 NO_SPECULATION = ("This pair cannot decode speculatively, so there is nothing to compare.")
+HOLDER = "Compare"
+
+
+class CompareCancelled(SpecChatError):
+    """The user cancelled a Compare (Cancel, or closing its window)."""
 
 
 @dataclass(frozen=True)
@@ -42,15 +55,48 @@ class CompareRunner:
         """``conversation``: the window's, whose reply must not be running."""
         self.session = session
         self.conversation = conversation
+        self._cancelled = False
+        self._task: asyncio.Future | None = None
 
     @property
     def busy(self) -> bool:
-        return self.conversation.busy
+        """Something else has the engine: the chat's reply, or a load."""
+        engine = self.session.engine
+        return self.conversation.busy or engine.loading or (
+            engine.held_by is not None and not self.running)
 
-    async def run(self, prompt: str,
-                  on_phase: Callable[[modes.Mode], None] | None = None) -> CompareOutcome:
-        """The same prompt, plain then speculative; ``on_phase`` hears
-        each mode as its run starts. Raises EngineError."""
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self, prompt: str,
+              on_phase: Callable[[modes.Mode], None] | None = None,
+              on_step: Callable[[modes.Mode, StepEvent], None] | None = None
+              ) -> asyncio.Future:
+        """Begin both runs; the future's result is the CompareOutcome, or it
+        raises EngineError, or CompareCancelled when cancelled. The engine is
+        held from now on, before the first run is even submitted, so no
+        chat message can slip in between."""
+        self._cancelled = False
+        engine = self.session.engine
+        engine.hold(HOLDER)
+        try:
+            self._task = asyncio.ensure_future(self._run(prompt, on_phase, on_step))
+        except BaseException:
+            engine.release(HOLDER)
+            raise
+        self._task.add_done_callback(lambda _f: engine.release(HOLDER))
+        return self._task
+
+    def cancel(self) -> None:
+        """Stop the run going on now (the engine checks every step) and skip
+        the rest; the future ends with CompareCancelled."""
+        if not self.running:
+            return
+        self._cancelled = True
+        self.session.engine.cancel_generation()
+
+    async def _run(self, prompt: str, on_phase, on_step) -> CompareOutcome:
         engine, settings = self.session.engine, self.session.settings
         spec_mode = self.session.next_mode(speculative=True)
         if not spec_mode.speculative:
@@ -59,8 +105,25 @@ class CompareRunner:
         history = [Message("user", prompt.strip())]
         results = []
         for mode in (self.session.next_mode(speculative=False), spec_mode):
+            if self._cancelled:  # before its job was even submitted
+                raise _cancelled(mode)
             if on_phase is not None:
                 on_phase(mode)
-            results.append(await engine.run(build_request(settings, history, mode)))
+            step = (lambda ev, m=mode: on_step(m, ev)) if on_step is not None else None
+            try:
+                results.append(await engine.run(build_request(settings, history, mode),
+                                                on_step=step))
+            except EngineError:
+                if not self._cancelled:  # else: stopped before its first step
+                    raise
+            if self._cancelled:
+                raise _cancelled(mode)
         self.session.plain_speeds.note(engine.pair_key, reply_summary(results[0].summary))
         return CompareOutcome(prompt, results[0], results[1], settings.temperature <= 0)
+
+
+def _cancelled(mode: modes.Mode) -> CompareCancelled:
+    """What a cancel stopped, for the dialog's status line."""
+    return CompareCancelled(
+        "Compare cancelled: the speculative run was stopped." if mode.speculative
+        else "Compare cancelled: the plain run was stopped and the speculative one skipped.")

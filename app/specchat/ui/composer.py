@@ -1,12 +1,22 @@
 """Where a message is written: Enter sends, Shift+Enter starts a new line;
 Send turns into Stop while a reply streams; Regenerate and Edit act on the
-last turn."""
+last turn. A message sent while the models load waits here, read-only,
+with a line saying so and "Don't send" (the window sends it once loaded)."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+QUEUED = "Will be sent when the models are loaded."
 
 
 class MessageEdit(QPlainTextEdit):
@@ -25,6 +35,7 @@ class Composer(QWidget):
     stopRequested = Signal()
     regenerateRequested = Signal()
     editRequested = Signal()
+    unqueueRequested = Signal()  # "Don't send" a message waiting for the models
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -45,6 +56,20 @@ class Composer(QWidget):
         self.regen_button.setShortcut("Ctrl+R")
         self.edit_button = QPushButton("Edit last")
         self.edit_button.setToolTip("Put your last message back here to change and resend it")
+        self.note = QLabel()
+        self.note.setObjectName("ComposerNote")
+        self.note.setWordWrap(True)
+        self.unqueue_button = QPushButton("Don't send")
+        self.unqueue_button.setToolTip("Keep the message here instead of sending it once the "
+                                       "models are loaded (Esc)")
+        self.unqueue_button.setShortcut("Esc")
+        note_row = QHBoxLayout()
+        note_row.setContentsMargins(0, 0, 0, 0)
+        note_row.addWidget(self.note, 1)
+        note_row.addWidget(self.unqueue_button)
+        self.note_bar = QWidget()
+        self.note_bar.setLayout(note_row)
+        self.note_bar.hide()
         side = QVBoxLayout()
         side.setSpacing(4)
         side.addWidget(self.send_button)
@@ -54,24 +79,62 @@ class Composer(QWidget):
         row.addWidget(self.regen_button)
         row.addWidget(self.edit_button)
         side.addLayout(row)
-        lay = QHBoxLayout(self)
+        main = QHBoxLayout()
+        main.addWidget(self.edit, 1)
+        main.addLayout(side)
+        lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 10)
-        lay.addWidget(self.edit, 1)
-        lay.addLayout(side)
+        lay.setSpacing(4)
+        lay.addWidget(self.note_bar)
+        lay.addLayout(main)
         self.edit.submitted.connect(self._send)
         self.send_button.clicked.connect(self._send)
         self.stop_button.clicked.connect(self.stopRequested)
         self.regen_button.clicked.connect(self.regenerateRequested)
         self.edit_button.clicked.connect(self.editRequested)
+        self.unqueue_button.clicked.connect(self.unqueueRequested)
+        self.edit.textChanged.connect(self._edited)
         self._generating = False
-        self._can_send = True
+        self._queued = False
+        self._state = (False, True, False, False)  # set_state's arguments
 
     def _send(self) -> None:
-        if self._generating or not self._can_send:
+        """Enter or Send: always heard. What cannot start now (no model yet)
+        the window queues or explains; nothing is dropped silently."""
+        if self._generating or self._queued:
             return
         text = self.edit.toPlainText()
         if text.strip():
             self.sendRequested.emit(text)
+
+    # -- waiting for the models ---------------------------------------------
+    @property
+    def queued(self) -> bool:
+        return self._queued
+
+    def set_queued(self, on: bool) -> None:
+        """The message waits for the models: kept as written, read-only, with
+        a line saying so and "Don't send"."""
+        self._queued = on
+        self.edit.setReadOnly(on)
+        if on:
+            self._show_note(QUEUED, unqueue=True)
+        else:
+            self.note_bar.hide()
+        self.set_state(*self._state)
+
+    def show_note(self, text: str) -> None:
+        """A line above the message (why it was not sent); goes when edited."""
+        self._show_note(text, unqueue=False)
+
+    def _show_note(self, text: str, unqueue: bool) -> None:
+        self.note.setText(text)
+        self.unqueue_button.setVisible(unqueue)
+        self.note_bar.show()
+
+    def _edited(self) -> None:
+        if not self._queued:
+            self.note_bar.hide()
 
     def text(self) -> str:
         return self.edit.toPlainText()
@@ -86,11 +149,15 @@ class Composer(QWidget):
         cursor.movePosition(cursor.MoveOperation.End)
         self.edit.setTextCursor(cursor)
 
-    def set_state(self, generating: bool, can_send: bool, has_turn: bool) -> None:
+    def set_state(self, generating: bool, can_send: bool, has_turn: bool,
+                  can_queue: bool = False) -> None:
+        """``can_send``: a reply can start now; ``can_queue``: models are
+        loading, so a message sent now waits for them."""
         self._generating = generating
-        self._can_send = can_send
-        self.send_button.setVisible(not generating)
+        self._state = (generating, can_send, has_turn, can_queue)
+        queued = self._queued
+        self.send_button.setVisible(not generating and not queued)
         self.stop_button.setVisible(generating)
-        self.send_button.setEnabled(can_send)
-        self.regen_button.setEnabled(not generating and can_send and has_turn)
-        self.edit_button.setEnabled(not generating and has_turn)
+        self.send_button.setEnabled(can_send or can_queue)
+        self.regen_button.setEnabled(not generating and not queued and can_send and has_turn)
+        self.edit_button.setEnabled(not generating and not queued and has_turn)

@@ -200,13 +200,24 @@ class ConversationController(QObject):
             self.errorRaised.emit("No model is loaded yet: wait for loading to finish, or "
                                   "choose a pair above.")
             return False
+        if self._held():
+            return False
         self.model.append(ChatMessage("user", text))
         self._start_reply()
         return True
 
+    def _held(self) -> bool:
+        """Another run has the engine (Compare): a reply now would wait
+        silently behind it, so say why it cannot start instead."""
+        holder = self.engine.held_by
+        if holder is not None:
+            self.errorRaised.emit(f"{holder} is running: wait for it to finish or cancel it, "
+                                  "then send again.")
+        return holder is not None
+
     def regenerate(self) -> bool:
         """Replace the last reply with a new one."""
-        if self.busy or not self.engine.ready:
+        if self.busy or not self.engine.ready or self._held():
             return False
         msgs = self.model.messages
         if not msgs or msgs[-1].role != "assistant":

@@ -34,6 +34,7 @@ class EngineController(QObject):
     loadProgress = Signal(str, str, object)  # stage, message, fraction (or None)
     loaded = Signal(object)  # LoadedPair
     loadFailed = Signal(str)
+    heldChanged = Signal()  # hold() or release(): held_by changed
 
     def __init__(self, client=None, parent=None):
         super().__init__(parent)
@@ -45,6 +46,7 @@ class EngineController(QObject):
         self._gen_job = None
         self.loading = False
         self.load_cancelled = False
+        self.held_by: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -105,6 +107,19 @@ class EngineController(QObject):
         finally:
             if self._gen_job is job:
                 self._gen_job = None
+
+    def hold(self, holder: str) -> None:
+        """Reserve generation for ``holder`` (Compare, for both its runs):
+        the engine thread runs jobs in order, so a chat reply asked for now
+        would wait silently behind it; the conversation refuses it with
+        the holder's name instead."""
+        self.held_by = holder
+        self.heldChanged.emit()
+
+    def release(self, holder: str) -> None:
+        if self.held_by == holder:
+            self.held_by = None
+            self.heldChanged.emit()
 
     def cancel_generation(self) -> None:
         if self._gen_job is not None:

@@ -29,6 +29,7 @@ class GaugeValues:
     accepted: int = 0
     tokens_per_s: float = 0.0
     k: int = 0
+    k_auto: bool = True  # K chosen per step by the policy (K auto), not fixed in the menu
     drafter: str | None = None
     mode: modes.Mode | None = None
     speedup: float | None = None  # vs the last plain reply on this pair
@@ -58,8 +59,12 @@ class PlainSpeeds:
 
 
 class LiveStats:
-    def __init__(self, mode: modes.Mode | None = None, window_s: float = 2.0):
+    def __init__(self, mode: modes.Mode | None = None, window_s: float = 2.0,
+                 fixed_k: int | None = None):
+        """``fixed_k``: the request's K (None: adaptive), so the gauge can say
+        which K it shows; an adaptive K may exceed the menu's fixed choices."""
         self.mode = mode
+        self.fixed_k = fixed_k
         self.window_s = window_s
         self._points: deque[tuple[float, int]] = deque([(0.0, 0)])  # (elapsed_s, total tokens)
         self.tokens = self.steps = self.drafted = self.accepted = 0
@@ -91,7 +96,7 @@ class LiveStats:
         speculative = self.mode is None or self.mode.speculative
         speedup = tps / speedup_base if speedup_base and speculative else None
         return GaugeValues(self.tokens, self.steps, self.drafted, self.accepted, tps, self.k,
-                           self.drafter, self.mode, speedup, live)
+                           self.fixed_k is None, self.drafter, self.mode, speedup, live)
 
 
 class _Gauge(QWidget):
@@ -127,7 +132,8 @@ class GaugeStrip(QFrame):
         self.speed = _Gauge("tokens/s", "Generation speed over the last 2 seconds")
         self.per_step = _Gauge("tokens/step",
                                "Tokens kept per target forward pass (1.0 = plain decoding)")
-        self.k = _Gauge("draft length K", "Tokens drafted per step (adaptive or fixed)")
+        self.k = _Gauge("draft length K", "Tokens drafted in the last step: \"(auto)\" when "
+                        "K auto chooses it each step, else the K fixed in the menu")
         self.speedup = _Gauge("vs plain", "Speed compared with the last plain reply on this pair")
         self.mode = _Gauge("mode", "How this reply is decoded")
         lay.addWidget(self.acceptance)
@@ -145,7 +151,7 @@ class GaugeStrip(QFrame):
         self.acceptance_bar.setValue(0 if acc is None else round(acc * 100))
         self.speed.value.setText(f"{v.tokens_per_s:.1f}" if v.steps else "–")
         self.per_step.value.setText(f"{v.tokens_per_step:.2f}" if v.steps else "–")
-        self.k.value.setText(str(v.k) if v.k else "–")
+        self.k.value.setText("–" if not v.k else f"{v.k} (auto)" if v.k_auto else str(v.k))
         self.speedup.value.setText(f"×{v.speedup:.2f}" if v.speedup else "–")
         text = v.mode.name if v.mode else "–"
         if v.drafter and v.mode and len(v.mode.drafters) > 1:  # say which one drafted last

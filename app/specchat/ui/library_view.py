@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from specchat.library.units import params_text, size_text
 
 if TYPE_CHECKING:
+    from specchat.library.bundled import PreparedModel
     from specchat.library.catalog import Catalog, CatalogModel
     from specchat.library.compatibility import CompatReport
     from specchat.library.index import InstalledModel
@@ -61,6 +62,17 @@ def installed_models() -> list[InstalledModel]:
 
         return list(index.list_installed())
     except Exception:  # noqa: BLE001 - an unreadable index must not break the window
+        return []
+
+
+def built_in_models() -> list[PreparedModel]:
+    """The built-in models converted so far (``<home>/bundled``): not index
+    entries, but on disk all the same, so the Models dialog lists them."""
+    try:
+        from specchat.library import bundled
+
+        return bundled.prepared()
+    except Exception:  # noqa: BLE001 - an unreadable folder must not break the window
         return []
 
 

@@ -16,6 +16,7 @@ NO_PAIR = "No model loaded"
 class LoadBanner(Banner):
     def __init__(self, engine: EngineController, parent=None):
         super().__init__("Banner", closable=False, parent=parent)
+        self._models = 1  # in the pair being loaded: 2 with a draft model
         engine.loadStarted.connect(self._started)
         engine.loadProgress.connect(self._progress)
         engine.loaded.connect(self.hide)
@@ -23,11 +24,26 @@ class LoadBanner(Banner):
         self.button.clicked.connect(engine.cancel_load)
 
     def _started(self, target: str, draft: str | None) -> None:
+        self._models = 2 if draft else 1
         what = target + (f" + {draft}" if draft else " (prompt lookup)")
         self.show_message(f"Loading {what}…", None, progress=True)
 
     def _progress(self, stage: str, message: str, fraction: float | None) -> None:
-        self.show_message(f"{stage}: {message}", fraction, progress=True)
+        self.show_message(progress_line(stage, message, fraction, self._models), fraction,
+                          progress=True)
+
+
+def progress_line(stage: str, message: str, fraction: float | None, models: int) -> str:
+    """What the library says, which of the pair's models it is about (the
+    engine loads the target, then the draft) and how far along: "Preparing
+    the built-in model X: converting — 40% (model 1 of 2)"."""
+    parts = [message[:1].upper() + message[1:]]
+    if fraction is not None:
+        parts.append(f"{max(0.0, min(1.0, fraction)):.0%}")
+    line = " — ".join(parts)
+    if models > 1:
+        line += f" (model {2 if stage == 'draft' else 1} of {models})"
+    return line
 
 
 def pair_name(pair: LoadedPair) -> str:

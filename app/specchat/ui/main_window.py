@@ -103,6 +103,7 @@ class MainWindow(QMainWindow):
         self.composer.stopRequested.connect(c.stop)
         self.composer.regenerateRequested.connect(self.regenerate)
         self.composer.editRequested.connect(self.edit_last)
+        self.composer.unqueueRequested.connect(self._unqueue)
         c.generatingChanged.connect(self.update_state)
         c.conversationOpened.connect(self.update_state)
         c.gaugesChanged.connect(self.gauges.show_values)
@@ -117,8 +118,10 @@ class MainWindow(QMainWindow):
         self.sidebar.failed.connect(self.show_error)
         self.picker.loadRequested.connect(self.load_pair)
         self.picker.manageRequested.connect(self.open_model_manager)
+        e.loadStarted.connect(self._load_started)
         e.loaded.connect(self._loaded)
         e.loadFailed.connect(self._load_failed)
+        e.heldChanged.connect(self.update_state)
         self.options.compareRequested.connect(self.open_compare)
         self.options.settingsRequested.connect(self.open_settings)
         self.options.notice.connect(self._status)
@@ -156,9 +159,11 @@ class MainWindow(QMainWindow):
         conversation)."""
         c, engine = self.conversation, self.session.engine
         has_turn = any(m.role == "user" for m in self.chat_model.messages)
-        self.composer.set_state(c.generating, engine.ready and not c.opening, has_turn)
-        self.picker.set_busy(c.busy)
-        self.options.set_can_compare(engine.ready and not c.busy)
+        self.composer.set_state(c.generating, engine.ready and not c.opening, has_turn,
+                                can_queue=engine.loading and not c.busy)
+        held = engine.held_by is not None  # Compare is running
+        self.picker.set_busy(c.busy or held)
+        self.options.set_can_compare(engine.ready and not c.busy and not held)
         self.options.show_pair(engine.pair)
         if not c.busy:
             self._preview_mode()
@@ -193,6 +198,10 @@ class MainWindow(QMainWindow):
     # -- chat actions ------------------------------------------------------------
     def send(self, text: str) -> None:
         self.error_banner.hide()
+        if self.session.engine.loading and not self.conversation.busy:
+            # What a chat app does: keep it, say why it waits, send it when ready.
+            self.composer.set_queued(True)
+            return
         if self.conversation.send(text):
             self.composer.clear()
             self.chat_view.stick_to_bottom()
@@ -209,7 +218,20 @@ class MainWindow(QMainWindow):
             self.composer.set_text(text)
         self.update_state()
 
+    def _unqueue(self, why: str | None = None) -> None:
+        """The waiting message stays in the composer, unsent (and says why)."""
+        if self.composer.queued:
+            self.composer.set_queued(False)
+            if why:
+                self.composer.show_note(why)
+
+    def _send_queued(self) -> None:
+        if self.composer.queued:
+            self.composer.set_queued(False)
+            self.send(self.composer.text())
+
     def open_conversation(self, conversation_id: int | None) -> None:
+        self._unqueue()  # it was written for the conversation that was open
         self.conversation.open(conversation_id)
         self.sidebar.select(conversation_id)
         self.gauges.clear()
@@ -228,9 +250,16 @@ class MainWindow(QMainWindow):
         if self.conversation.busy:
             self.show_error("Wait for the reply to finish (or stop it) before loading models.")
             return
+        if self.session.engine.held_by is not None:
+            self.show_error(f"Wait for {self.session.engine.held_by} to finish (or cancel it) "
+                            "before loading models.")
+            return
         self.error_banner.hide()
         self.session.engine.load(target, draft)
         self.update_state()
+
+    def _load_started(self, *_args) -> None:
+        self.picker.load_started()  # a refusal of the last load is stale now
 
     def _loaded(self, pair: LoadedPair) -> None:
         engine = self.session.engine
@@ -238,14 +267,17 @@ class MainWindow(QMainWindow):
         self.session.update_settings(last_target=engine.target_ref, last_draft=engine.draft_ref)
         self.picker.set_pair(engine.target_ref, engine.draft_ref)
         self.update_state()
+        self._send_queued()
 
     def _load_failed(self, message: str) -> None:
         if self.session.engine.load_cancelled:
             self.statusBar().showMessage("Loading cancelled.", 5000)
             self.picker.set_pair(*self.picker.selection())  # back to the verdict
+            self._unqueue("Not sent: loading was cancelled. Your message is still here.")
         else:
             self.picker.show_refusal(message)
             self.show_error(message)
+            self._unqueue("Not sent: the models did not load. Your message is still here.")
         self.update_state()
 
     # -- dialogs -------------------------------------------------------------------

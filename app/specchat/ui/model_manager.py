@@ -35,6 +35,7 @@ from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
 
 if TYPE_CHECKING:
+    from specchat.library.bundled import PreparedModel
     from specchat.library.catalog import CatalogModel
     from specchat.library.hub import DownloadProgress
     from specchat.library.index import InstalledModel
@@ -46,6 +47,7 @@ class TaskRow(QWidget):
     def __init__(self, title: str, parent=None):
         super().__init__(parent)
         self.cancelled = threading.Event()
+        self.failed = False
         self.title = QLabel(title)
         self.bar = QProgressBar()
         self.bar.setRange(0, 0)
@@ -68,6 +70,8 @@ class TaskRow(QWidget):
         self.detail.setText("cancelling…")
 
     def progress(self, done: int | None, total: int | None, message: str = "") -> None:
+        if self.failed:
+            return  # a late report must not cover the failure
         if total:
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(1000 * (done or 0) / total))
@@ -78,6 +82,8 @@ class TaskRow(QWidget):
             self.detail.setText(text)
 
     def fraction(self, fraction: float | None, message: str) -> None:
+        if self.failed:
+            return
         if fraction is not None:
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(1000 * max(0.0, min(1.0, fraction))))
@@ -87,6 +93,14 @@ class TaskRow(QWidget):
     def finish(self, message: str) -> None:
         self.bar.setRange(0, 1)
         self.bar.setValue(1)
+        self.detail.setText(message)
+        self.cancel_button.setEnabled(False)
+
+    def fail(self, message: str) -> None:
+        """A failed or cancelled task: its message and no bar, since a full
+        one reads as done and a part-full one as still going."""
+        self.failed = True
+        self.bar.hide()
         self.detail.setText(message)
         self.cancel_button.setEnabled(False)
 
@@ -147,7 +161,10 @@ class ModelManager(QDialog):
         self.download_button.clicked.connect(self.download_selected)
         self.import_folder_button.clicked.connect(self.import_folder)
         self.import_gguf_button.clicked.connect(self.import_gguf)
-        self._installed_rows: list[InstalledModel] = []
+        self.installed.itemSelectionChanged.connect(self._selection_changed)
+        # Built-in models first (not index entries: listed, never deleted here).
+        self._installed_rows: list[PreparedModel | InstalledModel] = []
+        self._built_in: list[PreparedModel] = []
         self._catalog_rows: list[CatalogModel] = []
         self.refresh()
 
@@ -162,11 +179,17 @@ class ModelManager(QDialog):
         except Exception as exc:  # noqa: BLE001
             self.where.setText(f"Model folder unavailable: {exc}")
         models = library_view.installed_models()
-        self._installed_rows = models
-        self.installed.setRowCount(len(models))
-        for i, m in enumerate(models):
-            for j, v in enumerate((m.name, m.source, size_text(m.size_bytes),
-                                   params_text(m.params) if m.params else "")):
+        listed = {m.source for m in models}
+        built = [b for b in library_view.built_in_models() if b.model.ref not in listed]
+        self._built_in = built
+        self._installed_rows = [*built, *models]
+        self.installed.setRowCount(len(self._installed_rows))
+        cells = [(b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
+                  b.model.params) for b in built]
+        cells += [(m.name, m.source, size_text(m.size_bytes),
+                   params_text(m.params) if m.params else "") for m in models]
+        for i, row in enumerate(cells):
+            for j, v in enumerate(row):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
         installed_sources = {m.source for m in models}
         cmodels = library_view.catalog_models()
@@ -177,7 +200,16 @@ class ModelManager(QDialog):
                 "built in" if m.bundled else "")
             for j, v in enumerate((m.name, m.ref, size_text(m.download_bytes), status)):
                 self.catalog.setItem(i, j, QTableWidgetItem(v))
-        self.delete_button.setEnabled(bool(models))
+        self._selection_changed()
+
+    def _selection_changed(self) -> None:
+        """Delete is for what SpecChat installed: a built-in model comes
+        with the app and is converted again on its next use."""
+        m = self._selected(self.installed, self._installed_rows)
+        built_in = m is not None and m in self._built_in
+        self.delete_button.setEnabled(m is not None and not built_in)
+        self.delete_button.setToolTip("Built-in models come with SpecChat and cannot be deleted"
+                                      if built_in else "")
 
     def _selected(self, table: QTableWidget, rows: list):
         r = table.currentRow()
@@ -186,7 +218,7 @@ class ModelManager(QDialog):
     # -- actions -------------------------------------------------------------
     def delete_selected(self, confirm: bool = True) -> asyncio.Future | None:
         m = self._selected(self.installed, self._installed_rows)
-        if m is None:
+        if m is None or m in self._built_in:
             return None
         if confirm and QMessageBox.question(
                 self, "Delete model", f"Delete {m.name} ({size_text(m.size_bytes)}) from disk?"
@@ -204,7 +236,7 @@ class ModelManager(QDialog):
         try:
             await asyncio.get_running_loop().run_in_executor(None, index.remove, name)
         except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
-            row.finish(str(exc))
+            row.fail(str(exc))
         else:
             row.finish("Deleted.")
         self.refresh()
@@ -229,7 +261,7 @@ class ModelManager(QDialog):
         try:
             from specchat.library import hub
         except ImportError:
-            row.finish("Downloads are not available in this build (specchat.library.hub).")
+            row.fail("Downloads are not available in this build (specchat.library.hub).")
             return
 
         def progress(p: DownloadProgress) -> None:
@@ -238,7 +270,7 @@ class ModelManager(QDialog):
         try:
             await loop.run_in_executor(None, lambda: hub.pull(ref, progress, row.cancelled))
         except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
-            row.finish("Cancelled." if row.cancelled.is_set() else str(exc))
+            row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
             return
         row.finish("Done.")
         self.refresh()
@@ -263,7 +295,7 @@ class ModelManager(QDialog):
         try:
             from specchat.library import importing
         except ImportError:
-            row.finish("Imports are not available in this build (specchat.library.importing).")
+            row.fail("Imports are not available in this build (specchat.library.importing).")
             return
 
         def progress(message: str, fraction: float | None = None) -> None:
@@ -279,7 +311,7 @@ class ModelManager(QDialog):
             else:
                 await loop.run_in_executor(None, work)
         except Exception as exc:  # noqa: BLE001
-            row.finish("Cancelled." if row.cancelled.is_set() else str(exc))
+            row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
             return
         row.finish("Imported.")
         self.refresh()

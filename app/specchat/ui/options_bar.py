@@ -13,12 +13,15 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QCheckBox, QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton
 
+from specchat.engine import drafter_kinds
 from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
 from specchat.ui.session import AppSession
 
 SPEC_SHORTCUT = "Ctrl+Shift+S"
-MAX_K = 8
+# The menu reaches as far as K auto can go (the longest block any drafter
+# kind may propose), so every K the gauge shows can also be fixed.
+MAX_K = max(kind.cap for kind in drafter_kinds.KINDS.values())
 
 
 class OptionsBar(QFrame):
@@ -51,7 +54,8 @@ class OptionsBar(QFrame):
         for k in range(1, MAX_K + 1):
             self.k_box.addItem(f"K = {k}", k)
         self.k_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        self.k_box.setToolTip("Draft length: adaptive, or a fixed number of tokens per step")
+        self.k_box.setToolTip(f"Draft length: K auto chooses it each step (up to {MAX_K}), "
+                              "or fix the number of tokens drafted per step")
         self.k_box.currentIndexChanged.connect(self._k_changed)
         self.color_box = QCheckBox("Colour tokens")
         self.color_box.setToolTip("Tint the text that came from accepted draft tokens")

@@ -60,6 +60,7 @@ class Reply(QObject):
         """Run the request into the bubble; the summary, or None if the
         reply failed or was stopped before it began."""
         summary = error = None
+        self.live.fixed_k = request.draft.k  # the K gauge says whether K is adaptive
         if self._stopped:
             error = STOPPED
         else:

@@ -1,0 +1,102 @@
+"""Compare with the tiny pair in a real window: both panes stream while the
+runs go, Cancel and closing the dialog stop the runs at once, and a chat
+message sent meanwhile is refused with the reason instead of waiting
+silently behind them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from ui_support import load, send_and_wait, wait_until
+
+LONG = 1500  # tokens per run: far more than any test waits for
+
+
+@pytest.fixture
+def compare(qtbot, window, tiny_target, tiny_draft):
+    """A Compare dialog on the loaded tiny pair, with long runs."""
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=LONG)
+    dlg = window.open_compare("def fibonacci(n): return fibonacci")
+    qtbot.addWidget(dlg)
+    return dlg
+
+
+def _running(dlg) -> bool:
+    return dlg.task is not None and not dlg.task.done()
+
+
+def _cancel_and_time(dlg) -> float:
+    t0 = time.monotonic()
+    dlg.cancel_button.click()
+    wait_until(lambda: not _running(dlg), timeout=30_000)
+    return time.monotonic() - t0
+
+
+def test_both_panes_stream_before_the_runs_finish_and_cancel_stops_at_once(compare):
+    dlg = compare
+    dlg.run_button.click()
+    assert dlg.cancel_button.isEnabled() and not dlg.run_button.isEnabled()
+    wait_until(lambda: dlg.plain_text.toPlainText() or not _running(dlg), timeout=30_000)
+    assert _running(dlg) and dlg.plain_text.toPlainText()  # plain text shown while it runs
+    wait_until(lambda: dlg.spec_text.toPlainText() or not _running(dlg), timeout=60_000)
+    assert _running(dlg) and dlg.spec_text.toPlainText()  # and the speculative one's
+    assert "Running" in dlg.status.text()
+    # Cancel is asked to act within 1 s; 3 s leaves room for a loaded 2-core box.
+    assert _cancel_and_time(dlg) < 3
+    assert dlg.outcome is None
+    assert dlg.status.text() == "Compare cancelled: the speculative run was stopped."
+    assert dlg.spec_text.toPlainText()  # what streamed stays shown
+    assert dlg.run_button.isEnabled() and not dlg.cancel_button.isEnabled()
+    assert dlg.runner.session.engine.held_by is None
+
+
+def test_cancel_during_the_plain_run_skips_the_speculative_one(compare):
+    dlg = compare
+    dlg.run_button.click()
+    wait_until(lambda: dlg.plain_text.toPlainText() or not _running(dlg), timeout=30_000)
+    assert _running(dlg)
+    assert _cancel_and_time(dlg) < 3
+    assert dlg.status.text() == ("Compare cancelled: the plain run was stopped and the "
+                                 "speculative one skipped.")
+    assert not dlg.spec_text.toPlainText()
+
+
+def test_closing_compare_stops_its_runs_and_the_chat_runs_at_once(qtbot, window, compare):
+    dlg = compare
+    dlg.run_button.click()
+    wait_until(lambda: dlg.plain_text.toPlainText() or not _running(dlg), timeout=30_000)
+    assert _running(dlg)
+    dlg.close()
+    wait_until(lambda: not _running(dlg), timeout=3_000)
+    assert dlg.outcome is None and "cancelled" in dlg.status.text()
+    assert window.options.compare_button.isEnabled()  # the engine is free again
+    window.session.update_settings(max_tokens=16)
+    msg = send_and_wait(qtbot, window, "Hello after Compare", timeout=30_000)
+    assert msg.role == "assistant" and msg.text and msg.error is None
+    assert msg.summary.new_tokens <= 16  # this reply's own run, not one queued behind Compare
+
+
+def test_a_message_sent_during_compare_says_why_it_cannot_go(qtbot, window, compare):
+    dlg = compare
+    dlg.run_button.click()  # the engine is Compare's from this click on
+    window.composer.edit.setPlainText("A question meanwhile")
+    window.composer.send_button.click()
+    assert window.error_banner.isVisible()
+    assert window.error_banner.label.text() == (
+        "Compare is running: wait for it to finish or cancel it, then send again.")
+    assert window.composer.text() == "A question meanwhile"  # kept, not lost
+    assert not window.conversation.busy
+    assert [m.text for m in window.chat_model.messages] == []
+    assert not window.picker.load_button.isEnabled()  # no load behind it either
+    assert not window.options.compare_button.isEnabled()
+    # Cancelled before its first run was even submitted: nothing runs at all.
+    assert _cancel_and_time(dlg) < 3
+    assert dlg.status.text() == ("Compare cancelled: the plain run was stopped and the "
+                                 "speculative one skipped.")
+    assert not dlg.plain_text.toPlainText() and not dlg.spec_text.toPlainText()
+    assert window.picker.load_button.isEnabled()
+    window.session.update_settings(max_tokens=16)
+    msg = send_and_wait(qtbot, window, "A question meanwhile", timeout=30_000)
+    assert msg.text and msg.error is None
