@@ -100,3 +100,36 @@ def test_a_message_sent_during_compare_says_why_it_cannot_go(qtbot, window, comp
     window.session.update_settings(max_tokens=16)
     msg = send_and_wait(qtbot, window, "A question meanwhile", timeout=30_000)
     assert msg.text and msg.error is None
+
+
+def test_compare_decodes_exactly_what_the_bench_decodes(qtbot, window, tiny_target, tiny_draft):
+    """The speed Compare shows is the bench's: on the same prompt and
+    settings both runs do the same work, step for step (same tokens, same
+    verify steps, same drafts kept), and both clock decoding alone, prefill
+    excluded. On the bundled pair the two agreed within 1%
+    (docs/benchmarks.md, "Compare and the bench")."""
+    from specchat.engine.events import Message, SamplingParams
+    from specchat.engine.session import Engine
+    from specchat.tools.bench_runs import run_variant
+    from specchat.tools.prompts import Prompt
+    from specchat.tools.variants import PLAIN, VARIANTS
+    from specchat.ui.compare_runner import CompareRunner
+
+    prompt_text = "def fibonacci(n): return fibonacci"
+    load(qtbot, window, tiny_target, tiny_draft)
+    window.session.update_settings(max_tokens=64)
+
+    task = CompareRunner(window.session, window.conversation).start(prompt_text)
+    wait_until(task.done, timeout=60_000)
+    outcome = task.result()
+
+    engine = Engine()
+    engine.load(str(tiny_target), str(tiny_draft))
+    system = window.session.settings.system_prompt
+    prompt = Prompt("compare", "code", (Message("system", system), Message("user", prompt_text)))
+    for result, variant in ((outcome.plain, PLAIN), (outcome.speculative, VARIANTS["spec"])):
+        bench = run_variant(engine, variant, prompt, 64, SamplingParams())
+        s = result.summary
+        assert list(result.token_ids) == bench.token_ids
+        assert (s.steps, s.drafted, s.accepted) == (bench.steps, bench.drafted, bench.accepted)
+        assert s.mode == variant.mode.name
