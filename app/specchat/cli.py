@@ -20,13 +20,7 @@ def _value(name: str):
     range, and the same one line, as the engine and the settings dialog."""
     from specchat import values
 
-    def parse(text: str):
-        try:
-            return values.check(name, text)
-        except values.BadValue as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
+    return _refusing(values.check, name)
 
 
 def _text(name: str):
@@ -34,9 +28,17 @@ def _text(name: str):
     from argv as surrogate escapes, which no tokenizer can encode."""
     from specchat import values
 
-    def parse(text: str) -> str:
+    return _refusing(values.text, name)
+
+
+def _refusing(check, name: str):
+    """``check(name, text)`` as an argparse ``type``: its BadValue becomes
+    the usage error's one line."""
+    from specchat import values
+
+    def parse(text: str):
         try:
-            return values.text(name, text)
+            return check(name, text)
         except values.BadValue as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import paths, staging
+from specchat.library import jsonfile, paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import (
@@ -173,25 +173,13 @@ def _cache_key(model: BundledModel, files: Sequence[Path]) -> str:
 
 
 def _cached(model: BundledModel, files: Sequence[Path]) -> bool:
-    try:
-        data = json.loads(_cache_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get(model.name) == _cache_key(model, files)
+    return jsonfile.read_record(_cache_file()).get(model.name) == _cache_key(model, files)
 
 
 def _remember(model: BundledModel, files: Sequence[Path]) -> None:
-    path = _cache_file()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data = data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        data = {}
+    data = jsonfile.read_record(_cache_file())
     data[model.name] = _cache_key(model, files)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    jsonfile.write(_cache_file(), data)
 
 
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specchat.library import paths
+from specchat.library import jsonfile, paths
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
@@ -100,20 +99,12 @@ def _stamp(blob: Path) -> list[int] | None:
 
 
 def _load() -> dict:
-    try:
-        data = json.loads(_record_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return jsonfile.read_record(_record_file())
 
 
 def _save(data: dict) -> None:
-    path = _record_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {k: v for k, v in data.items() if (paths.hub_cache() / k).exists()}
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    jsonfile.write(_record_file(), data, indent=1)
 
 
 def remember(blob: Path) -> None:

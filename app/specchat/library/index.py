@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
-from specchat.library import paths
+from specchat.library import jsonfile, paths
 from specchat.library.errors import LibraryError
 from specchat.library.facts import ModelFacts
 
@@ -101,20 +99,7 @@ def _read() -> dict[str, dict]:
 
 
 def _write(models: dict[str, dict]) -> None:
-    path = paths.index_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = json.dumps({"version": INDEX_VERSION, "models": models}, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    jsonfile.write(paths.index_file(), {"version": INDEX_VERSION, "models": models})
 
 
 @contextlib.contextmanager
