@@ -2,7 +2,8 @@
 
 The engine runs headless on its own thread, so it knows nothing of the
 library, the store or Qt; the library and the store know nothing of Qt; the
-window never imports MLX (only the engine thread does, lazily). Every import
+window and the local API server never import MLX (only the engine thread
+does, lazily). Every import
 counts, including the ones inside functions, because a lazy import breaks a
 rule just as surely when it runs.
 """
@@ -26,6 +27,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "library": ("specchat.store", "specchat.ui", "specchat.tools", *QT),
     "store": ("specchat.engine", "specchat.library", "specchat.ui", "specchat.tools", *QT, *MLX),
     "ui": ("specchat.tools", *MLX),
+    # The local API reaches the engine only through EngineClient (its jobs run
+    # on the engine thread), so it imports no MLX; it knows no window or store.
+    "server": ("specchat.store", "specchat.ui", "specchat.tools", *QT, *MLX),
 }
 
 
@@ -95,7 +99,7 @@ def _fresh(code: str, tmp_path) -> subprocess.CompletedProcess:
                           env=env, timeout=120)
 
 
-@pytest.mark.parametrize("layer", ["engine", "library", "store"])
+@pytest.mark.parametrize("layer", ["engine", "library", "store", "server"])
 def test_importing_a_layer_has_no_side_effects(layer, tmp_path):
     """Importing every module of a layer loads no BLAS, sets no BLAS
     environment, and (outside the engine's MLX modules) imports no MLX:

@@ -1,5 +1,5 @@
-"""The ``specchat`` command: the GUI by default; ``generate``, ``bench`` and
-``models`` subcommands for the terminal."""
+"""The ``specchat`` command: the GUI by default; ``generate``, ``serve``,
+``bench``, ``models`` and ``cluster`` subcommands for the terminal."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(sub) -> None:
+    from specchat.tools.prompts import KINDS
     from specchat.tools.variants import VARIANTS
 
     names = list(VARIANTS)
@@ -98,6 +99,10 @@ def _add_bench(sub) -> None:
                    help="draft model sharing the target's tokenizer")
     b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
+    b.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND",
+                   help="only the prompts of these kinds (" + ", ".join(KINDS) + "), in file order")
+    b.add_argument("--ids", nargs="+", metavar="ID",
+                   help="only the prompts with these ids, in file order")
     b.add_argument("--max-tokens", type=_value("max tokens"), default=128,
                    help="new tokens per prompt (default 128)")
     b.add_argument("--temperature", type=_value("temperature"), default=0.0,
@@ -108,6 +113,14 @@ def _add_bench(sub) -> None:
     b.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="keep N processes spinning on the CPU beside the bench, to measure "
                         "speed on a busy machine (default 0)")
+    b.add_argument("--auto-off", choices=("on", "off"), default="on",
+                   help="break-even auto-off: on (default, as in the app) decodes plainly while "
+                        "speculating is measured slower than plain; off speculates throughout")
+    b.add_argument("--history", choices=("session", "none"), default="none",
+                   help="session: prompts run in file order and each one's conversation joins "
+                        "the history index for the next ones (as over a user's day), with every "
+                        "suffix-drafting mode also run cold (empty history); none: no history "
+                        "(default)")
     b.add_argument("--json", dest="json_out", metavar="OUT", help="write the report as JSON")
 
 
@@ -132,8 +145,34 @@ def _add_models(sub) -> None:
     msub.add_parser("catalog", help="recommended pairs, with memory and download sizes")
     s = msub.add_parser("suggest", help="compatible drafts for TARGET")
     s.add_argument("target")
+    _add_recommend(msub)
     for sp in msub.choices.values():
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+
+
+def _add_recommend(msub) -> None:
+    from specchat.library import recommendations as rec
+
+    r = msub.add_parser("recommend", help="measure the installed drafts for TARGET on this "
+                                          "machine and rank them (Ctrl-C cancels)")
+    r.add_argument("--target", required=True, type=_model_ref,
+                   help="target model (folder, bundled:..., installed name, .gguf, hf:...)")
+    r.add_argument("--draft", action="append", type=_model_ref, metavar="DRAFT",
+                   help="measure only this draft (repeatable; default: every installed one)")
+    r.add_argument("--prompts", type=_sample_size, default=rec.DEFAULT_PROMPTS, metavar="N",
+                   help=f"recent prompts from your history to run (default {rec.DEFAULT_PROMPTS}; "
+                        "built-in ones when the history is empty)")
+    r.add_argument("--max-tokens", type=_value("max tokens"), default=rec.DEFAULT_MAX_TOKENS,
+                   help=f"new tokens per prompt (default {rec.DEFAULT_MAX_TOKENS})")
+    r.add_argument("--again", action="store_true",
+                   help="measure every draft anew instead of reusing remembered results")
+
+
+def _sample_size(text: str) -> int:
+    """An argparse ``type`` for how many prompts a recommendation runs."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 20:
+        raise argparse.ArgumentTypeError(f"prompts must be a whole number from 1 to 20; got {text}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="target model reference (opens the app with it selected)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", type=_model_ref, help="draft model reference")
-    group.add_argument("--lookup", action="store_true", help="no draft model: prompt lookup")
+    group.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate one reply and stream it to stdout")
@@ -153,10 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
-    mode.add_argument("--lookup", action="store_true", help="draftless prompt-lookup speculation")
+    mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
     g.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
-                   help="with --draft: draft model only (default also uses prompt lookup)")
+                   help="with --draft: draft model only (default also uses suffix matches)")
     g.add_argument("--prompt", required=True, type=_text("the prompt"), help="the user message")
     g.add_argument("--system", type=_text("the system prompt"), help="system prompt")
     _add_sampling(g)
@@ -170,7 +209,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
     _add_models(sub)
+    from specchat import cluster_cmd
+
+    cluster_cmd.add_parser(sub, _model_ref)
+    _add_serve(sub)
     return parser
+
+
+def _add_serve(sub) -> None:
+    from specchat.server.listener import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
+
+    s = sub.add_parser("serve", help="serve a pair as an OpenAI-compatible API on this computer")
+    s.add_argument("--target", type=_model_ref,
+                   help="target model (default: the built-in default pair)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
+    mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
+    s.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    s.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
+                   help="draft length: auto (adaptive, default) or a fixed N")
+    s.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default {DEFAULT_HOST}: this computer only)")
+    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                   help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
+    s.add_argument("--allow-remote", action="store_true",
+                   help="allow a --host other machines can reach (needs an API key)")
+    s.add_argument("--api-key", help=f"bearer token every request must send (or {KEY_VARIABLE})")
+    s.add_argument("--max-tokens-cap", type=_value("max tokens"), default=None, metavar="N",
+                   help="most new tokens a request may ask for (default: the context's room)")
+
+
+def _port(text: str) -> int:
+    """An argparse ``type`` for a TCP port (0 = any free one)."""
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"port must be a whole number from 0 to 65535; got {text}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,10 +256,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "cluster":
+            from specchat import cluster_cmd
+
+            return cluster_cmd.main(args)
         if args.command == "bench":
             from specchat.tools import bench
 
             return bench.main(args)
+        if args.command == "models" and args.models_command == "recommend":
+            from specchat.tools import recommend  # measures: tools, not the library
+
+            return recommend.main(args)
         if args.command == "models":
             from specchat.library import commands
 
@@ -273,3 +356,57 @@ def cmd_generate(args) -> int:
               f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
     client.close()
     return 0
+
+
+def serve_pair(args) -> tuple[str, str | None]:
+    """The pair ``specchat serve`` loads: the one given (a target alone
+    speculates without a draft model), else the built-in default pair, as
+    the app."""
+    from specchat.library import bundled
+
+    if args.target or args.draft:
+        return args.target or bundled.DEFAULT_TARGET, args.draft
+    return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
+
+
+def cmd_serve(args) -> int:
+    from specchat.engine import modes
+    from specchat.engine.events import LoadProgress
+    from specchat.library.engine_link import make_client
+    from specchat.server.listener import LocalServer, api_key_from, check_bind
+    from specchat.server.protocol import MAX_TOKENS_CAP
+    from specchat.server.service import ApiService, Served
+
+    key = api_key_from(args.api_key)
+    check_bind(args.host, args.allow_remote, key)  # before minutes of loading
+    target, draft = serve_pair(args)
+
+    def progress(ev) -> None:
+        if isinstance(ev, LoadProgress):
+            print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
+
+    def activity(a) -> None:
+        if a.finished is not None and a.summary is not None:
+            s = a.summary
+            rate = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+            print(f"[api] {a.request_id}: {s.new_tokens} tokens ({s.finish_reason}), "
+                  f"{s.tokens_per_s:.2f} tok/s, {s.tokens_per_step:.2f} tokens/step{rate}",
+                  file=sys.stderr)
+        elif a.finished is not None:
+            print(f"[api] {a.request_id}: {a.finished}", file=sys.stderr)
+
+    client = make_client()
+    try:
+        pair = client.load(target, draft).wait(on_event=progress)
+        mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok)
+        service = ApiService(client, Served.of(pair, mode.name, args.k, target),
+                             args.max_tokens_cap or MAX_TOKENS_CAP, on_activity=activity)
+        server = LocalServer(service, args.host, args.port, key, args.allow_remote)
+        print(f"SpecChat API on {server.url}: model {service.served.model!r}, {mode.label}"
+              f"{', API key required' if key else ''}. Ctrl+C stops it.", file=sys.stderr)
+        server.serve_forever()
+        print("SpecChat API stopped.", file=sys.stderr)
+    finally:
+        client.close()
+    return 0
+

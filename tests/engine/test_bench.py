@@ -54,8 +54,13 @@ def test_shipped_prompts_cover_the_kinds():
     prompts = load_prompts(ROOT / "benchmarks" / "prompts.jsonl")
     assert len(prompts) >= 12
     kinds = {p.kind for p in prompts}
-    assert kinds == {"code", "explain", "grounded"}
+    assert kinds == {"code", "explain", "grounded", "multiturn"}
     assert len({p.id for p in prompts}) == len(prompts)
+    multi = [p for p in prompts if p.kind == "multiturn"]
+    assert len(multi) >= 8
+    for p in multi:  # earlier turns, then the follow-up
+        assert [m.role for m in p.messages] == ["user", "assistant", "user"], p.id
+        assert len(p.messages[1].content) > 300, p.id
 
 
 def test_shipped_repetitive_prompts():
@@ -122,3 +127,40 @@ def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
     bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
                  str(prompts), "--background-load", "-1")
     assert bad.returncode == 1 and "--background-load must be 0 or more" in bad.stderr
+
+
+def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
+    """--history session: each prompt's conversation joins the history for
+    the next ones, every suffix-drafting mode also runs cold, and the report
+    says where the tokens came from. The second prompt asks the first one's
+    question again, so only the warm runs draft from the history."""
+    ask = {"role": "user", "content": "Write a stack class with push and pop."}
+    lines = [
+        {"id": "m1", "kind": "multiturn", "messages": [ask]},
+        {"id": "m2", "kind": "multiturn", "messages": [
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}, ask]},
+    ]
+    other = {"id": "c1", "kind": "code", "messages": [ask]}  # left out by --kinds
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in [other, *lines]))
+    out = tmp_path / "report.json"
+    p = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts", str(prompts),
+               "--kinds", "multiturn",
+               "--max-tokens", "24", "--modes", "plain", "spec", "suffix", "spec-lookup",
+               "--history", "session", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["settings"]["history"] == "session" and rep["settings"]["prompts"] == 2
+    assert set(rep["modes"]) == {"plain", "spec", "suffix", "spec-lookup", "spec-cold", "suffix-cold"}
+    for mode, stats in rep["modes"].items():
+        if mode != "plain":
+            assert stats["identical_to_plain"] is True, (mode, stats["divergences"])
+    for warm in ("spec", "suffix"):
+        assert rep["modes"][warm]["tokens_by_origin"].get("history", 0) > 0, warm
+        assert "history" not in rep["modes"][f"{warm}-cold"]["tokens_by_origin"]
+        assert any(k.startswith("history") for k in rep["modes"][warm]["suffix_by_match"])
+    assert "where the tokens came from" in p.stdout
+    bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
+                 str(prompts), "--ids", "m1", "nope")
+    assert bad.returncode == 1 and "has no prompt nope" in bad.stderr
+    assert "suffix drafts: accepted/drafted by source and match length" in p.stdout

@@ -329,7 +329,7 @@ def test_generate_json_shape(tiny_target, tiny_draft):
     assert plain["token_ids"] == out["token_ids"]
     lk = json.loads(_cli("generate", "--target", str(tiny_target), "--lookup", "--prompt",
                          "Write a stack class.", "--max-tokens", "16", "--json").stdout)
-    assert lk["mode"] == "lookup" and lk["token_ids"] == out["token_ids"]
+    assert lk["mode"] == "suffix" and lk["token_ids"] == out["token_ids"]
 
 
 def test_generate_streams_text_to_stdout(tiny_target):

@@ -205,7 +205,8 @@ def test_the_policy_reads_a_drafters_declared_cost(registries):
 
 
 def test_modes_name_their_drafters():
-    assert modes.get("hybrid").without_draft_model() is modes.get("lookup")
+    assert modes.get("hybrid").without_draft_model() is modes.get("suffix")
+    assert modes.get("lookup+draft").without_draft_model() is modes.get("lookup")
     assert modes.get("draft").without_draft_model() is None
     assert modes.get("hybrid").needs_draft_model and not modes.get("lookup").needs_draft_model
     with pytest.raises(EngineError, match="Unknown decoding mode"):

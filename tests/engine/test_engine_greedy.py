@@ -11,7 +11,8 @@ from specchat.engine.session import Engine
 from tinymodels import prune_draft_head
 
 SPEC_MODES = [("draft", k) for k in [None, *range(1, 9)]] + [
-    ("lookup", None), ("lookup", 3), ("hybrid", None), ("hybrid", 2), ("hybrid", 5)]
+    ("lookup", None), ("lookup", 3), ("hybrid", None), ("hybrid", 2), ("hybrid", 5),
+    ("suffix", None), ("lookup+draft", None), ("ssd", None), ("ssd", 3)]
 
 
 def _prompts(n_special: int, vocab: int) -> list[tuple[int, ...]]:
@@ -142,7 +143,9 @@ def test_step_events_add_up(pair_engine):
         assert len(e.origins) == len(e.token_ids)
         if e.token_ids:
             assert len(e.pieces) == len(e.token_ids) and "".join(e.pieces) == e.text
-        assert list(e.origins).count("draft") == min(e.accepted, len(e.token_ids))
+        drafted = [o for o in e.origins if o != "target"]
+        assert len(drafted) == min(e.accepted, len(e.token_ids))
+        assert set(drafted) <= {"draft", "conversation", "history"}
     s = r.summary
     assert s.tokens_per_step == pytest.approx(50 / s.steps)
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)

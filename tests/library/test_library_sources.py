@@ -40,10 +40,10 @@ def test_a_new_source_resolves_and_describes(lib_home, monkeypatch, tiny_qwen_ta
         refs.resolve("no-such-model")
 
 
-def test_the_accepted_words_are_unchanged():
+def test_the_accepted_words_name_every_kind():
     assert refs.accepted() == (
         "an installed model name (see `specchat models list`), bundled:NAME, a model "
-        "folder, a .gguf file, hf:org/repo[@revision], or a catalog name")
+        "folder, a .gguf file, hf:org/repo[@revision], cluster:NAME, or a catalog name")
     with pytest.raises(LibraryError, match=r"^No model given: pass an installed model name"):
         refs.resolve("  ")
     with pytest.raises(LibraryError, match="No model given"):

@@ -110,5 +110,6 @@ def test_old_history_summary_reads_typed_and_saves_back_the_same(tmp_path):
     store.update_message(mid, "reply", summary=summary, complete=True)
     saved = json.loads(conn.execute("SELECT summary FROM messages WHERE id=?",
                                     (mid,)).fetchone()[0])
-    assert saved == {**OLD_SUMMARY, "drafted_by": {}}  # nothing lost, unknown keys included
+    # nothing lost, unknown keys included; fields added since take their defaults
+    assert saved == {**OLD_SUMMARY, "drafted_by": {}, "tokens_by_origin": {}, "paused_steps": 0}
     conn.close()

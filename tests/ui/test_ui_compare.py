@@ -6,6 +6,7 @@ silently behind them."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from ui_support import load, send_and_wait, wait_until
@@ -117,7 +118,7 @@ def test_compare_decodes_exactly_what_the_bench_decodes(qtbot, window, tiny_targ
 
     prompt_text = "def fibonacci(n): return fibonacci"
     load(qtbot, window, tiny_target, tiny_draft)
-    window.session.update_settings(max_tokens=64)
+    window.session.update_settings(max_tokens=64, auto_off=False)
 
     task = CompareRunner(window.session, window.conversation).start(prompt_text)
     wait_until(task.done, timeout=60_000)
@@ -127,7 +128,8 @@ def test_compare_decodes_exactly_what_the_bench_decodes(qtbot, window, tiny_targ
     engine.load(str(tiny_target), str(tiny_draft))
     system = window.session.settings.system_prompt
     prompt = Prompt("compare", "code", (Message("system", system), Message("user", prompt_text)))
-    for result, variant in ((outcome.plain, PLAIN), (outcome.speculative, VARIANTS["spec"])):
+    spec = replace(VARIANTS["spec"], auto_off=False)
+    for result, variant in ((outcome.plain, PLAIN), (outcome.speculative, spec)):
         bench = run_variant(engine, variant, prompt, 64, SamplingParams())
         s = result.summary
         assert list(result.token_ids) == bench.token_ids

@@ -17,8 +17,12 @@ def test_incompatible_pair_refused_with_reason(qtbot, window, tiny_target, misma
     verdict = _verdict(window)
     assert verdict.compatible is False
     assert "vocabulary size differs" in verdict.text
-    label = window.picker.verdict_label.text()
-    assert label.startswith("✗ Incompatible:") and "vocabulary size differs" in label
+    label = window.picker.verdict_label
+    # One line, led by the reason; the whole reasoning on hover (and on a click).
+    assert label.text().startswith("✗ incompatible:") and "\n" not in label.text()
+    assert "vocabulary size differs" in label.headline()
+    assert "vocabulary size differs" in label.toolTip().lower()
+    assert not label.wordWrap()
     assert not window.picker.load_button.isEnabled()
     window.picker.load_button.click()  # refused: nothing starts
     assert not window.session.engine.loading
@@ -32,7 +36,9 @@ def test_engine_refusal_is_shown(qtbot, window, tiny_target, mismatched_draft):
     assert window.error_banner.isVisible()
     text = window.error_banner.label.text()
     assert "cannot draft for" in text
-    assert "cannot draft for" in window.picker.verdict_label.text()
+    label = window.picker.verdict_label
+    assert label.text().startswith("✗ could not load:") and "\n" not in label.text()
+    assert "cannot draft for" in label.headline() and "cannot draft for" in label.toolTip().lower()
     assert not window.composer.send_button.isEnabled()
 
 
@@ -68,7 +74,7 @@ def test_cancel_loading(qtbot, window, tiny_target, tiny_draft):
     assert window.session.engine.pair is None  # Cancel takes effect at the next progress step
     assert "cancelled" in window.statusBar().currentMessage()
     assert not window.error_banner.isVisible()
-    assert "Could not load" not in window.picker.verdict_label.text()
+    assert "could not load" not in window.picker.verdict_label.full_text()
     assert not window.load_banner.isVisible()
     # A new load after a cancelled one works.
     assert load(qtbot, window, tiny_target, tiny_draft) is not None
@@ -111,3 +117,34 @@ def test_same_tokenizer_from_catalog_is_compatible(qtbot, window):
     verdict = _verdict(window)
     assert verdict.compatible is True and "Qwen2.5 tokenizer" in verdict.text
     assert window.picker.verdict_label.text().startswith("✓")
+
+
+def test_the_verdict_is_a_headline_with_the_reasoning_on_hover_and_click(qtbot, window):
+    from PySide6.QtCore import Qt
+    from specchat.ui.library_view import Verdict
+    from specchat.ui.pair_picker import verdict_headline
+
+    reasons = ("same tokenizer (151,665 tokens, identical ids and special tokens), so every "
+               "draft token means the same to the target",
+               "the draft is 2.8x smaller (494M vs 1.5B parameters)",
+               "both caches can be rewound after rejected draft tokens")
+    assert verdict_headline(Verdict(True, reasons)) == "✓ compatible · draft 2.8× smaller"
+    assert verdict_headline(Verdict(False, ("vocabulary size differs", "x"))) == \
+        "✗ incompatible: vocabulary size differs"
+    assert verdict_headline(Verdict(None, ())) == "? checked when the pair loads"
+
+    window.picker.show_verdict(Verdict(True, reasons))
+    label = window.picker.verdict_label
+    assert label.text() == "✓ compatible · draft 2.8× smaller"
+    assert "Same tokenizer (151,665 tokens" in label.toolTip()
+    assert label.height() < 2 * label.fontMetrics().height() + 8  # one line in the bar
+    qtbot.mouseClick(label, Qt.MouseButton.LeftButton)  # unfolds the reasoning
+    assert label.expanded and "2.8x smaller (494M vs 1.5B" in label.text()
+    qtbot.mouseClick(label, Qt.MouseButton.LeftButton)
+    assert label.text() == "✓ compatible · draft 2.8× smaller"
+
+    long_reason = "the draft's tokenizer differs from the target's " * 8
+    window.picker.show_verdict(Verdict(False, (long_reason,)))
+    assert label.text().endswith("…") and "\n" not in label.text()  # one elided line
+    assert label.fontMetrics().horizontalAdvance(label.text()) <= label.width()
+    assert long_reason.strip()[1:] in label.toolTip()

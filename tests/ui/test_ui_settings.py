@@ -45,3 +45,16 @@ def test_settings_saved_and_used(qtbot, window, tiny_target, tiny_draft):
     msg = send_and_wait(qtbot, window)
     assert msg.summary.new_tokens <= 7
     assert window.session.store.settings.blocking.load().max_tokens == 7
+
+
+def test_stored_port_is_checked():
+    from specchat.server.listener import DEFAULT_PORT
+    from specchat.store.settings import checked_changes, from_stored
+
+    assert AppSettings().server_port == DEFAULT_PORT  # the app and `specchat serve` agree
+    settings, bad = from_stored({"server_port": 70000, "local_server": "yes", "top_k": 3})
+    assert (settings.server_port, settings.local_server, settings.top_k) == (
+        DEFAULT_PORT, False, 3)
+    assert bad == ["local server", "port"]
+    good, refused = checked_changes({"server_port": -1})
+    assert good == {} and refused[0].startswith("port must be a whole number from 0 to 65535")

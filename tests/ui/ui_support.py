@@ -47,3 +47,14 @@ def send_and_wait(qtbot, w, text="Hello, world! How are you today?", timeout=60_
     assert w.conversation.busy
     wait_until(lambda: not w.conversation.busy, timeout=timeout)
     return w.chat_model.messages[-1]
+
+
+def run_compare(qtbot, w, prompt="def fibonacci(n): return fibonacci", timeout=60_000):
+    """Open Compare on ``prompt``, run it to its end and return the dialog
+    (its outcome checked to be there)."""
+    dlg = w.open_compare(prompt)
+    qtbot.addWidget(dlg)
+    dlg.run_button.click()
+    wait_until(lambda: dlg.task is not None and dlg.task.done(), timeout=timeout)
+    assert dlg.outcome is not None, dlg.status.text()
+    return dlg

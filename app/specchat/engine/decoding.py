@@ -12,6 +12,10 @@ The loop is three small steps, in the spirit of mlx-lm's ``generate_step``:
 ``commit`` applies the stopping rules to a block and describes it as a
 StepEvent, and ``summarize`` turns what was produced into the result.
 ``decode`` strings them together for one request, a ``Decoding``.
+
+Break-even auto-off (draft_policy.BreakEven) decides, before each step a
+drafter would draft in, whether to speculate, decode plainly (the drafter is
+not asked: a K = 0 step) or probe; it observes every step's timing after.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from dataclasses import dataclass, field
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from specchat.engine import threads
-from specchat.engine.draft_policy import DraftPolicy
+from specchat.engine.draft_policy import PAUSED, PROBE, DraftPolicy, auto_off_applies
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
-from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
+from specchat.engine.events import TARGET, GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
 from specchat.engine.sampling import KeyStream
 from specchat.engine.textstream import TextStream
@@ -59,6 +63,9 @@ class Block:
     accepted: int
     next_token: int
     started: float  # when the verify pass started (perf_counter)
+    paused: bool = False  # decoded plainly: auto-off had paused speculation
+    probe: bool = False  # speculated while paused, to see whether it pays again
+    catch_up_s: float = 0.0  # the drafter catching up on paused tokens before a probe
 
     @property
     def tokens(self) -> list[int]:
@@ -66,26 +73,45 @@ class Block:
 
     @property
     def origins(self) -> list[str]:
-        return ["draft"] * self.accepted + ["target"]
+        return [*self.proposal.origins[:self.accepted], TARGET]
 
 
 @dataclass
 class _Tally:
     steps: int = 0
+    paused: int = 0  # steps decoded plainly by auto-off
     drafted: int = 0
     accepted: int = 0
     forward_s: float = 0.0
     by_source: dict = field(default_factory=dict)
+    by_origin: dict = field(default_factory=dict)  # emitted tokens per origin
 
-    def add(self, source: str | None, k: int, n: int) -> None:
+    def add(self, proposal: Proposal, n: int) -> None:
+        """One verify step: ``n`` of the proposal's tokens accepted. Each
+        part (drafter kind) is counted on its own, under its kind and, within
+        it, under its statistics key (``by_key``: the suffix drafter's source
+        and match length)."""
         self.steps += 1
-        self.drafted += k
+        self.drafted += proposal.k
         self.accepted += n
-        if source and k:
-            d = self.by_source.setdefault(source, {"drafted": 0, "accepted": 0, "steps": 0})
-            d["drafted"] += k
-            d["accepted"] += n
+        offset = 0
+        for part in proposal.parts:
+            if offset > n:
+                break  # never judged: an earlier token was rejected
+            got = max(0, min(n - offset, part.k))
+            d = self.by_source.setdefault(part.source, {"drafted": 0, "accepted": 0, "steps": 0})
+            d["drafted"] += part.k
+            d["accepted"] += got
             d["steps"] += 1
+            if part.key != part.source:
+                kd = d.setdefault("by_key", {}).setdefault(part.key, {"drafted": 0, "accepted": 0})
+                kd["drafted"] += part.k
+                kd["accepted"] += got
+            offset += part.k
+
+    def emitted(self, origins: Sequence[str]) -> None:
+        for o in origins:
+            self.by_origin[o] = self.by_origin.get(o, 0) + 1
 
 
 @dataclass
@@ -119,6 +145,7 @@ def start(d: Decoding) -> Progress:
     d.slot.prefill(pending[:-1])
     if d.drafter is not None:
         d.drafter.prepare(d.prompt_ids)
+    d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)
     prefill_s = time.perf_counter() - t_start
     run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,
                    prefill_s=prefill_s, reused=len(d.prompt_ids) - len(pending))
@@ -139,8 +166,18 @@ def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
         cap=lambda kind, key=None: min(policy.cap(kind, key), remaining - 1),
         keep_going=policy.keep_going,
         lazy=policy.fixed_k is not None,
+        policy=policy,
     )
     return d.drafter.propose(run.context, ctl)
+
+
+def _catch_up(d: Decoding, run: Progress) -> float:
+    """Before a probe: the drafter syncs to the context it skipped while
+    paused (``prepare`` syncs a drafter to any context), outside the probe's
+    timing, so the probe measures speculation and not the pause's backlog."""
+    t0 = time.perf_counter()
+    d.drafter.prepare(run.context)
+    return time.perf_counter() - t0
 
 
 def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
@@ -152,6 +189,7 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
                         pipelined=d.drafter is None)
     governor = threads.governor()
     no_draft = Proposal(tokens=[], source="")
+    last_end = time.perf_counter()  # where the previous verify ended
     try:
         while True:
             if d.cancelled is not None and d.cancelled.is_set():
@@ -162,17 +200,27 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
                 run.finish = "length"
                 return
             governor.tick()
-            proposal = _propose(d, run, remaining) or no_draft
+            drafting = d.drafter is not None and remaining > 1
+            step = d.policy.break_even.next_step() if drafting else None
+            catch_up_s = _catch_up(d, run) if step == PROBE else 0.0
+            proposal = (None if step == PAUSED else _propose(d, run, remaining)) or no_draft
             k = proposal.k
             t_v = time.perf_counter()
             n, nxt = verifier.step(run.context[-1], proposal)
-            verify_s = time.perf_counter() - t_v
+            end = time.perf_counter()
+            verify_s = end - t_v
             d.slot.rewind(len(d.slot.ids) - (k - n))
-            run.tally.forward_s += verify_s + proposal.draft_s
-            run.tally.add(proposal.source or None, k, n)
-            d.policy.observe(proposal.source or None, proposal.key or None, k, n,
-                             proposal.confidences)
-            yield Block(proposal, n, nxt, t_v)
+            run.tally.forward_s += verify_s + proposal.draft_s + catch_up_s
+            run.tally.add(proposal, n)
+            run.tally.paused += step == PAUSED
+            d.policy.observe_proposal(proposal, n)
+            # The rest of the step's wall time (the previous block's commit and
+            # event, proposing) is the loop's own work: auto-off counts it per step.
+            other_s = end - last_end - verify_s - proposal.draft_s - catch_up_s
+            last_end = end
+            d.policy.break_even.observe(proposal, n, verify_s, other_s)
+            yield Block(proposal, n, nxt, t_v, paused=step == PAUSED, probe=step == PROBE,
+                        catch_up_s=catch_up_s)
     finally:
         verifier.close()
 
@@ -201,6 +249,7 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
     """Add a block's kept tokens to the reply (flushing the text when the
     reply ends) and describe the step."""
     kept, pieces = _keep(d, run, block.tokens)
+    run.tally.emitted(block.origins[:len(kept)])
     run.out.extend(kept)
     run.context.extend(kept)
     if run.done:
@@ -225,9 +274,11 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
         accepted=block.accepted,
         k=p.k,
         drafter=p.source or None,
-        step_s=now - block.started + p.draft_s,
+        step_s=now - block.started + p.draft_s + block.catch_up_s,
         elapsed_s=now - run.started,
         total_tokens=len(run.out),
+        paused=block.paused,
+        probe=block.probe,
     )
 
 
@@ -261,7 +312,12 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
         forward_s=tally.forward_s,
         overhead_s=max(0.0, wall - tally.forward_s),
         drafted_by=tally.by_source,
+        tokens_by_origin=dict(tally.by_origin),
         blas_threads=threads.governor().take_counts(),
+        # a drafter's own per-request counts (ssd.py: hits, misses, overlap)
+        **getattr(d.drafter, "summary_fields", dict)(),
+        paused_steps=tally.paused,
+        auto_off=d.policy.break_even.report(),
     )
     return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary)
 

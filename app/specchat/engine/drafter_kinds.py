@@ -37,6 +37,16 @@ class DrafterKind:
     cap: int  # longest block
     calibrated: bool = False  # confidences are probabilities: stop blocks by them
     cost: float = 0.0  # per drafted token, in target forwards (a draft model's: the pair's)
+    # For a kind that uses the draft model (make is None): builds its drafter
+    # around the engine's ModelDrafter (ssd.py); None: the draft model drafts.
+    around: Callable[[Drafter], Drafter] | None = None
+    # The prior for a finer statistics key (e.g. the suffix drafter's match
+    # length), when it differs from ``prior``.
+    key_prior: Callable[[str], float] | None = None
+
+    def prior_for(self, key: str) -> float:
+        return self.key_prior(key) if self.key_prior is not None and key != self.name \
+            else self.prior
 
     @property
     def uses_draft_model(self) -> bool:
@@ -48,17 +58,34 @@ class DrafterKind:
         return costs.draft if self.uses_draft_model else self.cost
 
 
-def _lazy(module: str, name: str) -> Callable[[], Drafter]:
+def _lazy(module: str, name: str) -> Callable[..., Drafter]:
     """A constructor imported when first called, so the registry imports no MLX."""
-    return lambda: getattr(importlib.import_module(module), name)()
+    return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
 # Lookup is free, so its blocks run as long as the verify cost curve allows;
 # the draft model's length is the early stop's call, up to 12.
 LOOKUP = DrafterKind("lookup", _lazy("specchat.engine.drafters", "LookupDrafter"), prior=0.5, cap=16)
 DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
+# Suffix matches over the conversation and the history: free too, and
+# scored by how many occurrences agree (suffix.py).
+# Longer matches continue correctly far more often: the prior of a statistics
+# key "suffix:<source>:<shortest match of its bucket>" grows with the match.
+# (Measured on the multi-turn bench, accepted/drafted per bucket: 21%, 33%,
+# 56%, 73%, 71% for 2, 3, 4-7, 8-15, 16+ tokens matched in the conversation;
+# docs/benchmarks.md. A request's own measurements replace these quickly.)
+SUFFIX_PRIORS = {2: 0.45, 3: 0.55, 4: 0.65, 8: 0.8, 16: 0.9}
 
-KINDS: dict[str, DrafterKind] = {k.name: k for k in (LOOKUP, DRAFT_MODEL)}
+
+def _suffix_prior(key: str) -> float:
+    bucket = key.rsplit(":", 1)[-1]
+    return SUFFIX_PRIORS.get(int(bucket), 0.6) if bucket.isdigit() else 0.6
+
+
+SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,
+                     key_prior=_suffix_prior)
+
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (LOOKUP, DRAFT_MODEL, SUFFIX)}
 
 
 def register(kind: DrafterKind) -> DrafterKind:
@@ -67,3 +94,9 @@ def register(kind: DrafterKind) -> DrafterKind:
 
 def get(name: str) -> DrafterKind:
     return registry.lookup(KINDS, name, "drafter")
+
+
+# Speculative speculative decoding: the draft model drafts the next block on
+# its own thread while the target verifies this one (ssd.py).
+SSD = register(DrafterKind("ssd", None, prior=0.7, cap=12, calibrated=True,
+                           around=_lazy("specchat.engine.ssd", "for_model")))

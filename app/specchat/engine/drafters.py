@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import mlx.core as mx
 
+from specchat.engine import events
 from specchat.engine.drafter_kinds import DRAFT_MODEL, LOOKUP
 from specchat.engine.events import SamplingParams
 from specchat.engine.kv import CacheSlot
@@ -25,6 +26,21 @@ from specchat.engine.loading import LoadedModel
 from specchat.engine.lookup import NgramIndex
 from specchat.engine.runner import Runner
 from specchat.engine.sampling import KeyStream, processed_logprobs, sample
+
+
+@dataclass(frozen=True)
+class Part:
+    """A run of a proposal's tokens drafted by one drafter kind (a chained
+    proposal has several: a suffix match, then the draft model)."""
+
+    source: str  # drafter kind
+    key: str  # statistics key
+    k: int
+    confidences: tuple[float, ...] = ()
+
+
+# The origin of an accepted token, by the kind that drafted it (events.py).
+ORIGIN_OF_KIND = {DRAFT_MODEL.name: events.DRAFT_MODEL, LOOKUP.name: events.CONVERSATION}
 
 
 @dataclass
@@ -36,9 +52,15 @@ class Proposal:
     confidences: list[float] = field(default_factory=list)
     draft_s: float = 0.0  # seconds spent in draft forwards (catching up included)
     forwards: int = 0  # draft forward passes behind draft_s
+    origins: list[str] = field(default_factory=list)  # per token (events.py's origins)
+    parts: list[Part] = field(default_factory=list)  # per drafter kind, in order
 
     def __post_init__(self) -> None:
         self.key = self.key or self.source
+        if not self.origins:
+            self.origins = [ORIGIN_OF_KIND.get(self.source, events.DRAFT_MODEL)] * len(self.tokens)
+        if not self.parts and self.tokens:
+            self.parts = [Part(self.source, self.key, len(self.tokens), tuple(self.confidences))]
 
     @property
     def k(self) -> int:
@@ -62,15 +84,20 @@ class DraftControl:
     # Another drafter is asked if this one proposes nothing, so weak
     # proposals may be left to it.
     fallback: bool = False
+    # The request's draft policy (draft_policy.DraftPolicy), for drafters that
+    # weigh options by measured acceptance and cost (hybrid.py).
+    policy: Any = None
 
 
 class Drafter(Protocol):
     name: str
 
     def prepare(self, prompt: Sequence[int]) -> None:
-        """Called once per request during prefill, so that a drafter's own
-        prompt processing counts as prefill (time to first token), not as a
-        decoding step."""
+        """Called during prefill, so that a drafter's own prompt processing
+        counts as prefill (time to first token), not as a decoding step; and
+        again mid-request with the longer context before break-even
+        auto-off probes speculation (catching up outside the probe's
+        timing). So it must sync its state to the context, never reset it."""
         ...
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal: ...

@@ -13,6 +13,19 @@ from specchat.engine.modes import HYBRID
 
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
 
+# Where each token of a reply came from (StepEvent.origins, Summary.tokens_by_origin):
+# the target's own choice, or an accepted draft token by the source that drafted it.
+TARGET = "target"
+DRAFT_MODEL = "draft"  # the small draft model
+CONVERSATION = "conversation"  # copied from this conversation (prompt lookup, suffix match)
+HISTORY = "history"  # copied from the user's earlier conversations (suffix match)
+ORIGIN_LABELS = {
+    TARGET: "target",
+    DRAFT_MODEL: "draft model",
+    CONVERSATION: "this conversation",
+    HISTORY: "your history",
+}
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -42,6 +55,10 @@ class DraftSettings:
     mode: str = HYBRID.name
     k: int | None = None
     acceptance: Literal["rejection", "equality"] = "rejection"
+    # Break-even auto-off (draft_policy.BreakEven): decode plainly while
+    # speculating is measured slower than plain decoding here. It stands
+    # aside for a fixed K and for seeded sampling (which stays reproducible).
+    auto_off: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,14 +79,20 @@ class GenerateRequest:
     draft: DraftSettings = DraftSettings()
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()  # extra end tokens besides EOS/end-of-turn
+    # The conversation this reply belongs to (the caller's key, e.g. the
+    # store's id): the history index leaves it out of history matches (it is
+    # the conversation itself) and, when the reply ends, stores it under it.
+    history_key: str | None = None
 
 
 @dataclass(frozen=True)
 class StepEvent:
     """One verify step: what the target kept and how the draft did.
 
-    origins has one entry per new token: "draft" for an accepted draft token,
-    "target" for the token the target itself chose (correction or bonus).
+    origins has one entry per new token: "target" for the token the target
+    itself chose (correction or bonus), otherwise the source of the accepted
+    draft token: "draft" (the draft model), "conversation" or "history" (see
+    ORIGIN_LABELS).
     pieces has the text each token released (""-joined it is ``text``); a
     token that ends inside a multi-byte character or a possible stop string
     releases nothing, and the token that completes it releases it all.
@@ -87,6 +110,12 @@ class StepEvent:
     elapsed_s: float
     total_tokens: int
     pieces: tuple[str, ...] = ()
+    # Auto-off had speculation paused: this step decoded plainly (K = 0)
+    # because speculating was measured slower than plain decoding here.
+    paused: bool = False
+    # A step that speculated while paused, to see whether it pays again
+    # (speculation stays paused unless it did).
+    probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,8 +137,27 @@ class Summary:
     forward_s: float
     overhead_s: float
     drafted_by: dict = field(default_factory=dict)
+    # emitted tokens per origin ("target", "draft", "conversation", "history")
+    tokens_by_origin: dict = field(default_factory=dict)
     # steps (and prefill chunks) run at each BLAS thread count (engine/threads.py)
     blas_threads: dict = field(default_factory=dict)
+    # steps decoded plainly because auto-off had paused speculation
+    paused_steps: int = 0
+    # what auto-off measured (draft_policy.BreakEven.report); empty when it was off
+    auto_off: dict = field(default_factory=dict)
+    # Speculative speculative decoding (ssd.py; zero in other modes): steps
+    # whose block was drafted while the last one was verified (hits), drafted
+    # the ordinary way after a wrong guess (misses) or with nothing speculated
+    # (fallbacks); draft forward seconds hidden behind verification, of all
+    # draft seconds behind the verified blocks (overlap = hidden / draft);
+    # the worker's forward seconds, used or not.
+    ssd_hits: int = 0
+    ssd_misses: int = 0
+    ssd_fallbacks: int = 0
+    ssd_overlap: float = 0.0
+    ssd_hidden_s: float = 0.0
+    ssd_draft_s: float = 0.0
+    ssd_spec_s: float = 0.0
 
     def stats_dict(self) -> dict:
         keys = (

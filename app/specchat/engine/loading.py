@@ -66,14 +66,24 @@ def load_folder(
     path: str | Path,
     policy: ComputeInfo,
     progress: Callable[[str], None] | None = None,
+    *,
+    model_classes: Callable[[dict], tuple] | None = None,
+    shard: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
-    """Load weights lazily, then convert tensor by tensor to the policy dtype."""
+    """Load weights lazily, then convert tensor by tensor to the policy dtype.
+
+    A cluster rank passes mlx-lm the classes to build (``model_classes``)
+    and a ``shard`` that keeps its own layers before any weight is read
+    (engine/distributed/stages.py)."""
     path = Path(path).expanduser().resolve()
     say = progress or (lambda _m: None)
     config = validate_folder(path)
     say(f"reading {path.name}")
     try:
-        model, config = load_model(path, lazy=True)
+        if model_classes is not None:
+            model, config = load_model(path, lazy=True, get_model_classes=model_classes)
+        else:
+            model, config = load_model(path, lazy=True)
     except ValueError as exc:
         msg = str(exc)
         if "not supported" in msg.lower():
@@ -83,6 +93,8 @@ def load_folder(
         raise EngineError(f"{path.name}: the weights do not fit the config ({msg})") from exc
     except Exception as exc:  # noqa: BLE001 - safetensors/MLX raise assorted types
         raise EngineError(f"{path.name}: could not read the weights ({exc})") from exc
+    if shard is not None:
+        shard(model)
     say(f"converting {path.name} to {policy.dtype}")
     try:
         compute.apply(model, policy)

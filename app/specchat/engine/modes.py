@@ -20,6 +20,12 @@ class Mode:
     # Drafter kinds, in the order they are asked (the first that proposes
     # wins a step); empty for plain decoding.
     drafters: tuple[str, ...] = ()
+    # How several drafters share a step: "first" (the first that proposes
+    # wins) or "best" (hybrid.py: per step, the suffix draft, the draft
+    # model, or both chained, by measured tokens per unit of cost).
+    combine: str = "first"
+    # A sentence for where there is room (a menu's tooltip, docs).
+    description: str = ""
 
     @property
     def speculative(self) -> bool:
@@ -42,9 +48,12 @@ class Mode:
 PLAIN = Mode("plain", "plain decoding")
 LOOKUP = Mode("lookup", "prompt lookup", ("lookup",))
 DRAFT = Mode("draft", "draft model", ("draft",))
-HYBRID = Mode("hybrid", "draft model + prompt lookup", ("lookup", "draft"))
+SUFFIX = Mode("suffix", "suffix match (conversation + history)", ("suffix",))
+HYBRID = Mode("hybrid", "draft model + suffix match", ("suffix", "draft"), combine="best")
+# The hybrid before suffix drafting, kept so the bench can show the difference.
+LOOKUP_DRAFT = Mode("lookup+draft", "draft model + prompt lookup", ("lookup", "draft"))
 
-MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, LOOKUP, DRAFT, HYBRID)}
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, LOOKUP, DRAFT, SUFFIX, HYBRID, LOOKUP_DRAFT)}
 
 
 def register(mode: Mode) -> Mode:
@@ -61,10 +70,20 @@ def get(name: str) -> Mode:
 def for_pair(speculative: bool, has_draft: bool, speculative_ok: bool = True,
              lookup: bool = True) -> Mode:
     """The mode a reply runs in: plain when speculation is off or cannot run
-    on this pair; prompt lookup without a draft model; the draft model (with
-    prompt lookup unless ``lookup`` is False) with one."""
+    on this pair; suffix matching without a draft model; the draft model
+    (with suffix matching unless ``lookup`` is False) with one."""
     if not speculative or not speculative_ok:
         return PLAIN
     if not has_draft:
-        return LOOKUP
+        return SUFFIX
     return HYBRID if lookup else DRAFT
+
+
+SSD = register(Mode(
+    "ssd", "draft model, drafting ahead while the target verifies (SSD)", ("ssd",),
+    description="Speculative speculative decoding: while the target verifies a block, the draft "
+    "model drafts the next one on its own core for the outcomes it expects, so a correct guess "
+    "makes the next block free. It pays when the draft has hardware of its own (on Apple "
+    "Silicon: the draft on the CPU cores while the target runs on the GPU); on a CPU-only "
+    "machine the two models share the cores and the memory bandwidth, and it can be slower "
+    "than the draft model mode."))

@@ -41,7 +41,10 @@ def checked(request: GenerateRequest) -> GenerateRequest:
     if d.acceptance not in ACCEPTANCE:
         raise EngineError(f"acceptance must be one of {', '.join(ACCEPTANCE)}; "
                           f"got {d.acceptance!r}")
-    draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance)
+    if not isinstance(d.auto_off, bool):
+        raise EngineError(f"auto_off must be true or false; got {d.auto_off!r}")
+    draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance,
+                          auto_off=d.auto_off)
     return replace(
         request,
         messages=tuple(_message(m) for m in request.messages),

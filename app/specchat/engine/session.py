@@ -7,6 +7,7 @@ thread-safe, by design.
 from __future__ import annotations
 
 import gc
+import hashlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,10 @@ from pathlib import Path
 import mlx.core as mx
 
 from specchat.engine import chat, compute, drafter_kinds, modes, request_check, threads
+from specchat.engine import suffix as suffix_drafting
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
+from specchat.engine.distributed.hostfile import is_cluster_folder
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
 from specchat.engine.drafters import Drafter, DrafterChain, ModelDrafter
@@ -27,6 +30,8 @@ from specchat.engine.events import (
     LoadedPair,
     StepEvent,
 )
+from specchat.engine.history import History, SyncReport
+from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
 from specchat.engine.loading import LoadedModel, load_folder
 from specchat.engine.runner import Runner
@@ -46,6 +51,9 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
+        # The user's earlier conversations, for suffix drafting (history.py):
+        # tied to the target's tokenizer, filled by sync_history.
+        self.history = History()
 
     # -- loading ---------------------------------------------------------
     def load(
@@ -64,10 +72,17 @@ class Engine:
             raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
         if self.target is None or self.target.info.path != target_path:
             self._drop_target()
-            self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
-            runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
+            if is_cluster_folder(target_path):  # the target's layers spread over a cluster
+                from specchat.engine.distributed.head import load_target
+
+                self.target, runner = load_target(target_path, self.compute,
+                                                  lambda m: say("target", m))
+            else:
+                self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
+                runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
             self._slot = CacheSlot(runner)
             self._eos = chat.end_token_ids(self.target.tokenizer)
+            self.history = History()  # ids of another tokenizer mean nothing
             w = runner.head_weight()
             self._vocab = int(w.shape[0]) if w is not None else int(
                 self.target.config.get("vocab_size")
@@ -214,14 +229,55 @@ class Engine:
             if mode is None:
                 raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
-        return (chain[0] if len(chain) == 1 else DrafterChain(chain)), mode
+        if len(chain) == 1:
+            return chain[0], mode
+        if mode.combine == "best":
+            return HybridDrafter(*chain), mode
+        return DrafterChain(chain), mode
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
         if kind.uses_draft_model:
+            if kind.around is not None:  # a drafter built around the draft model (ssd.py)
+                return kind.around(self._model_drafter)
             return self._model_drafter
         if kind.name not in self._drafters:
-            self._drafters[kind.name] = kind.make()
+            drafter = kind.make()
+            attach = getattr(drafter, "attach_history", None)
+            if attach is not None:  # drafters that read the user's history get it
+                attach(self.history)
+            self._drafters[kind.name] = drafter
         return self._drafters[kind.name]
+
+    # -- the user's history (suffix drafting) ----------------------------------
+    def tokenizer_fingerprint(self) -> str:
+        if self.target is None:
+            raise EngineError("No model is loaded.")
+        return facts_from_tokenizer(self.target.tokenizer).fingerprint()
+
+    def sync_history(self, conversations, folder: str | Path | None = None,
+                     cancelled: threading.Event | None = None) -> SyncReport:
+        """Rebuild the history index from the store's conversations, given
+        as (key, stamp, messages) with messages a sequence of events.Message.
+        Token ids saved in ``folder`` (one file per tokenizer) are reused for
+        unchanged stamps."""
+        if self.target is None:
+            raise EngineError("No model is loaded.")
+        tok = self.target.tokenizer
+        # Ids depend on the tokenizer and on the chat template that rendered them.
+        hf = getattr(tok, "_tokenizer", tok)
+        template = hashlib.sha256(str(getattr(hf, "chat_template", "")).encode()).hexdigest()[:8]
+        fp = f"{self.tokenizer_fingerprint()}-{template}"
+        path = Path(folder) / f"history-{fp}.npz" if folder is not None else None
+        return self.history.sync(fp, conversations,
+                                 lambda msgs: chat.render(tok, msgs, cancelled),
+                                 path)
+
+    def rename_conversation(self, old: str, new: str) -> None:
+        self.history.rename(old, new)
+
+    def forget_conversation(self, key: str) -> None:
+        """A conversation the user deleted leaves the history index."""
+        self.history.remove(key)
 
     def generate(
         self,
@@ -238,8 +294,16 @@ class Engine:
         drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
-        return decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
-                               policy, mode.name, self._vocab, cancelled), on_step)
+        suffix = self._drafters.get(drafter_kinds.SUFFIX.name)
+        if suffix is not None:
+            suffix.history_key = request.history_key
+            suffix.use_history = suffix_drafting.history_applies(request.sampling)
+        result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
+                                 policy, mode.name, self._vocab, cancelled), on_step)
+        if request.history_key and result.token_ids:
+            # Finished (or stopped) replies join the history as they end.
+            self.history.put(request.history_key, [*ids, *result.token_ids])
+        return result
 
 
 def _largest_matrix(config: dict) -> int:

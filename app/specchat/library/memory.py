@@ -215,6 +215,9 @@ def check_pair(target_path: str | os.PathLike, draft_path: str | os.PathLike | N
     from specchat.library.facts import read_folder
 
     target = read_folder(Path(target_path))
+    share = _rank0_share(Path(target_path))
+    if share < 1.0:  # a cluster target: this machine holds rank 0's layers only
+        target = _Share(target, share)
     draft = read_folder(Path(draft_path)) if draft_path else None
     est = estimate(target, draft, context_tokens, dtype=dtype, available=available)
     if not est.fits:
@@ -225,6 +228,38 @@ def check_pair(target_path: str | os.PathLike, draft_path: str | os.PathLike | N
             f"Not enough memory for {names}: needs {gb(est.total)}, {gb(est.available)} "
             f"available ({est.breakdown()}, in {est.dtype}); {advice}, or use a shorter context.")
     return est
+
+
+@dataclass(frozen=True)
+class _Share:
+    """The part of a model that one rank of a cluster holds."""
+
+    model: SizedModel
+    share: float
+
+    @property
+    def params(self) -> int:
+        return int((self.model.params or 0) * self.share)
+
+    def kv_elements_per_token(self) -> int | None:
+        kv = self.model.kv_elements_per_token()
+        return int(kv * self.share) if kv is not None else None
+
+
+def _rank0_share(target_path: Path) -> float:
+    """The share of a cluster target's layers on rank 0 (1.0 for a local
+    folder): the rest is in the other machines' memory."""
+    from specchat.engine.distributed import hostfile
+
+    if not hostfile.is_cluster_folder(target_path):
+        return 1.0
+    try:
+        spec = hostfile.read(target_path)
+    except Exception:  # noqa: BLE001 - the load itself reports a bad cluster file
+        return 1.0
+    if spec.layers:
+        return spec.layers[0] / max(1, sum(spec.layers))
+    return 1.0 / spec.size
 
 
 def preflight(target_path: Path, draft_path: Path | None, reclaimable: int = 0) -> MemoryEstimate:

@@ -8,6 +8,7 @@ the app dies mid-reply, the partial text is still there on the next start.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -109,6 +110,24 @@ class ConversationStore:
         self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
                          (time.time(), conversation_id))
 
+    def corpus(self) -> list[tuple[int, str, list[tuple[str, str]]]]:
+        """Every conversation's text, as the engine's history index reads it:
+        (id, stamp, [(role, content), ...]). The stamp changes whenever a
+        message is added, edited or removed, so the index knows which
+        conversations it must read again."""
+        out: list[tuple[int, str, list[tuple[str, str]]]] = []
+        rows = self._db.execute(
+            "SELECT m.conversation_id AS cid, m.role AS role, m.content AS content, "
+            "c.updated_at AS updated FROM messages m JOIN conversations c "
+            "ON c.id = m.conversation_id ORDER BY m.conversation_id, m.position, m.id")
+        current: int | None = None
+        for r in rows:
+            if r["cid"] != current:
+                current = r["cid"]
+                out.append((current, str(r["updated"]), []))
+            out[-1][2].append((r["role"], r["content"]))
+        return [(cid, f"{updated}:{len(msgs)}:{_digest(msgs)}", msgs) for cid, updated, msgs in out]
+
     # -- messages --------------------------------------------------------
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
@@ -193,3 +212,14 @@ class ConversationStore:
                 out += [f"*{m.summary.line()}*", ""]
         return "\n".join(out).rstrip() + "\n"
 
+
+def _digest(messages: list[tuple[str, str]]) -> str:
+    """A short hash of a conversation's text: an edit that keeps every
+    length (and leaves ``updated_at`` alone) still changes it."""
+    h = hashlib.sha1()
+    for role, content in messages:
+        h.update(role.encode())
+        h.update(b"\0")
+        h.update(content.encode("utf-8", "surrogatepass"))
+        h.update(b"\1")
+    return h.hexdigest()[:16]

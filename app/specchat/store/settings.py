@@ -21,9 +21,18 @@ class AppSettings:
     seed: int | None = None
     speculative: bool = True
     k: int | None = None  # None = adaptive
+    # A decoding mode chosen by name (engine/modes.py), or None: chosen for
+    # the pair (hybrid with a draft model, suffix matching without one).
+    spec_mode: str | None = None
+    # Break-even auto-off: decode plainly while speculating is measured slower
+    # than plain decoding here (engine/draft_policy.py, BreakEven).
+    auto_off: bool = True
     color_tokens: bool = False
     last_target: str | None = None
     last_draft: str | None = None
+    # The local OpenAI-compatible API inside the app (127.0.0.1 only).
+    local_server: bool = False
+    server_port: int = 8321  # specchat serve's default too (server/listener.py)
 
 
 # The presets change sampling only; the system prompt and speculation stay.
@@ -56,15 +65,33 @@ _CHECKS: dict[str, str | tuple[type, ...]] = {
     "seed": "seed",
     "speculative": (bool,),
     "k": "K",
+    "spec_mode": (str, type(None)),
+    "auto_off": (bool,),
     "color_tokens": (bool,),
     "last_target": (str, type(None)),
     "last_draft": (str, type(None)),
+    "local_server": (bool,),
+    "server_port": "port",
 }
+
+
+def _port(value: object) -> int:
+    """A TCP port; 0 lets the system pick a free one (the window shows which)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise values.BadValue(f"port must be a whole number from 0 to 65535 (0 = any free "
+                              f"port); got {value!r}"[:120])
+    return value
+
+
+# Checks that are not in specchat.values' table (no engine or CLI value shares them).
+_OWN_CHECKS = {"port": _port}
 
 
 def _checked(name: str, value: object) -> object:
     """The value to keep for a field, or BadValue."""
     rule = _CHECKS[name]
+    if isinstance(rule, str) and rule in _OWN_CHECKS:
+        return _OWN_CHECKS[rule](value)
     if isinstance(rule, str):
         return values.check(rule, value)
     if not isinstance(value, rule):

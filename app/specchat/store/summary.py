@@ -13,6 +13,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# Short names of where tokens came from, as the summary line and the gauges
+# say them (the engine's origin keys: engine.events.ORIGIN_LABELS). The
+# target's own tokens are the rest; an unknown key is shown by its name.
+SOURCE_NAMES = {"draft": "draft", "conversation": "conversation", "history": "history"}
+
+
+def origin_shares(tokens_by_origin: dict[str, int]) -> list[tuple[str, float]]:
+    """(origin, share of all tokens) for every source but the target, in a
+    fixed order (draft, conversation, history, then others by name); empty
+    when no token came from a source."""
+    total = sum(n for n in tokens_by_origin.values() if n > 0)
+    if not total:
+        return []
+    known = [o for o in SOURCE_NAMES if tokens_by_origin.get(o, 0) > 0]
+    other = sorted(o for o, n in tokens_by_origin.items()
+                   if n > 0 and o != "target" and o not in SOURCE_NAMES)
+    return [(o, tokens_by_origin[o] / total) for o in known + other]
+
+
+def shares_text(tokens_by_origin: dict[str, int]) -> str:
+    """ "draft 41% · conversation 22% · history 9%" (the rest: the target)."""
+    return " · ".join(f"{SOURCE_NAMES.get(o, o)} {share:.0%}"
+                      for o, share in origin_shares(tokens_by_origin))
+
 
 @dataclass(frozen=True)
 class ReplySummary:
@@ -25,12 +49,18 @@ class ReplySummary:
     accepted: int = 0
     drafted_by: dict[str, int] = field(default_factory=dict)
     """Drafted tokens per drafter kind (hybrid modes draft with several)."""
+    tokens_by_origin: dict[str, int] = field(default_factory=dict)
+    """The reply's tokens per origin: "target", "draft" (the draft model),
+    "conversation", "history" (engine.events.ORIGIN_LABELS names them)."""
     acceptance_rate: float = 0.0
     tokens_per_step: float = 1.0
     tokens_per_s: float = 0.0
     ttft_s: float = 0.0
     """Seconds to the first token, prefill included."""
     wall_s: float = 0.0
+    paused_steps: int = 0
+    """Steps decoded plainly because break-even auto-off had paused
+    speculation (it was measured slower than plain decoding)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Everything else the engine reported (steps, prefill, BLAS threads, ...),
     kept as it came."""
@@ -55,7 +85,12 @@ class ReplySummary:
         if self.drafted:
             parts.append(f"acceptance {self.acceptance_rate:.0%}")
             parts.append(f"{self.tokens_per_step:.2f} tokens/step")
+            shares = shares_text(self.tokens_by_origin)
+            if shares:
+                parts.append(shares)
         parts.append(self.mode)
+        if self.paused_steps:
+            parts.append(f"{self.paused_steps} step{'s' if self.paused_steps != 1 else ''} paused")
         if self.finish_reason == "cancelled":
             parts.append("stopped")
         elif self.finish_reason == "length":

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -27,12 +28,21 @@ from specchat.tools.variants import VARIANTS, Variant
 
 
 def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_tokens: int,
-            sampling: SamplingParams, log=print) -> dict[str, list[Run]]:
+            sampling: SamplingParams, log=print, history: str = "none") -> dict[str, list[Run]]:
     """Every variant on every prompt, after one uncounted warm-up run each
-    (first-call allocations); peak memory counts from after the warm-up."""
+    (first-call allocations); peak memory counts from after the warm-up.
+
+    ``history="session"``: the history index starts empty and, after each
+    prompt's runs, takes that prompt's conversation (its messages and the
+    reply), as a user's day of chats would fill it; every variant it can
+    change also runs cold (``-cold``: history ignored) on the same prompts.
+    ``"none"``: the history stays empty."""
     warm = Prompt("warmup", "code", (Message("user", "Say hi."),))
     for v in variants:
         run_variant(engine, v, warm, 4, sampling)
+    engine.history.clear()
+    if history == "session":
+        variants = variants + [v.cold() for v in variants if v.uses_history]
     mx.reset_peak_memory()
     runs: dict[str, list[Run]] = {v.name: [] for v in variants}
     for i, prompt in enumerate(prompts):
@@ -43,6 +53,10 @@ def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_
             runs[v.name].append(r)
             log(f"  {prompt.id:<22} {v.name:<15} {len(r.token_ids):>4} tok  "
                 f"{r.tokens_per_s:6.2f} tok/s  accepted {r.accepted}/{r.drafted}")
+        if history == "session":
+            reply = runs[rot[0].name][-1].token_ids
+            ids = engine.prompt_ids(GenerateRequest(messages=prompt.messages))
+            engine.history.put(f"bench:{prompt.id}", [*ids, *reply])
     return runs
 
 
@@ -57,13 +71,16 @@ def _memory(engine: Engine, prompts: list[Prompt], max_tokens: int, peak: int) -
 
 
 def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_tokens: int,
-              sampling: SamplingParams, log=print, background_load: int = 0) -> dict:
+              sampling: SamplingParams, log=print, background_load: int = 0,
+              history: str = "none", auto_off: bool = True) -> dict:
     """The whole bench on the engine thread: the runs, their statistics, the
-    forward-pass costs and theoretical speedups, memory, the machine."""
-    variants = [VARIANTS[m] for m in modes]
+    forward-pass costs and theoretical speedups, memory, the machine.
+    ``auto_off``: break-even auto-off for every SpecChat variant (on, as in
+    the app, or off: speculation even where it is slower than plain)."""
+    variants = [replace(VARIANTS[m], auto_off=auto_off) for m in modes]
     if any(v.needs_draft_model for v in variants) and engine.draft is None:
         raise EngineError("the bench needs a draft model for the speculative modes")
-    runs = run_all(engine, prompts, variants, max_tokens, sampling, log)
+    runs = run_all(engine, prompts, variants, max_tokens, sampling, log, history)
     peak = mx.get_peak_memory()
     modes_out, by_kind = tables(runs, sampling.greedy)
     costs = relative_costs(engine, engine.prompt_ids(GenerateRequest(messages=prompts[0].messages)))
@@ -77,7 +94,8 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
         },
         "settings": {"max_tokens": max_tokens, "temperature": sampling.temperature,
                      "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
-                     "prompts": len(prompts), "modes": modes, "background_load": background_load},
+                     "prompts": len(prompts), "modes": modes, "background_load": background_load,
+                     "history": history, "auto_off": auto_off},
         "costs": costs,
         "memory": memory,
         "modes": modes_out,
@@ -89,11 +107,22 @@ def main(args: argparse.Namespace) -> int:
     from specchat.library.engine_link import make_client
 
     prompts = load_prompts(args.prompts)
+    if getattr(args, "kinds", None):
+        prompts = [p for p in prompts if p.kind in args.kinds]
+    if getattr(args, "ids", None):
+        unknown = set(args.ids) - {p.id for p in prompts}
+        if unknown:
+            raise EngineError(f"{args.prompts} has no prompt {', '.join(sorted(unknown))}"
+                              + (" of the kinds given" if args.kinds else ""))
+        prompts = [p for p in prompts if p.id in args.ids]
+    if not prompts:
+        raise EngineError(f"{args.prompts} has no prompts of kind {', '.join(args.kinds)}")
     if args.max_tokens < 1:
         raise EngineError("--max-tokens must be at least 1")
     if args.background_load < 0:
         raise EngineError("--background-load must be 0 or more processes")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    auto_off = getattr(args, "auto_off", "on") == "on"
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -112,7 +141,9 @@ def main(args: argparse.Namespace) -> int:
             log(f"background load: {args.background_load} spinning processes")
             time.sleep(3)  # let the scheduler spread them before the first run
         rep = client.call(lambda eng: run_bench(eng, prompts, list(args.modes), args.max_tokens,
-                                                sampling, log, args.background_load)).wait()
+                                                sampling, log, args.background_load,
+                                                getattr(args, "history", "none"),
+                                                auto_off)).wait()
     rep["machine"]["load_average"] = [load_before, cpuload.load_average()]
     rep["command"] = " ".join(["specchat", *sys.argv[1:]])
     print(format_report(rep))

@@ -56,10 +56,42 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
         for n, c in r.blas_threads.items():
             used[n] = used.get(n, 0) + c
     out["blas_threads"] = dict(sorted(used.items()))
+    origins: dict[str, int] = {}
+    for r in runs:
+        for o, c in r.origins.items():
+            origins[o] = origins.get(o, 0) + c
+    out["tokens_by_origin"] = origins
+    by_match: dict[str, dict[str, int]] = {}
+    for r in runs:
+        for key, d in r.by_key.items():
+            # "suffix:<source>:<match bucket>" -> "<source> m>=<bucket>"
+            _kind, source, bucket = (key.split(":") + ["", ""])[:3]
+            b = by_match.setdefault(f"{source} m>={bucket}", {"drafted": 0, "accepted": 0})
+            b["drafted"] += d["drafted"]
+            b["accepted"] += d["accepted"]
+    out["suffix_by_match"] = dict(sorted(by_match.items()))
     over = [r for r in runs if r.overhead_s is not None]
     if over:
         out["overhead_fraction"] = sum(r.overhead_s for r in over) / sum(r.wall_s for r in over)
+    ssd = _ssd(runs)
+    if ssd:
+        out["ssd"] = ssd
     return out
+
+
+def _ssd(runs: list[Run]) -> dict:
+    """Speculative speculative decoding over the runs (engine/ssd.py, the
+    Summary's ssd_* fields a Run keeps in ``ssd``): hit rate over the steps
+    that drafted, and overlap: draft seconds hidden behind verification over
+    all draft seconds behind the verified blocks."""
+    got = [r.ssd for r in runs if getattr(r, "ssd", None)]
+    if not got:
+        return {}
+    total = {k: sum(g.get(f"ssd_{k}", 0) for g in got)
+             for k in ("hits", "misses", "fallbacks", "hidden_s", "draft_s", "spec_s")}
+    steps = total["hits"] + total["misses"] + total["fallbacks"]
+    return {**total, "hit_rate": total["hits"] / steps if steps else None,
+            "overlap": total["hidden_s"] / total["draft_s"] if total["draft_s"] else None}
 
 
 def tables(runs: dict[str, list[Run]], greedy: bool) -> tuple[dict, dict]:
@@ -95,7 +127,8 @@ def add_theory(modes_out: dict, costs: dict) -> None:
         return 1 + slope * (m - 1)
 
     for name, s in modes_out.items():
-        variant, a = VARIANTS[name], s.get("per_token_acceptance")
+        variant = VARIANTS.get(name) or VARIANTS[name.removesuffix("-cold")]
+        a = s.get("per_token_acceptance")
         if a is None or not variant.speculative:
             continue
         cost_c = variant.draft_cost(c)
@@ -110,14 +143,9 @@ def add_theory(modes_out: dict, costs: dict) -> None:
 def machine_info(engine: Engine) -> dict:
     import importlib.metadata as md
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from specchat.library.recommendations import cpu_name
+
+    cpu = cpu_name() or platform.processor() or platform.machine()
     mem = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -162,6 +190,34 @@ def _cell(v, fmt: str, width: int, suffix: str = "") -> str:
     return text.rjust(width)
 
 
+def _sources(rep: dict) -> list[str]:
+    """Where each speculative mode's tokens came from, per kind of prompt,
+    and the suffix drafter's acceptance by source and match length."""
+    out = []
+    groups = {"all": rep["modes"], **rep["by_kind"]}
+    rows = []
+    for group, modes in groups.items():
+        for name, s in modes.items():
+            by = s.get("tokens_by_origin") or {}
+            total = sum(by.values())
+            if not total or set(by) <= {"target"}:
+                continue
+            shares = " ".join(f"{o} {by.get(o, 0) / total:.0%}"
+                              for o in ("draft", "conversation", "history", "target"))
+            rows.append(f"{group:<11}{name:<16}{shares}")
+    if rows:
+        out += ["", "where the tokens came from (share of all tokens)"] + rows
+    rows = []
+    for name, s in rep["modes"].items():
+        for bucket, d in (s.get("suffix_by_match") or {}).items():
+            if d["drafted"]:
+                rows.append(f"{name:<16}{bucket:<20}{d['accepted']:>6}/{d['drafted']:<6}"
+                            f"{d['accepted'] / d['drafted']:>6.0%}")
+    if rows:
+        out += ["", "suffix drafts: accepted/drafted by source and match length"] + rows
+    return out
+
+
 def format_report(rep: dict) -> str:
     lines = []
     m = rep["machine"]
@@ -176,6 +232,8 @@ def format_report(rep: dict) -> str:
     lines.append(f"{st['prompts']} prompts, {st['max_tokens']} new tokens, temperature "
                  f"{st['temperature']}, seed {st['seed']}")
     load = st.get("background_load", 0)
+    if st.get("history", "none") != "none":
+        lines.append(f"history: {st['history']} (modes ending -cold ran with an empty history)")
     lines.append(f"background load: {load} spinning process{'es' if load != 1 else ''}"
                  + (f" (load average {m['load_average'][0]} at the start, {m['load_average'][1]}"
                     " at the end)" if m.get("load_average") else ""))
@@ -200,6 +258,7 @@ def format_report(rep: dict) -> str:
     block("all prompts (tokens/s: median over prompts)", rep["modes"])
     for kind, modes in rep["by_kind"].items():
         block(f"{kind} prompts", modes)
+    lines.extend(_sources(rep))
     c = rep["costs"]
     lines.append("")
     lines.append("forward passes: target " + ", ".join(
@@ -210,6 +269,12 @@ def format_report(rep: dict) -> str:
     if used:
         lines.append("BLAS threads (steps at each count): " + ", ".join(
             f"{k} " + "/".join(f"{n}:{c}" for n, c in v.items()) for k, v in used.items()))
+    for name, v in rep["modes"].items():
+        s = v.get("ssd")
+        if s and s["hit_rate"] is not None:
+            lines.append(f"{name}: next block ready for {s['hit_rate']:.0%} of steps ({s['hits']} hits, "
+                         f"{s['misses']} misses, {s['fallbacks']} fallbacks); "
+                         f"{s['overlap'] or 0:.0%} of draft time hidden behind verification")
     over = {k: v["overhead_fraction"] for k, v in rep["modes"].items() if "overhead_fraction" in v}
     if over:
         lines.append("time outside forward passes: " + ", ".join(f"{k} {v:.1%}" for k, v in over.items()))

@@ -10,7 +10,7 @@ so tokens/s measures decoding only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
@@ -42,6 +42,9 @@ class Run:
     wall_s: float = 0.0
     k_used: list[int] = field(default_factory=list)
     blas_threads: dict = field(default_factory=dict)  # steps at each BLAS thread count
+    origins: dict = field(default_factory=dict)  # emitted tokens per origin (events.py)
+    by_key: dict = field(default_factory=dict)  # suffix drafts per statistics key (source, match)
+    ssd: dict = field(default_factory=dict)  # the ssd mode's counts (Summary's ssd_* fields)
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,7 +63,11 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
     events = []
     req = GenerateRequest(messages=prompt.messages, max_tokens=max_tokens, sampling=sampling,
                           draft=variant.settings())
-    r = engine.generate(req, on_step=events.append)
+    engine.history.enabled = variant.history
+    try:
+        r = engine.generate(req, on_step=events.append)
+    finally:
+        engine.history.enabled = True
     s = r.summary
     steps = [e for e in events if e.token_ids or e.drafted]
     return Run(mode=variant.name, prompt=prompt.id, kind=prompt.kind, token_ids=list(r.token_ids),
@@ -68,7 +75,9 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                accepted=s.accepted,
                rejections=sum(1 for e in steps if e.drafted and e.accepted < e.drafted),
                overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps],
-               blas_threads=s.blas_threads)
+               blas_threads=s.blas_threads, origins=dict(s.tokens_by_origin),
+               by_key=dict(s.drafted_by.get("suffix", {}).get("by_key", {})),
+               ssd={f.name: getattr(s, f.name) for f in fields(s) if f.name.startswith("ssd_")})
 
 
 def _mlx_lm_tokens(engine: Engine, k: int, ids: list[int], max_tokens: int,

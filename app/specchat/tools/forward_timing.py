@@ -4,35 +4,13 @@ benchmarks/forward_costs.py)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specchat.engine.draft_policy import expected_tokens
-from specchat.engine.kv import PREFILL_CHUNK
+from specchat.engine.measure import prefill, step_time
 from specchat.engine.session import Engine
 
-
-def prefill(model, cache, ids: list[int]) -> None:
-    """Fill ``cache`` with ``ids`` in the engine's prefill chunks."""
-    for i in range(0, len(ids), PREFILL_CHUNK):
-        model(mx.array(ids[i:i + PREFILL_CHUNK])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-
-
-def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
-    """Median seconds for ``forward(last m ids, cache)``, rewinding the cache
-    after each run so every repetition sees the same context."""
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        mx.eval(forward(ids[-m:], cache))
-        times.append(time.perf_counter() - t0)
-        for c in cache:
-            c.trim(m)
-    return statistics.median(times)
+__all__ = ["leviathan", "measure_costs", "prefill", "relative_costs", "step_time"]
 
 
 def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:

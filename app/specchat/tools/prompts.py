@@ -11,7 +11,9 @@ from pathlib import Path
 from specchat.engine.errors import EngineError
 from specchat.engine.events import Message
 
-KINDS = ("code", "explain", "grounded", "repetitive")
+# multiturn: earlier user and assistant turns, then a follow-up (edit the code,
+# test it, rewrite the text): what suffix drafting over the conversation is for.
+KINDS = ("code", "explain", "grounded", "repetitive", "multiturn")
 
 
 @dataclass

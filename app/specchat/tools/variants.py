@@ -8,7 +8,7 @@ Imports no MLX: the command line reads it before anything is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specchat.engine import modes
 from specchat.engine.events import DraftSettings
@@ -19,6 +19,9 @@ class Variant:
     name: str
     mode: modes.Mode | None  # SpecChat's mode; None: mlx-lm's generators
     k: int | None = None  # fixed draft length (None: adaptive; mlx-lm: 0 is plain)
+    history: bool = True  # drafts may come from the history index (False: its cold run)
+    # Break-even auto-off (engine/draft_policy.py); ``specchat bench --auto-off on|off``.
+    auto_off: bool = True
 
     @property
     def mlx_lm(self) -> bool:
@@ -36,9 +39,18 @@ class Variant:
         """One drafted token in target forwards, given one draft forward's."""
         return draft_forward if self.needs_draft_model else 0.0
 
+    @property
+    def uses_history(self) -> bool:
+        """Whether the history index can change this variant's drafts."""
+        return not self.mlx_lm and "suffix" in self.mode.drafters
+
+    def cold(self) -> Variant:
+        """The same variant with an empty history (the bench's cold run)."""
+        return replace(self, name=f"{self.name}-cold", history=False)
+
     def settings(self) -> DraftSettings:
         """SpecChat's settings for this variant."""
-        return DraftSettings(mode=self.mode.name, k=self.k)
+        return DraftSettings(mode=self.mode.name, k=self.k, auto_off=self.auto_off)
 
 
 PLAIN = Variant("plain", modes.PLAIN)
@@ -47,8 +59,11 @@ MLX_LM_PLAIN = Variant("mlx-lm-plain", None, 0)
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     PLAIN,
     Variant("spec", modes.HYBRID),
+    Variant("spec-lookup", modes.LOOKUP_DRAFT),  # the hybrid before suffix drafting
+    Variant("suffix", modes.SUFFIX),
     Variant("spec-k2", modes.DRAFT, 2),
     Variant("spec-k4", modes.DRAFT, 4),
+    Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd.py)
     Variant("lookup", modes.LOOKUP),
     MLX_LM_PLAIN,
     *(Variant(f"mlx-lm-spec-k{k}", None, k) for k in (2, 3, 4, 6)),

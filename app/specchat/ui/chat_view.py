@@ -36,8 +36,10 @@ from specchat.ui.markdown import (
     COPY_SCHEME,
     DocColors,
     build_document,
-    build_runs_document,
+    origin_spans,
+    spans_per_range,
     split_chunks,
+    tint_origins,
 )
 
 CHUNK_GAP = 6
@@ -54,7 +56,7 @@ READING = "Reading the prompt…"  # a reply's bubble until its first token
 
 @dataclass
 class _Chunk:
-    key: tuple  # (kind, text, lang): equal keys render the same
+    key: tuple  # (kind, text, lang, tints): equal keys render the same
     doc: QTextDocument
     code_blocks: list[str]
     width: int = -1
@@ -135,29 +137,31 @@ class MessageDelegate(QStyledItemDelegate):
 
     def _build(self, msg: ChatMessage, key: tuple) -> _Chunk:
         self.builds += 1
-        kind, text, lang = key
+        kind, text, lang, tints = key
         if kind == "plain":  # what a person typed is shown as typed
             doc = QTextDocument()
             doc.setDefaultFont(self._font())
             doc.setDocumentMargin(0)
             doc.setPlainText(text)
             return _Chunk(key, doc, [])
-        if kind == "runs":
-            return _Chunk(key, build_runs_document(msg.runs, self._font(), self._doc_colors(msg),
-                                                   self.colors.draft_token), [])
-        source = f"```{lang}\n{text}\n```" if kind == "code" else text
+        fence = f"```{lang}\n" if kind == "code" else ""
+        source = f"{fence}{text}\n```" if kind == "code" else text
         doc, blocks = build_document(source, self._font(), self._doc_colors(msg))
+        if tints:  # Colour tokens: the same rendering, tinted by where each token came from
+            tint_origins(doc, [(a + len(fence), b + len(fence), o) for a, b, o in tints],
+                         lambda origin: theme.origin_color(self.colors, origin))
         return _Chunk(key, doc, blocks)
 
     def _keys(self, msg: ChatMessage) -> list[tuple]:
         if msg.role == "user":
-            return [("plain", msg.text, "")]
-        if self.color_tokens and msg.runs:
-            return [("runs", msg.version, "")]
+            return [("plain", msg.text, "", ())]
         chunks = split_chunks(msg.text)
         if not chunks:
-            return [("text", self._text_for(msg), "")]
-        return [(c.kind, c.text, c.lang) for c in chunks]
+            return [("text", self._text_for(msg), "", ())]
+        spans = origin_spans(msg.runs) if self.color_tokens and msg.runs else []
+        tints = (spans_per_range(spans, [(c.start, c.start + len(c.text)) for c in chunks])
+                 if spans else [()] * len(chunks))
+        return [(c.kind, c.text, c.lang, t) for c, t in zip(chunks, tints, strict=True)]
 
     def rendered(self, msg: ChatMessage) -> _Rendered:
         r = self._cache.get(msg.uid)
@@ -347,8 +351,8 @@ class ChatView(QTreeView):
         return self.delegate.color_tokens
 
     def set_color_tokens(self, on: bool) -> None:
-        """Tint accepted draft tokens or not (the model's refresh_all then
-        has every row drawn again)."""
+        """Tint accepted draft tokens by their source or not (the model's
+        refresh_all then has every row drawn again)."""
         self.delegate.set_color_tokens(on)
 
     def set_colors(self, colors: theme.Colors) -> None:

@@ -2,9 +2,11 @@
 
 The runs are CompareRunner's (compare_runner.py); this dialog asks for them
 and shows both replies as they stream, their speeds, and whether the texts
-are identical (with greedy sampling they must be). Steps are coalesced as in
-the chat (reply.FLUSH_S), so a fast engine cannot flood the window. Cancel,
-or closing the dialog, stops the run going on and skips the rest.
+are identical (with greedy sampling they must be), both speeds over time on
+one chart, and in words why speculation won or lost (``speed_explanation``).
+Steps are coalesced as in the chat (reply.FLUSH_S), so a fast engine cannot
+flood the window. Cancel, or closing the dialog, stops the run going on and
+skips the rest.
 """
 
 from __future__ import annotations
@@ -25,13 +27,50 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.engine import modes
-from specchat.engine.events import GenerationResult, StepEvent
+from specchat.engine.events import GenerationResult, StepEvent, Summary
 from specchat.errors import SpecChatError
 from specchat.ui import links, theme
+from specchat.ui.charts import SpeedChart, SpeedTrace
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
 from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
 from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
+
+HIGH_ACCEPTANCE = 0.6  # above it, a slow speculative run is the steps' cost, not rejections
+EVEN = 0.03  # within 3% of plain: "about as fast"
+
+
+def speed_explanation(plain: Summary, spec: Summary) -> str:
+    """Why speculation was faster or slower than plain, in words, from the
+    two runs' measured costs: a speculative step must take less than
+    (tokens it keeps) x (one plain token's time) to pay. Empty when a run
+    has too little to say it from."""
+    if plain.tokens_per_s <= 0 or spec.tokens_per_s <= 0 or spec.steps <= 0:
+        return ""
+    plain_ms = 1000 / plain.tokens_per_s
+    step_ms = 1000 * spec.new_tokens / spec.tokens_per_s / spec.steps
+    per_step = spec.new_tokens / spec.steps
+    spec_ms = step_ms / per_step
+    even_ms = per_step * plain_ms
+    speedup = spec.tokens_per_s / plain.tokens_per_s
+    costs = (f"each speculative step took {step_ms:.0f} ms for {per_step:.2f} tokens "
+             f"({spec_ms:.0f} ms a token) vs {plain_ms:.0f} ms per plain token")
+    if spec.drafted == 0:
+        return (f"Nothing was drafted (nothing in the context matched), so every step kept one "
+                f"token: {costs}.")
+    if speedup < 1 - EVEN:
+        why = (f"acceptance was high ({spec.acceptance_rate:.0%}), so the cost is the steps "
+               "themselves: drafting and verifying took longer than usual (a busy machine, "
+               "or a draft too large for this target)"
+               if spec.acceptance_rate >= HIGH_ACCEPTANCE else
+               f"only {spec.acceptance_rate:.0%} of drafted tokens were accepted, so most "
+               "steps paid for drafts they threw away")
+        return (f"The draft costs more than it saves here: {costs}. A step would have to take "
+                f"under {even_ms:.0f} ms to break even; {why}.")
+    if speedup <= 1 + EVEN:
+        return f"About as fast as plain: {costs}; the draft's cost and savings cancel out."
+    return (f"Speculation pays here: {costs}, at {spec.acceptance_rate:.0%} acceptance "
+            f"(a step pays while it takes under {even_ms:.0f} ms).")
 
 
 class CompareDialog(QDialog):
@@ -55,6 +94,14 @@ class CompareDialog(QDialog):
         self.headline = QLabel("")
         self.headline.setObjectName("GaugeValue")
         self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.explanation = QLabel("")
+        self.explanation.setWordWrap(True)
+        self.explanation.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.chart = SpeedChart(legend=True)
+        self.chart.setFixedHeight(150)
+        self.chart.setToolTip("Tokens per second over time (the last 2 seconds at each step), "
+                              "plain and speculative on the same prompt")
+        self.traces: dict[str, SpeedTrace] = {}
         self.plain_text = self._reply_view()
         self.spec_text = self._reply_view()
         self._blocks: dict[QTextBrowser, list[str]] = {}  # each view's copyable code blocks
@@ -81,7 +128,9 @@ class CompareDialog(QDialog):
         lay.addLayout(top)
         lay.addWidget(self.status)
         lay.addWidget(self.headline)
+        lay.addWidget(self.explanation)
         lay.addLayout(grid, 1)
+        lay.addWidget(self.chart)
         self.run_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.cancel)
         self.task: asyncio.Future | None = None
@@ -121,6 +170,9 @@ class CompareDialog(QDialog):
         self.run_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.headline.setText("")
+        self.explanation.setText("")
+        self.traces = {"plain": SpeedTrace(), "speculative": SpeedTrace()}
+        self.chart.clear_series()
         self.outcome = None
         self._streamed = {self.plain_text: "", self.spec_text: ""}
         self._dirty.clear()
@@ -155,6 +207,11 @@ class CompareDialog(QDialog):
         view = self.spec_text if mode.speculative else self.plain_text
         self._streamed[view] = self._streamed.get(view, "") + ev.text
         self._dirty.add(view)
+        name = "speculative" if mode.speculative else "plain"
+        trace = self.traces.setdefault(name, SpeedTrace())
+        if ev.token_ids:  # a verify step (not the end-of-reply text flush)
+            trace.add(ev.elapsed_s, ev.total_tokens)
+            self.chart.set_series(name, trace.points)  # redrawn a few times a second
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
@@ -215,3 +272,5 @@ class CompareDialog(QDialog):
         self.status.setText(
             f"Acceptance {o.speculative.summary.acceptance_rate:.0%}, "
             f"{o.speculative.summary.tokens_per_step:.2f} tokens per step.")
+        self.explanation.setText(speed_explanation(o.plain.summary, o.speculative.summary))
+        self.chart.changed(now=True)

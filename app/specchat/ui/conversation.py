@@ -15,6 +15,7 @@ unsaved at quit is handed to the session, which keeps it in a recovery file.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -23,6 +24,7 @@ from specchat.store.conversations import StoredMessage
 from specchat.store.recovery import UnsavedConversation, UnsavedMessage
 from specchat.store.worker import Later, report_failure
 from specchat.ui.chat_model import ChatMessage, ChatModel
+from specchat.ui.history_index import new_chat_key, stored_key
 from specchat.ui.reply import Reply
 from specchat.ui.requests import build_request
 from specchat.ui.session import AppSession
@@ -50,6 +52,7 @@ class ConversationController(QObject):
         self.store = session.conversations
         self.model = model
         self.conversation_id: int | None = None
+        self._history_key: str | None = None
         self._view = 0  # counts open() calls: a late read or create must not land in a newer view
         self._opening: asyncio.Future | None = None
         self._creating: Later | None = None  # a new chat's id, while its row is queued
@@ -79,6 +82,8 @@ class ConversationController(QObject):
         if self.generating:
             self.stop()
         self.conversation_id = conversation_id
+        # The history index's key for this conversation (history_index.py).
+        self._history_key = stored_key(conversation_id) if conversation_id is not None else None
         self._creating = None
         self._view += 1
         self._failed_at_open = self.session.store.failed_writes
@@ -131,6 +136,11 @@ class ConversationController(QObject):
         if created.cancelled() or created.exception() is not None:
             return  # its rows fail with it, and go back to unsaved (_queue_message)
         self.conversation_id = created.result().id
+        if self._history_key is not None and self._history_key != stored_key(self.conversation_id):
+            # The history index knows this chat by its session key so far.
+            new = stored_key(self.conversation_id)
+            self.session.history_index.rename(self._history_key, new)
+            self._history_key = new
         self.conversationsChanged.emit()
 
     def save_unsaved(self) -> None:
@@ -258,7 +268,10 @@ class ConversationController(QObject):
         """Show the reply's bubble now; the task saves the turn's rows, then
         runs the engine."""
         mode = self.session.next_mode()
-        request = build_request(self.session.settings, self._history(), mode)
+        if self._history_key is None:
+            self._history_key = new_chat_key()
+        request = replace(build_request(self.session.settings, self._history(), mode),
+                          history_key=self._history_key)
         msg = ChatMessage("assistant", "", streaming=True, complete=False)
         self.model.append(msg)
         reply = self.reply = Reply(msg, self.model, self.store, mode,

@@ -4,21 +4,43 @@ Accepted tokens arrive in bursts (a step can add K+1 tokens at once), so the
 speed shown is a rate over the last two seconds of engine time, not the
 last step's; acceptance and tokens per step are cumulative for the reply.
 "vs plain" compares with the last plain reply on the same pair (PlainSpeeds).
+"from" says where the reply's tokens came from (the draft model, this
+conversation, the user's history; the rest is the target's own), in the
+Colour-tokens colours. Under the numbers, the charts (ui/charts.py) draw
+the speed over the reply and the acceptance by draft position.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from specchat.engine import modes
-from specchat.engine.events import StepEvent
-from specchat.store.summary import ReplySummary
+from specchat.engine.events import ORIGIN_LABELS, TARGET, StepEvent
+from specchat.store.summary import ReplySummary, origin_shares, shares_text
+from specchat.ui import theme
+from specchat.ui.charts import ChartsPanel, PositionRate, PositionTally, SpeedTrace
 
 MIN_BASE_TOKENS = 8  # a shorter plain reply says little about the pair's speed
+# The mode label while break-even auto-off decodes plainly (engine/draft_policy.py).
+PAUSED_TEXT = "speculation paused: slower than plain here"
+PAUSED_TIP = ("Speculating was measured slower than plain decoding on this machine just now, "
+              "so this reply decodes plainly and tries speculation again now and then "
+              "(Settings: speculation auto-off). Only the speed changes: at temperature 0 "
+              "the reply is token for token the same.")
+MODE_TIP = "How this reply is decoded"
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,11 @@ class GaugeValues:
     mode: modes.Mode | None = None
     speedup: float | None = None  # vs the last plain reply on this pair
     live: bool = False
+    by_origin: tuple[tuple[str, int], ...] = ()  # tokens per origin ("target", "draft", ...)
+    plain_tokens_per_s: float | None = None  # the last plain reply on this pair
+    speed_points: tuple[tuple[float, float], ...] = ()  # (elapsed s, tokens/s) per step
+    positions: tuple[PositionRate, ...] = ()  # acceptance by draft position
+    paused: bool = False  # auto-off is decoding plainly: speculating was slower here
 
     @property
     def acceptance(self) -> float | None:
@@ -42,6 +69,10 @@ class GaugeValues:
     @property
     def tokens_per_step(self) -> float:
         return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def origins(self) -> dict[str, int]:
+        return dict(self.by_origin)
 
 
 class PlainSpeeds:
@@ -65,11 +96,13 @@ class LiveStats:
         which K it shows; an adaptive K may exceed the menu's fixed choices."""
         self.mode = mode
         self.fixed_k = fixed_k
-        self.window_s = window_s
-        self._points: deque[tuple[float, int]] = deque([(0.0, 0)])  # (elapsed_s, total tokens)
+        self.speed = SpeedTrace(window_s)
+        self.position_tally = PositionTally()
+        self.by_origin: Counter[str] = Counter()
         self.tokens = self.steps = self.drafted = self.accepted = 0
         self.k = 0
         self.drafter: str | None = None
+        self.paused = False
 
     def add(self, ev: StepEvent) -> None:
         self.tokens = ev.total_tokens
@@ -81,22 +114,25 @@ class LiveStats:
         if ev.k:
             self.k = ev.k
         self.drafter = ev.drafter or self.drafter
-        self._points.append((ev.elapsed_s, ev.total_tokens))
-        cutoff = ev.elapsed_s - self.window_s
-        while len(self._points) > 2 and self._points[1][0] <= cutoff:
-            self._points.popleft()
+        # A probe is a step of the pause (it ends it only if the next step speculates).
+        self.paused = ev.paused or ev.probe
+        self.speed.add(ev.elapsed_s, ev.total_tokens)
+        self.position_tally.add(ev.drafted, ev.accepted)
+        self.by_origin.update(ev.origins or (TARGET,) * len(ev.token_ids))
 
     @property
     def tokens_per_s(self) -> float:
-        (t0, n0), (t1, n1) = self._points[0], self._points[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        return self.speed.rate
 
     def values(self, speedup_base: float | None = None, live: bool = True) -> GaugeValues:
         tps = self.tokens_per_s
         speculative = self.mode is None or self.mode.speculative
         speedup = tps / speedup_base if speedup_base and speculative else None
         return GaugeValues(self.tokens, self.steps, self.drafted, self.accepted, tps, self.k,
-                           self.fixed_k is None, self.drafter, self.mode, speedup, live)
+                           self.fixed_k is None, self.drafter, self.mode, speedup, live,
+                           tuple(sorted(self.by_origin.items())), speedup_base,
+                           tuple(self.speed.points), self.position_tally.rates(),
+                           self.paused)
 
 
 class _Gauge(QWidget):
@@ -114,15 +150,106 @@ class _Gauge(QWidget):
         self.setToolTip(tooltip)
 
 
+class SourceBar(QWidget):
+    """A thin stacked bar: the share of the reply's tokens from each source,
+    in the Colour-tokens tints (the target's own share in the border colour)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setFixedSize(120, 8)
+        self.counts: dict[str, int] = {}
+
+    def set_counts(self, counts: dict[str, int]) -> None:
+        if counts != self.counts:
+            self.counts = counts
+            self.update()
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
+        c = theme.current()
+        p = QPainter(self)
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(c.border)
+        p.drawRect(self.rect())
+        x = 0.0
+        for origin, share in origin_shares(self.counts):
+            w = share * self.width()
+            p.setBrush(theme.origin_color(c, origin))
+            p.drawRect(QRectF(x, 0, w, self.height()))
+            x += w
+        p.end()
+
+
+class _ElidedLabel(QLabel):
+    """A label that takes the room it is given and cuts its text with "…"
+    (the whole text stays in ``full``), so a long share line never pushes
+    the other gauges about."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(parent)
+        self.full = ""
+        self.set_full(text)
+
+    def set_full(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self.full, Qt.TextElideMode.ElideRight,
+                                                   max(20, self.width())))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(60, super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4,
+                     super().sizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._elide()
+
+
+class _SourcesGauge(QWidget):
+    """Where the reply's tokens came from: the bar, and the shares in words."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 4, 8, 2)
+        lay.setSpacing(3)
+        self.bar = SourceBar()
+        self.value = _ElidedLabel("–")
+        self.value.setObjectName("GaugeLabel")
+        lay.addWidget(self.bar)
+        lay.addWidget(self.value)
+        self.setToolTip("Where this reply's tokens came from: the draft model, this "
+                        "conversation or your history (the rest the target wrote itself); "
+                        "the colours are Colour tokens'")
+
+    def show_counts(self, counts: dict[str, int]) -> None:
+        self.bar.set_counts(counts)
+        self.value.set_full(shares_text(counts) or "from the target only" if counts else "–")
+        self.value.updateGeometry()
+        total = sum(counts.values())
+        if total:
+            self.setToolTip("\n".join(f"{ORIGIN_LABELS.get(o, o)}: {n} tokens ({n / total:.0%})"
+                                      for o, n in sorted(counts.items(), key=lambda x: -x[1])))
+
+
 class GaugeStrip(QFrame):
-    """Acceptance, speed, tokens per step, K and the speedup, side by side."""
+    """Acceptance, speed, tokens per step, K, the speedup and where the tokens
+    came from, side by side; the charts under them (hidden with "Charts")."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("Gauges")
-        lay = QHBoxLayout(self)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        lay = QHBoxLayout()
         lay.setContentsMargins(8, 4, 8, 4)
         lay.setSpacing(4)
+        outer.addLayout(lay)
         self.acceptance = _Gauge("acceptance", "Share of drafted tokens the target accepted")
         self.acceptance_bar = QProgressBar()
         self.acceptance_bar.setRange(0, 100)
@@ -135,14 +262,30 @@ class GaugeStrip(QFrame):
         self.k = _Gauge("draft length K", "Tokens drafted in the last step: \"(auto)\" when "
                         "K auto chooses it each step, else the K fixed in the menu")
         self.speedup = _Gauge("vs plain", "Speed compared with the last plain reply on this pair")
-        self.mode = _Gauge("mode", "How this reply is decoded")
+        self.mode = _Gauge("mode", MODE_TIP)
+        self.sources = _SourcesGauge()
+        self.charts_button = QToolButton()
+        self.charts_button.setText("Charts")
+        self.charts_button.setCheckable(True)
+        self.charts_button.setChecked(True)
+        self.charts_button.setToolTip("Show or hide the speed and acceptance charts")
         lay.addWidget(self.acceptance)
         lay.addWidget(self.acceptance_bar, 0, Qt.AlignmentFlag.AlignVCenter)
         for g in (self.speed, self.per_step, self.k, self.speedup, self.mode):
             lay.addWidget(g)
-        lay.addStretch(1)
+        lay.addWidget(self.sources, 1, Qt.AlignmentFlag.AlignVCenter)  # the room left over
+        lay.addWidget(self.charts_button, 0, Qt.AlignmentFlag.AlignVCenter)
+        self.charts = ChartsPanel()
+        outer.addWidget(self.charts)
+        self.charts_button.toggled.connect(self.show_charts)
         self.values = GaugeValues()
         self.show_values(GaugeValues())
+
+    def show_charts(self, on: bool) -> None:
+        self.charts_button.setChecked(on)
+        self.charts.setVisible(on)
+        if on:
+            self.charts.show_values(self.values)
 
     def show_values(self, v: GaugeValues) -> None:
         self.values = v
@@ -156,10 +299,17 @@ class GaugeStrip(QFrame):
         text = v.mode.name if v.mode else "–"
         if v.drafter and v.mode and len(v.mode.drafters) > 1:  # say which one drafted last
             text = f"{v.mode.name} ({v.drafter})"
+        if v.paused:
+            text = PAUSED_TEXT
         self.mode.value.setText(text)
+        self.mode.setToolTip(PAUSED_TIP if v.paused else MODE_TIP)
+        self.sources.show_counts(v.origins)
+        if self.charts.isVisibleTo(self):  # hidden charts cost nothing
+            self.charts.show_values(v)
 
     def clear(self) -> None:
         self.show_values(GaugeValues())
+        self.charts.clear()
 
     def preview(self, mode: modes.Mode) -> None:
         """Before a reply, say how the next one will be decoded."""

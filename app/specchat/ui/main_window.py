@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
     def _build(self) -> None:
         self.sidebar = Sidebar(self.session.conversations)
         self.picker = PairPicker()
+        self.picker.attach(self.session)
         self.options = OptionsBar(self.session)
         self.chat_view = ChatView()
         self.chat_view.setModel(self.chat_model)
@@ -96,6 +97,10 @@ class MainWindow(QMainWindow):
         self.lag_status = LagLabel(self.session.lag)
         self.statusBar().addPermanentWidget(self.pair_status)
         self.statusBar().addPermanentWidget(self.lag_status)
+        from specchat.ui.api_activity import ApiActivityLabel  # the local API's line
+
+        self.api_activity = ApiActivityLabel(self.session.api)
+        self.statusBar().addPermanentWidget(self.api_activity)
 
     def _wire(self) -> None:
         c, e, s = self.conversation, self.session.engine, self.session
@@ -238,6 +243,7 @@ class MainWindow(QMainWindow):
         self.update_state()
 
     def _conversation_deleted(self, conversation_id: int) -> None:
+        self.session.history_index.forget(conversation_id)
         if self.conversation.conversation_id == conversation_id:
             self.open_conversation(None)
 

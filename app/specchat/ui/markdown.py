@@ -5,12 +5,19 @@ cut out first and drawn by hand: a tinted monospace frame with a header
 holding the language and a "Copy" link (``copy:N``), so the chat view can
 copy exactly the code, not the rendered text. A fence that is still open
 (the reply is streaming) is shown as code up to the end of the text.
+
+Colour tokens tints the *rendered* document (``tint_origins``): each
+character on screen is traced back to the character of the reply it came
+from (code verbatim, prose by ``align``), so code blocks, inline code and
+lists look exactly as without it, only with their backgrounds tinted by
+where each token came from.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from PySide6.QtGui import (
     QColor,
@@ -36,6 +43,8 @@ class Segment:
     kind: str  # "text" or "code"
     text: str
     lang: str = ""
+    start: int = field(default=0, compare=False)
+    """Where ``text`` begins in the source: it is always a verbatim slice of it."""
 
 
 @dataclass(frozen=True)
@@ -47,33 +56,37 @@ class DocColors:
 
 
 def split_segments(text: str) -> list[Segment]:
-    """Prose and fenced code, in order."""
+    """Prose and fenced code, in order, each with its offset in ``text``."""
     segments: list[Segment] = []
     prose: list[str] = []
     code: list[str] = []
     fence = ""
     lang = ""
+    pos = prose_start = code_start = 0
     for line in text.split("\n"):
+        line_start, pos = pos, pos + len(line) + 1
         if not fence:
             m = _FENCE.match(line)
             if m:
                 if prose:
-                    segments.append(Segment("text", "\n".join(prose)))
+                    segments.append(Segment("text", "\n".join(prose), start=prose_start))
                     prose = []
-                fence, lang, code = m.group(1), m.group(2), []
+                fence, lang, code, code_start = m.group(1), m.group(2), [], min(pos, len(text))
             else:
+                if not prose:
+                    prose_start = line_start
                 prose.append(line)
         elif line.strip().startswith(fence[0] * len(fence)) and not line.strip().strip(fence[0]):
-            segments.append(Segment("code", "\n".join(code), lang))
+            segments.append(Segment("code", "\n".join(code), lang, code_start))
             fence = ""
         else:
             code.append(line)
     if fence:  # still streaming: the fence is not closed yet
         while code and not code[-1].strip():
             code.pop()
-        segments.append(Segment("code", "\n".join(code), lang))
+        segments.append(Segment("code", "\n".join(code), lang, code_start))
     elif prose and "\n".join(prose).strip():
-        segments.append(Segment("text", "\n".join(prose)))
+        segments.append(Segment("text", "\n".join(prose), start=prose_start))
     return [s for s in segments if s.kind == "code" or s.text.strip()]
 
 
@@ -91,8 +104,15 @@ def split_chunks(text: str) -> list[Segment]:
         if seg.kind == "code":
             out.append(seg)
             continue
-        out.extend(Segment("text", part.strip("\n").rstrip())
-                   for part in _PARA_BREAK.split(seg.text) if part.strip())
+        at = 0
+        for brk in [*_PARA_BREAK.finditer(seg.text), None]:
+            end = brk.start() if brk is not None else len(seg.text)
+            part = seg.text[at:end]
+            if part.strip():
+                lead = len(part) - len(part.lstrip("\n"))
+                out.append(Segment("text", part.strip("\n").rstrip(), start=seg.start + at + lead))
+            if brk is not None:
+                at = brk.end()
     return out
 
 
@@ -112,12 +132,28 @@ def code_family() -> str:
     return _code_family
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one segment of the source landed in the document: its text
+    starts at ``src`` in the source and is drawn from ``start`` to ``end``
+    (code: its body, verbatim, after the header line)."""
+
+    kind: str
+    src: int
+    text: str
+    start: int
+    end: int
+
+
 class ReplyDocument(QTextDocument):
     """A document of untrusted text that loads nothing: Qt would otherwise
     read a Markdown image (``![x](file:///home/me/photo.png)`` or a bare
     path) from disk and show it. Every resource is one transparent pixel (an
     empty answer would make Qt try the path itself); raw HTML is text anyway
-    (``MarkdownNoHTML``)."""
+    (``MarkdownNoHTML``). ``placements`` say where each segment of the
+    source was drawn, for ``tint_origins``."""
+
+    placements: list[Placement]
 
     def loadResource(self, _type: int, _name) -> QImage:  # noqa: N802 - Qt override
         blank = QImage(1, 1, QImage.Format.Format_ARGB32)
@@ -135,6 +171,7 @@ def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocu
     doc.setDefaultStyleSheet(f"a {{ color: {colors.link.name()}; }}")
     cursor = QTextCursor(doc)
     blocks: list[str] = []
+    doc.placements = []
     first = True
     segs = split_segments(text)
     for seg in segs:
@@ -142,10 +179,16 @@ def build_document(text: str, font: QFont, colors: DocColors) -> tuple[QTextDocu
             if not first:
                 cursor.insertBlock()
             start = cursor.position()
-            cursor.insertMarkdown(seg.text.strip("\n"), _MD_FEATURES)
+            body = seg.text.strip("\n")
+            cursor.insertMarkdown(body, _MD_FEATURES)
             _style_inline_code(doc, colors, start, cursor.position())
+            lead = len(seg.text) - len(seg.text.lstrip("\n"))
+            doc.placements.append(Placement("text", seg.start + lead, body, start,
+                                            cursor.position()))
         else:
-            _insert_code(doc, cursor, seg, len(blocks), font, colors, first)
+            start = _insert_code(doc, cursor, seg, len(blocks), font, colors, first)
+            doc.placements.append(Placement("code", seg.start, seg.text, start,
+                                            start + len(seg.text)))
             blocks.append(seg.text)
         cursor = doc.rootFrame().lastCursorPosition()
         first = False
@@ -200,7 +243,8 @@ def _style_inline_code(doc: QTextDocument, colors: DocColors, start: int, end: i
 
 
 def _insert_code(doc: QTextDocument, cursor: QTextCursor, seg: Segment, n: int, font: QFont,
-                 colors: DocColors, first: bool) -> None:
+                 colors: DocColors, first: bool) -> int:
+    """The code block's frame; returns where its body (the code) begins."""
     frame = QTextFrameFormat()
     frame.setBackground(colors.code_bg)
     frame.setPadding(8)
@@ -225,30 +269,141 @@ def _insert_code(doc: QTextDocument, cursor: QTextCursor, seg: Segment, n: int, 
     gap.setBottomMargin(4)
     cursor.setBlockFormat(gap)  # the header line
     cursor.insertBlock(QTextBlockFormat(), mono)
+    body = cursor.position()
     # One call for the whole block: insertText turns "\n" into new blocks,
     # which inherit the plain format above (a call per line costs ~10x).
     cursor.insertText(seg.text, mono)
+    return body
 
 
-def build_runs_document(runs: list[tuple[str, str]], font: QFont, colors: DocColors,
-                        draft_bg: QColor) -> QTextDocument:
-    """The reply as plain text with every accepted draft token tinted: the
-    "colour by origin" view. Markdown is not rendered here on purpose, so
-    token boundaries stay visible."""
-    doc = QTextDocument()
-    doc.setDefaultFont(font)
-    doc.setDocumentMargin(0)
-    cursor = QTextCursor(doc)
-    target_fmt = QTextCharFormat()
-    target_fmt.setForeground(colors.text)
-    draft_fmt = QTextCharFormat(target_fmt)
-    draft_fmt.setBackground(draft_bg)
+# -- colour by origin ----------------------------------------------------------
+
+_FRAME_MARKS = "\ufdd0\ufdd1"  # QTextDocument's frame and table-cell boundaries
+_BREAKS = "\u2029\u2028"  # paragraph and line separators in a document's raw text
+LOOKAHEAD = 256  # how far markup (a link's address, say) may push a character
+
+
+def align(source: str, rendered: str) -> list[int]:
+    """For each character of ``rendered`` (a document's raw text), the index
+    of the ``source`` character it shows, or -1 (a list bullet, a frame
+    boundary). Markdown only removes characters (markup) or turns them into
+    whitespace, so a greedy walk that matches each shown character with the
+    next equal one in the source finds the right one; whitespace matches
+    whitespace across markup only (``- ``, ``#``, ``|``), never across words."""
+    out: list[int] = []
+    append = out.append
+    i, n = 0, len(source)
+    for ch in rendered:
+        if i < n and source[i] == ch:  # most characters: the very next one
+            append(i)
+            i += 1
+        elif ch in _FRAME_MARKS:
+            append(-1)
+        elif ch.isspace() or ch in _BREAKS:
+            k, limit = i, min(n, i + 16)
+            while k < limit and not source[k].isspace() and not source[k].isalnum():
+                k += 1
+            if k < limit and source[k].isspace():
+                append(k)
+                i = k + 1
+            else:
+                append(-1)
+        else:
+            k = source.find(ch, i, i + LOOKAHEAD)
+            if k >= 0:
+                append(k)
+                i = k + 1
+            else:
+                append(-1)
+    return out
+
+
+def origin_spans(runs: Sequence[Sequence[str]]) -> list[tuple[int, int, str]]:
+    """(start, end, origin) in the reply's text for every run not the
+    target's own: what Colour tokens tints."""
+    spans, at = [], 0
     for origin, text in runs:
-        fmt = draft_fmt if origin == "draft" else target_fmt
-        parts = text.split("\n")
-        for i, part in enumerate(parts):
-            if i:
-                cursor.insertBlock()
-            if part:
-                cursor.insertText(part, fmt)
-    return doc
+        if origin != "target" and text:
+            spans.append((at, at + len(text), origin))
+        at += len(text)
+    return spans
+
+
+def spans_within(spans: Sequence[tuple[int, int, str]], start: int, end: int
+                 ) -> tuple[tuple[int, int, str], ...]:
+    """The part of ``spans`` inside [start, end), relative to ``start``."""
+    return tuple((max(a, start) - start, min(b, end) - start, o) for a, b, o in spans
+                 if a < end and b > start)
+
+
+def spans_per_range(spans: Sequence[tuple[int, int, str]], ranges: Sequence[tuple[int, int]]
+                    ) -> list[tuple[tuple[int, int, str], ...]]:
+    """``spans_within`` for each of several ranges, in one walk: both lists
+    are in text order, so a long reply's thousands of runs are visited about
+    once per update, not once per paragraph."""
+    out = []
+    first = 0
+    for start, end in ranges:
+        while first < len(spans) and spans[first][1] <= start:
+            first += 1
+        rel = []
+        i = first
+        while i < len(spans) and spans[i][0] < end:
+            a, b, o = spans[i]
+            rel.append((max(a, start) - start, min(b, end) - start, o))
+            i += 1
+        out.append(tuple(rel))
+    return out
+
+
+def tint_origins(doc: QTextDocument, spans: Sequence[tuple[int, int, str]],
+                 color_of: Callable[[str], QColor | None]) -> int:
+    """Give every character drawn from a source span the background
+    ``color_of(origin)`` (None: leave it). ``spans`` are offsets in the text
+    ``doc`` was built from (``build_document``); fonts, frames and lists are
+    untouched. Returns how many characters were tinted."""
+    if not spans or not getattr(doc, "placements", None):
+        return 0
+    raw = doc.toRawText()
+    ranges: list[tuple[int, int, str]] = []  # document positions to tint
+    for place in doc.placements:
+        rel = spans_within(spans, place.src, place.src + len(place.text))
+        if not rel:
+            continue
+        if place.kind == "code":  # drawn verbatim ("\n" is a block break, one position too)
+            found = [(place.start + a, place.start + b, o) for a, b, o in rel]
+        else:
+            to_doc = [-1] * len(place.text)
+            for j, src in enumerate(align(place.text, raw[place.start:place.end])):
+                if src >= 0:
+                    to_doc[src] = place.start + j
+            found = []
+            for a, b, o in rel:
+                first = next((to_doc[x] for x in range(a, b) if to_doc[x] >= 0), -1)
+                if first >= 0:  # else: all markup (a "**" token), nothing shown
+                    last = next(to_doc[x] for x in range(b - 1, a - 1, -1) if to_doc[x] >= 0)
+                    found.append((first, last + 1, o))
+        for a, b, o in found:
+            if ranges and ranges[-1][1] == a and ranges[-1][2] == o:
+                ranges[-1] = (ranges[-1][0], b, o)
+            else:
+                ranges.append((a, b, o))
+    formats: dict[str, QTextCharFormat | None] = {}
+    cursor = QTextCursor(doc)
+    cursor.beginEditBlock()  # one relayout at the end, not one per range
+    tinted = 0
+    for a, b, origin in ranges:
+        if origin not in formats:
+            color = color_of(origin)
+            formats[origin] = fmt = None if color is None else QTextCharFormat()
+            if fmt is not None:
+                fmt.setBackground(color)
+        fmt = formats[origin]
+        if fmt is None:
+            continue
+        cursor.setPosition(a)
+        cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(fmt)
+        tinted += b - a
+    cursor.endEditBlock()
+    return tinted

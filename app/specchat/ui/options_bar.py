@@ -11,17 +11,50 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QCheckBox, QComboBox, QFrame, QHBoxLayout, QLabel, QPushButton
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QWidget,
+)
 
-from specchat.engine import drafter_kinds
-from specchat.engine.events import LoadedPair
+from specchat.engine import drafter_kinds, modes
+from specchat.engine.events import CONVERSATION, DRAFT_MODEL, HISTORY, LoadedPair
 from specchat.store.settings import AppSettings
+from specchat.store.summary import SOURCE_NAMES
 from specchat.ui.session import AppSession
 
 SPEC_SHORTCUT = "Ctrl+Shift+S"
 # The menu reaches as far as K auto can go (the longest block any drafter
 # kind may propose), so every K the gauge shows can also be fixed.
 MAX_K = max(kind.cap for kind in drafter_kinds.KINDS.values())
+# The legend's swatches: the stylesheet gives each its tint (resources/styles/app.qss).
+SWATCHES = ((DRAFT_MODEL, "SwatchDraft"), (CONVERSATION, "SwatchConversation"),
+            (HISTORY, "SwatchHistory"))
+
+
+class OriginLegend(QWidget):
+    """What Colour tokens' tints mean: one tinted word per source; the
+    target's own tokens are not tinted."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        for origin, name in SWATCHES:
+            swatch = QLabel(SOURCE_NAMES[origin])  # the gauges' words for them
+            swatch.setObjectName(name)
+            swatch.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            # The stylesheet's padding is not in a label's size hint: room for it here.
+            swatch.setMinimumWidth(swatch.fontMetrics().horizontalAdvance(swatch.text()) + 14)
+            lay.addWidget(swatch)
+        self.setToolTip("Where each token came from: drafted by the draft model, copied from "
+                        "this conversation, or copied from your earlier conversations "
+                        "(history). Untinted text the target wrote itself.")
 
 
 class OptionsBar(QFrame):
@@ -49,6 +82,21 @@ class OptionsBar(QFrame):
         self.spec_box.setToolTip(f"Draft tokens and verify them in one pass ({SPEC_SHORTCUT}). "
                                  "Takes effect on the next reply.")
         self.spec_box.toggled.connect(self._speculative_changed)
+        self.mode_box = QComboBox()
+        self.mode_box.addItem("Mode: auto", None)
+        self.mode_box.setItemData(0, "Chosen for the pair: the draft model with suffix matches, "
+                                     "or suffix matches alone without a draft model",
+                                  Qt.ItemDataRole.ToolTipRole)
+        for m in modes.MODES.values():
+            if m.speculative:
+                self.mode_box.addItem(f"Mode: {m.name}", m.name)
+                self.mode_box.setItemData(self.mode_box.count() - 1,
+                                          getattr(m, "description", "") or m.label,
+                                          Qt.ItemDataRole.ToolTipRole)
+        self.mode_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.mode_box.setToolTip("How tokens are drafted when speculative decoding is on "
+                                 "(hover over a mode for what it does)")
+        self.mode_box.currentIndexChanged.connect(self._mode_changed)
         self.k_box = QComboBox()
         self.k_box.addItem("K auto", None)
         for k in range(1, MAX_K + 1):
@@ -58,8 +106,10 @@ class OptionsBar(QFrame):
                               "or fix the number of tokens drafted per step")
         self.k_box.currentIndexChanged.connect(self._k_changed)
         self.color_box = QCheckBox("Colour tokens")
-        self.color_box.setToolTip("Tint the text that came from accepted draft tokens")
+        self.color_box.setToolTip("Tint each accepted draft token by where it came from")
         self.color_box.toggled.connect(self._color_changed)
+        self.legend = OriginLegend()
+        self.legend.hide()
         self.spec_reason = QLabel()
         self.spec_reason.setObjectName("ErrorBanner")
         self.spec_reason.setWordWrap(True)
@@ -72,8 +122,10 @@ class OptionsBar(QFrame):
         lay = QHBoxLayout(self)
         lay.setContentsMargins(12, 4, 12, 4)
         lay.addWidget(self.spec_box)
+        lay.addWidget(self.mode_box)
         lay.addWidget(self.k_box)
         lay.addWidget(self.color_box)
+        lay.addWidget(self.legend)
         lay.addWidget(self.spec_reason, 1)
         lay.addStretch(1)
         lay.addWidget(self.compare_button)
@@ -85,8 +137,12 @@ class OptionsBar(QFrame):
             box.blockSignals(True)
             box.setChecked(on)
             box.blockSignals(False)
+        self.legend.setVisible(s.color_tokens)
         # The session's K is valid (from_stored and update_settings check it):
         # any K from 1 to 32 is shown, listed or not.
+        self.mode_box.blockSignals(True)
+        self.mode_box.setCurrentIndex(max(0, self.mode_box.findData(s.spec_mode)))
+        self.mode_box.blockSignals(False)
         k = s.k
         self.k_box.blockSignals(True)
         if k is not None and self.k_box.findData(k) < 0:
@@ -97,7 +153,7 @@ class OptionsBar(QFrame):
     def show_pair(self, pair: LoadedPair | None) -> None:
         """A pair that cannot speculate disables the options and says why."""
         can = pair is None or pair.speculative_ok
-        for w in (self.spec_box, self.spec_action, self.k_box):
+        for w in (self.spec_box, self.spec_action, self.mode_box, self.k_box):
             w.setEnabled(can)
         if not can:
             self.spec_reason.setText("Speculative decoding is off for this pair: "
@@ -117,6 +173,11 @@ class OptionsBar(QFrame):
     def _speculative_changed(self, on: bool) -> None:
         self.session.update_settings(speculative=on)
         self.notice.emit(f"Speculative decoding {'on' if on else 'off'}: applies to the next reply")
+
+    def _mode_changed(self, _index: int) -> None:
+        name = self.mode_box.currentData()
+        self.session.update_settings(spec_mode=name)
+        self.notice.emit(f"Decoding mode {name or 'auto'}: applies to the next reply")
 
     def _k_changed(self, _index: int) -> None:
         self.session.update_settings(k=self.k_box.currentData())

@@ -28,8 +28,15 @@ def reply_mode(settings: AppSettings, pair: LoadedPair | None,
     """The mode a reply runs in with these settings on this pair
     (``speculative`` overrides the setting, as Compare does)."""
     on = settings.speculative if speculative is None else speculative
-    return modes.for_pair(on, pair is not None and pair.draft is not None,
-                          pair is not None and pair.speculative_ok)
+    has_draft = pair is not None and pair.draft is not None
+    auto = modes.for_pair(on, has_draft, pair is not None and pair.speculative_ok)
+    chosen = modes.MODES.get(settings.spec_mode or "")
+    if auto is modes.PLAIN or chosen is None or not chosen.speculative:
+        return auto
+    if chosen.needs_draft_model and not has_draft:
+        # The engine would run it on its other drafters, or refuse it.
+        return chosen.without_draft_model() or auto
+    return chosen
 
 
 def build_request(settings: AppSettings, history: list[Message],
@@ -43,7 +50,7 @@ def build_request(settings: AppSettings, history: list[Message],
         max_tokens=settings.max_tokens,
         sampling=SamplingParams(settings.temperature, settings.top_p, settings.top_k,
                                 settings.seed),
-        draft=DraftSettings(mode=mode.name, k=settings.k),
+        draft=DraftSettings(mode=mode.name, k=settings.k, auto_off=settings.auto_off),
     )
 
 

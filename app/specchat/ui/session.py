@@ -4,8 +4,9 @@ The window, its controllers and its dialogs are views over a session: they
 read the settings from it, change them through ``update_settings`` (which
 saves), and follow ``settingsChanged`` instead of being handed values. The
 session owns the engine (EngineController and its client thread), the store
-(its thread and the conversation and settings stores), the lag monitor and
-the per-pair plain speeds; closing it finishes the queued writes, and keeps
+(its thread and the conversation and settings stores), the lag monitor,
+the per-pair plain speeds and the local API server that Settings turns on
+(``api``, ui/local_api.py); closing it finishes the queued writes, and keeps
 what could still not be written (the chats on screen) in a recovery file
 the next start adds to the history (store/recovery.py).
 """
@@ -27,7 +28,9 @@ from specchat.store.settings import AppSettings, checked_changes
 from specchat.store.worker import READ_ONLY, UNAVAILABLE, Remote, StoreWorker, report_failure
 from specchat.ui.engine_controller import EngineController
 from specchat.ui.gauges import PlainSpeeds
+from specchat.ui.history_index import HistoryIndex
 from specchat.ui.lag import LagMonitor
+from specchat.ui.local_api import LocalApi
 from specchat.ui.requests import reply_mode
 
 log = logging.getLogger("specchat.ui")
@@ -55,6 +58,11 @@ class AppSession(QObject):
         self.engine = EngineController(client, self)
         self.lag = LagMonitor()
         self.plain_speeds = PlainSpeeds()
+        # Settings' "Local server": the OpenAI-compatible API on this engine.
+        self.api = LocalApi(self, self)
+        self.api.failed.connect(self.failed)
+        # The engine's index of earlier conversations, for suffix drafting.
+        self.history_index = HistoryIndex(self, self)
 
     @property
     def settings(self) -> AppSettings:
@@ -151,6 +159,7 @@ class AppSession(QObject):
         load still finishing must not reach the views any more."""
         self.engine.blockSignals(True)
         self.lag.stop()
+        self.api.stop()  # its requests' engine jobs are cancelled with it
         self._save()
         self.engine.close()
         self.store.close()

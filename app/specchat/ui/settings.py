@@ -1,8 +1,11 @@
-"""The settings dialog: system prompt, sampling and presets.
+"""The settings dialog: system prompt, sampling and presets, speculation
+auto-off, and the local server (an OpenAI-compatible API on this computer,
+docs/api.md).
 
 Every number is a ``ValueEdit`` checked against ``specchat.values``: a value
 out of range shows its one line under the form and the dialog cannot be
 accepted until it is fixed, so what is saved is what the engine accepts.
+The port is a spin box: its whole range (0 to 65535) is valid.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
     QLabel,
     QPlainTextEdit,
+    QSpinBox,
     QVBoxLayout,
 )
 
@@ -51,6 +56,25 @@ class SettingsDialog(QDialog):
         form.addRow("Top-k", self.top_k)
         form.addRow("Max new tokens", self.max_tokens)
         form.addRow("Seed", self.seed)
+        self.auto_off = QCheckBox("Decode plainly while speculating is slower than plain here")
+        self.auto_off.setChecked(settings.auto_off)
+        self.auto_off.setToolTip(
+            "Speculation auto-off: when drafting is measured to slow a reply down on this "
+            "machine (a busy CPU, a poor draft), decode plainly and try speculation again now "
+            "and then. Only the speed changes. Seeded sampling and a fixed K never pause, "
+            "so those replies stay reproducible.")
+        form.addRow("Auto-off", self.auto_off)
+        self.local_server = QCheckBox("Serve the loaded models to other programs on this "
+                                      "computer (OpenAI-compatible API)")
+        self.local_server.setChecked(settings.local_server)
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setSpecialValueText("any free port")  # shown for 0
+        self.port.setValue(settings.server_port)
+        self.port.setToolTip("Clients use http://127.0.0.1:<port>/v1; only programs on this "
+                             "computer can connect")
+        form.addRow("Local server", self.local_server)
+        form.addRow("Port", self.port)
         self.error = QLabel()  # the first bad value's one line
         self.error.setObjectName("ErrorBanner")
         self.error.setWordWrap(True)
@@ -114,7 +138,9 @@ class SettingsDialog(QDialog):
         return dict(system_prompt=self.system.toPlainText(),
                     temperature=self.temperature.value(), top_p=self.top_p.value(),
                     top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
-                    seed=self.seed.value())
+                    seed=self.seed.value(), auto_off=self.auto_off.isChecked(),
+                    local_server=self.local_server.isChecked(),
+                    server_port=self.port.value())
 
     def values(self) -> AppSettings:
         return replace(self._base, **self.edited())

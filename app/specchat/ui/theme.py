@@ -14,6 +14,8 @@ from importlib import resources
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 
+from specchat.engine.events import CONVERSATION, DRAFT_MODEL, HISTORY, TARGET
+
 
 @dataclass(frozen=True)
 class Colors:
@@ -29,7 +31,9 @@ class Colors:
     code_bg: QColor
     code_header: QColor
     link: QColor
-    draft_token: QColor
+    draft_token: QColor  # Colour tokens: text the draft model drafted
+    conversation_token: QColor  # ... copied from this conversation
+    history_token: QColor  # ... copied from the user's earlier conversations
     error: QColor
     warning_bg: QColor
     border: QColor
@@ -54,6 +58,8 @@ _PALETTE: dict[str, tuple[str, str]] = {
     "code_header": ("#6b7280", "#9aa1ab"),
     "link": ("#2f6fde", "#8db4ff"),
     "draft_token": ("#c8f0cf", "#245c33"),
+    "conversation_token": ("#cfe0ff", "#24406e"),
+    "history_token": ("#f7dcae", "#5e4216"),
     "error": ("#b3261e", "#ff8a80"),
     "warning_bg": ("#fff4d6", "#4a3b12"),
     "border": ("#dfe3e8", "#3a3e45"),
@@ -61,6 +67,19 @@ _PALETTE: dict[str, tuple[str, str]] = {
 
 LIGHT = Colors(dark=False, **{name: _c(pair[0]) for name, pair in _PALETTE.items()})
 DARK = Colors(dark=True, **{name: _c(pair[1]) for name, pair in _PALETTE.items()})
+
+
+# Where a token came from (engine.events: TARGET, DRAFT_MODEL, CONVERSATION,
+# HISTORY) -> its Colour-tokens tint. The target's own tokens are not tinted;
+# an origin not listed (an older reply, a new drafter) takes the draft tint.
+ORIGIN_COLOR_FIELDS = {DRAFT_MODEL: "draft_token", CONVERSATION: "conversation_token",
+                       HISTORY: "history_token"}
+
+
+def origin_color(colors: Colors, origin: str) -> QColor | None:
+    if origin == TARGET:
+        return None
+    return getattr(colors, ORIGIN_COLOR_FIELDS.get(origin, "draft_token"))
 
 
 def system_is_dark() -> bool:

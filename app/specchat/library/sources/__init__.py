@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from specchat.library.sources.base import Progress, Source
 from specchat.library.sources.bundled import BundledSource
 from specchat.library.sources.catalog import CatalogSource
+from specchat.library.sources.cluster import ClusterSource
 from specchat.library.sources.folder import FolderSource
 from specchat.library.sources.gguf_file import GgufFileSource
 from specchat.library.sources.hf import HubSource
@@ -30,6 +31,7 @@ __all__ = ["SOURCES", "Progress", "Source", "accepted", "find", "pull"]
 SOURCES: list[Source] = [
     HubSource(),
     BundledSource(),
+    ClusterSource(),
     FolderSource(),
     GgufFileSource(),
     InstalledSource(),

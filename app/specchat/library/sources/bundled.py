@@ -53,12 +53,15 @@ class BundledSource(Source):
         have = index.find_source(ref)
         if have is not None:
             return installed_side(ref, have)
-        known = load_catalog().model(ref)
+        catalog = load_catalog()
+        # A bundled build of a model the catalog lists under its own id
+        # (SmolLM2) shares its tokenizer: judged from there, unconverted.
+        known = catalog.model(ref) or catalog.model(ref[len(PREFIX):])
         ready = _converted(ref[len(PREFIX):])
         if ready is not None:
             return folder_side(ref, ready, known)
-        if not allow_work and known is not None:
-            return catalog_side(ref, known)
+        if not allow_work:
+            return catalog_side(ref, known) if known is not None else ModelSide(ref, ref[len(PREFIX):])
         return folder_side(ref, self.resolve(ref), known)
 
 

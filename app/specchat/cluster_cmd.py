@@ -1,0 +1,147 @@
+"""``specchat cluster``: define a cluster (a hostfile) and start its ranks.
+
+A cluster lives in ``<home>/clusters/NAME/``: the hostfile ``mlx.launch``
+reads, plus links to the target's files so that the folder reads as the
+target (see engine/distributed/hostfile.py). ``start`` keeps ranks 1..N-1
+running; rank 0 is whatever loads the folder as its target: the app, or
+``specchat generate --target cluster:NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def add_parser(sub, model_ref) -> None:
+    c = sub.add_parser("cluster", help="run the target across several machines (MLX's ring backend)")
+    csub = c.add_subparsers(dest="cluster_command", required=True)
+    m = csub.add_parser("create", help="write a cluster's hostfile (rank 0 is this machine)")
+    m.add_argument("name")
+    m.add_argument("--hosts", required=True,
+                   help="comma-separated IP addresses, rank 0 (this machine) first; "
+                        "repeat 127.0.0.1 for ranks on this machine")
+    m.add_argument("--model", required=True, type=model_ref,
+                   help="the target (the same folder must exist on every host)")
+    m.add_argument("--port", type=int, default=39100,
+                   help="first ring port; rank r uses port+r and control port port+N+r "
+                        "(default 39100)")
+    m.add_argument("--layers", help="layers per rank, comma-separated (default: even split)")
+    m.add_argument("--remote-command", default="specchat",
+                   help="how ssh runs SpecChat on the other hosts (default: specchat)")
+    csub.add_parser("list", help="clusters defined here")
+    s = csub.add_parser("show", help="a cluster's ranks and hostfile")
+    s.add_argument("name")
+    st = csub.add_parser("start", help="start ranks 1..N-1 and keep them running")
+    st.add_argument("name")
+    st.add_argument("--once", action="store_true", help="do not restart a rank that exits")
+    r = csub.add_parser("rank", help="run one rank (what start runs on each host)")
+    r.add_argument("--rank", type=int, required=True)
+    r.add_argument("--listen", required=True, metavar="HOST:PORT", help="the rank's control address")
+    rm = csub.add_parser("rm", help="remove a cluster's definition")
+    rm.add_argument("name")
+    for sp in csub.choices.values():
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def clusters_dir() -> Path:
+    from specchat.library.sources.cluster import clusters_dir
+
+    return clusters_dir()
+
+
+def folder_of(name: str) -> Path:
+    from specchat.engine.errors import EngineError
+
+    if not NAME.match(name):
+        raise EngineError(f"A cluster name is letters, digits, '.', '_' and '-'; got {name!r}.")
+    return clusters_dir() / name
+
+
+def read(name: str):
+    from specchat.engine.distributed import hostfile
+    from specchat.engine.errors import EngineError
+
+    folder = folder_of(name)
+    if not hostfile.is_cluster_folder(folder):
+        known = ", ".join(list_names()) or "none yet"
+        raise EngineError(f"No cluster named {name!r} (defined: {known}); create it with "
+                          "`specchat cluster create`.")
+    return folder, hostfile.read(folder)
+
+
+def list_names() -> list[str]:
+    from specchat.engine.distributed import hostfile
+
+    root = clusters_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if hostfile.is_cluster_folder(p))
+
+
+def main(args: argparse.Namespace) -> int:
+    from specchat.engine.distributed import hostfile
+
+    cmd = args.cluster_command
+    if cmd == "create":
+        from specchat.engine.errors import EngineError
+        from specchat.library import refs
+
+        folder = folder_of(args.name)
+        model = refs.resolve(args.model)
+        try:
+            layers = [int(n) for n in args.layers.split(",")] if args.layers else None
+        except ValueError:
+            raise EngineError(f"--layers takes whole numbers separated by commas; got {args.layers}") from None
+        ips = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        spec = hostfile.plan(args.name, model, ips, args.port, layers, args.remote_command)
+        hostfile.write(folder, spec)
+        _show(folder, spec, args.json)
+        return 0
+    if cmd == "list":
+        names = list_names()
+        if args.json:
+            print(json.dumps(names))
+        else:
+            print("\n".join(names) if names else "No clusters yet: specchat cluster create NAME ...")
+        return 0
+    if cmd == "show":
+        _show(*read(args.name), args.json)
+        return 0
+    if cmd == "rm":
+        folder, _ = read(args.name)
+        shutil.rmtree(folder)  # links and the hostfile only: the model stays where it is
+        return 0
+    if cmd == "start":
+        from specchat.engine.distributed.launch import Supervisor
+
+        _folder, spec = read(args.name)
+        return Supervisor(spec, lambda m: print(m, flush=True), once=args.once).run()
+    if cmd == "rank":
+        from specchat.engine.distributed.rank import serve
+        from specchat.engine.errors import EngineError
+
+        host, _, port = args.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise EngineError(f"--listen takes HOST:PORT; got {args.listen}")
+        return serve(args.rank, host.strip("[]"), int(port))
+    raise AssertionError(cmd)
+
+
+def _show(folder: Path, spec, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"folder": str(folder), "hostfile": spec.to_json()}))
+        return
+    print(f"cluster {spec.name}: {spec.model}, {spec.size} ranks "
+          f"(hostfile {folder / 'hostfile.json'})")
+    for r in spec.ranks:
+        role = "this machine: the app, the draft and the last layers" if r.rank == 0 else "layers"
+        print(f"  rank {r.rank}: {r.ip} ring :{r.ring_port} control :{r.control_port}  ({role})")
+    print(f"start ranks 1-{spec.size - 1} with `specchat cluster start {spec.name}`, then load "
+          f"cluster:{spec.name} (or the folder {folder}) as the target", file=sys.stderr)

@@ -1,0 +1,325 @@
+"""The side channel beside MLX's ring: one TCP connection from rank 0 to
+each other rank, carrying JSON lines.
+
+MLX's ring cannot tell rank 0 much: ``init`` blocks until every rank has
+connected, a collective whose peer's process died fails (the kernel closes
+its sockets), but one whose peer's host vanished, or whose peer is stuck,
+waits forever. So the control channel does what the ring cannot:
+
+* rendezvous: the other ranks wait on their control port for as long as it
+  takes; rank 0 connects when the app loads the cluster target and fails at
+  once, in words, when a rank is not running;
+* replies in words: a rank's load result or error reaches rank 0 as text;
+* liveness: ranks send a heartbeat every second; rank 0's watchdog thread
+  declares a rank lost when its connection closes or its heartbeats stop,
+  and then shuts down rank 0's ring sockets so that a collective blocked
+  in MLX returns with an error instead of hanging the engine thread.
+
+TCP keepalive on every connection bounds how long a silently vanished host
+goes unnoticed. Nothing here calls MLX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import socket
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from specchat.engine.distributed.hostfile import ClusterSpec, Rank
+from specchat.engine.errors import EngineError
+
+BEAT_S = 1.0
+SILENCE_S = 15.0  # no heartbeat for this long: the rank is lost
+CONNECT_S = 5.0
+
+
+def keepalive(sock: socket.socket, idle: int = 5, interval: int = 2, count: int = 3) -> None:
+    """Let the kernel notice a vanished peer within about idle + interval * count seconds."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle_opt = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    for opt, value in ((idle_opt, idle), (getattr(socket, "TCP_KEEPINTVL", None), interval),
+                       (getattr(socket, "TCP_KEEPCNT", None), count)):
+        if opt is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+            except OSError:
+                pass
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)  # Linux: unacknowledged data too
+    if user_timeout is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, user_timeout, (idle + interval * count) * 1000)
+        except OSError:
+            pass
+
+
+class Line:
+    """JSON lines over one socket (sends from any thread)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = b""
+        self._lock = threading.Lock()
+
+    def send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self._lock:
+            self.sock.sendall(data)
+
+    def feed(self, data: bytes) -> list[dict]:
+        """Messages completed by ``data``."""
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def read_one(self, timeout: float) -> dict | None:
+        """The next message, or None on EOF or timeout (before any watcher runs)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                return json.loads(line)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except (TimeoutError, OSError):
+                return None
+            if not data:
+                return None
+            self._buf += data
+
+
+class Peers:
+    """Rank 0's connections to ranks 1..N-1, and the watchdog over them."""
+
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.lines: dict[int, Line] = {}
+        self.inbox: dict[int, queue.Queue] = {}
+        self.lost: tuple[int, str] | None = None  # (rank, why), the first loss only
+        self._on_lost: list[Callable[[], None]] = []
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._lost_event = threading.Event()
+
+    def connect(self) -> None:
+        """Reach every rank's control port and hand it the ring layout."""
+        for peer in self.spec.ranks[1:]:
+            sock = self._dial(peer)
+            keepalive(sock)
+            line = Line(sock)
+            line.send({"join": {"cluster": self.spec.name, "rank": peer.rank,
+                                "size": self.spec.size, "ring": self.spec.ring_hostfile()}})
+            reply = line.read_one(CONNECT_S)
+            if reply is None or "error" in reply:
+                why = reply["error"] if reply else "it did not answer"
+                self.close()
+                raise EngineError(f"Rank {peer.rank} of cluster {self.spec.name} "
+                                  f"({peer.ip}) refused to join: {why}.")
+            self.lines[peer.rank] = line
+            self.inbox[peer.rank] = queue.Queue()
+
+    def _dial(self, peer: Rank) -> socket.socket:
+        deadline = time.monotonic() + CONNECT_S
+        while True:
+            try:
+                return socket.create_connection(peer.control_address, timeout=CONNECT_S)
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    self.close()
+                    raise EngineError(
+                        f"Rank {peer.rank} of cluster {self.spec.name} is not running at "
+                        f"{peer.ip}:{peer.control_port} ({exc.strerror or exc}): start it with "
+                        f"`specchat cluster start {self.spec.name}`.") from None
+                time.sleep(0.2)
+
+    def on_lost(self, fn: Callable[[], None]) -> None:
+        self._on_lost.append(fn)
+
+    def watch(self) -> None:
+        now = time.monotonic()
+        self._seen = {r: now for r in self.lines}
+        for line in self.lines.values():
+            line.sock.settimeout(None)
+        threading.Thread(target=self._watch, name="specchat-cluster-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        by_sock = {line.sock: r for r, line in self.lines.items()}
+        while not self._stop.is_set() and self.lost is None:
+            try:
+                ready, _, _ = select.select(list(by_sock), [], [], BEAT_S)
+            except (OSError, ValueError):
+                return
+            now = time.monotonic()
+            for sock in ready:
+                r = by_sock[sock]
+                try:
+                    data = sock.recv(65536)
+                except OSError as exc:
+                    self._lose(r, f"lost its connection ({exc.strerror or exc})")
+                    return
+                if not data:
+                    self._lose(r, "stopped (its connection closed)")
+                    return
+                self._seen[r] = now
+                for msg in self.lines[r].feed(data):
+                    if "error" in msg:
+                        self._lose(r, f"failed: {msg['error']}")
+                        return
+                    if "beat" not in msg:
+                        self.inbox[r].put(msg)
+            for r, seen in self._seen.items():
+                if now - seen > SILENCE_S:
+                    self._lose(r, f"stopped answering ({SILENCE_S:.0f} s without a heartbeat)")
+                    return
+
+    def _lose(self, rank: int, why: str) -> None:
+        if self.lost is None:
+            self.lost = (rank, why)
+        self._lost_event.set()
+        for q in self.inbox.values():
+            q.put(None)
+        for fn in self._on_lost:
+            fn()
+
+    def wait_lost(self, timeout: float) -> tuple[int, str] | None:
+        """The loss, once the watchdog has seen it (waiting up to ``timeout``)."""
+        self._lost_event.wait(timeout)
+        return self.lost
+
+    def collect(self, key: str, seq: int) -> dict[int, dict]:
+        """Each rank's message carrying ``key`` for request ``seq`` (older
+        ones are dropped; a rank's loss ends the wait with an EngineError)."""
+        out = {}
+        for r, q in self.inbox.items():
+            while r not in out:
+                msg = q.get()
+                if msg is None:
+                    raise EngineError(self.describe_loss())
+                if key in msg and msg[key].get("seq") == seq:
+                    out[r] = msg[key]
+                elif "failed" in msg and msg["failed"].get("seq") == seq:
+                    raise EngineError(f"Rank {r} of cluster {self.spec.name} "
+                                      f"({self.spec.ranks[r].ip}) could not load its layers: "
+                                      f"{msg['failed']['error']}")
+        return out
+
+    def describe_loss(self) -> str:
+        if self.lost is None:
+            return f"The connection to cluster {self.spec.name} was lost"
+        r, why = self.lost
+        return f"Rank {r} of cluster {self.spec.name} ({self.spec.ranks[r].ip}) {why}"
+
+    def close(self) -> None:
+        self._stop.set()
+        for line in self.lines.values():
+            try:
+                line.sock.close()
+            except OSError:
+                pass
+
+
+def ring_sockets(spec: ClusterSpec, rank: int) -> list[socket.socket]:
+    """This process's sockets of the ring (duplicates of MLX's descriptors):
+    bound to our ring port (the listening socket during ``init``, the
+    accepted connection after) or connected to a neighbour's ring port."""
+    own = spec.ranks[rank]
+    neighbours = {(spec.ranks[(rank + d) % spec.size].ip,
+                   spec.ranks[(rank + d) % spec.size].ring_port) for d in (1, -1)}
+    found = []
+    fd_dir = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except (ValueError, OSError):
+            continue
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            sock.close()
+            continue
+        try:
+            local = sock.getsockname()
+            try:
+                peer = sock.getpeername()
+            except OSError:
+                peer = None
+        except OSError:
+            sock.close()
+            continue
+        ours = local[1] == own.ring_port
+        if ours or (peer is not None and (peer[0], peer[1]) in neighbours):
+            found.append(sock)
+        else:
+            sock.close()
+    return found
+
+
+def shut(socks: list[socket.socket]) -> None:
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class RankChannel:
+    """A non-zero rank's end: wait for rank 0, answer it, beat, and leave
+    the process when rank 0 goes away."""
+
+    def __init__(self, rank: int, host: str, port: int):
+        self.rank = rank
+        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.line: Line | None = None
+
+    def accept(self) -> dict:
+        """Block until rank 0 joins; its join message."""
+        while True:
+            conn, _ = self.listener.accept()
+            keepalive(conn)
+            line = Line(conn)
+            msg = line.read_one(CONNECT_S)
+            join = (msg or {}).get("join")
+            if join is None:
+                conn.close()
+                continue
+            if join.get("rank") != self.rank:
+                line.send({"error": f"this process is rank {self.rank}, not {join.get('rank')}"})
+                conn.close()
+                continue
+            line.send({"hello": {"rank": self.rank, "pid": os.getpid()}})
+            self.listener.close()
+            conn.settimeout(None)
+            self.line = line
+            threading.Thread(target=self._beat, name="specchat-rank-beat", daemon=True).start()
+            return join
+
+    def send(self, message: dict) -> None:
+        try:
+            self.line.send(message)
+        except OSError:
+            pass
+
+    def _beat(self) -> None:
+        sock = self.line.sock
+        while True:
+            try:
+                ready, _, _ = select.select([sock], [], [], BEAT_S)
+                if ready and not sock.recv(4096):
+                    break
+                self.line.send({"beat": 1})
+            except OSError:
+                break
+        print(f"specchat cluster: rank {self.rank}: rank 0 left; exiting", flush=True)
+        sys.stdout.flush()
+        os._exit(0)  # the ring may be blocked in MLX; nothing is left to do here

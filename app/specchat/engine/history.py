@@ -1,0 +1,227 @@
+"""The user's past conversations as one suffix index, for drafting.
+
+People ask for code and then for a change to it, tests for it, the same
+kind of answer again tomorrow. What a reply copies from earlier
+conversations costs nothing to draft, so every conversation in the store
+(rendered with the target's chat template, the very ids the model saw) is
+kept in one SuffixIndex, and each finished reply joins it as it ends.
+
+The index is tied to a tokenizer (by fingerprint): ids of one tokenizer mean
+nothing to another. It is rebuilt from the store's conversations when a pair
+loads, reusing the token ids saved beside the store for conversations whose
+stamp has not changed. That file is read as a cache, never trusted: a bad
+checksum, another tokenizer or another format version means everything is
+rendered again. Conversation keys and stamps are the caller's (the store's
+ids and last-change marks); the engine knows nothing of the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specchat.engine.suffix_index import SuffixIndex
+
+FORMAT = 1
+# Removed conversations leave dead positions; rebuild when they pass this share.
+COMPACT_DEAD = 0.3
+
+
+@dataclass
+class _Doc:
+    stamp: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    conversations: int
+    reused: int  # token ids taken from the saved file
+    rendered: int  # rendered and tokenized again
+    failed: int  # could not be rendered (skipped)
+    tokens: int
+    bytes: int
+    seconds: float
+    file_note: str  # what happened to the saved file, for the log
+
+
+class History:
+    """Conversations by key, in one index. Owned by the engine thread."""
+
+    def __init__(self) -> None:
+        self.index = SuffixIndex()
+        self.docs: dict[str, _Doc] = {}
+        self.fingerprint: str | None = None
+        self.path: Path | None = None
+        self.enabled = True  # False: drafts ignore the history (the bench's cold runs)
+        # Renamed keys: a reply queued under the old key joins the new one.
+        self.aliases: dict[str, str] = {}
+
+    # -- what the drafter reads ---------------------------------------------
+    def span(self, key: str | None) -> tuple[int, int] | None:
+        doc = self.docs.get(self.aliases.get(key, key)) if key else None
+        return (doc.start, doc.end) if doc else None
+
+    @property
+    def tokens(self) -> int:
+        return sum(d.end - d.start for d in self.docs.values())
+
+    # -- changing it -------------------------------------------------------
+    def clear(self) -> None:
+        self.index = SuffixIndex()
+        self.docs = {}
+
+    def put(self, key: str, tokens: Sequence[int], stamp: str = "") -> None:
+        """The conversation ``key`` now reads ``tokens``. A conversation that
+        only grew (the usual case: a new turn) and is the latest one is
+        extended in place; otherwise its old text is removed and the new one
+        appended."""
+        key = self.aliases.get(key, key)
+        doc = self.docs.get(key)
+        idx = self.index
+        if doc is not None and doc.end == idx.n and len(tokens) >= doc.end - doc.start and \
+                np.array_equal(idx.buf[doc.start:doc.end],
+                               np.asarray(tokens[:doc.end - doc.start], dtype=np.int32)):
+            idx.extend(tokens[doc.end - doc.start:])
+            doc.end, doc.stamp = idx.n, stamp
+            return
+        if doc is not None:
+            self.remove(key)
+            idx = self.index  # the removal may have compacted into a new index
+        start = idx.new_document()
+        idx.extend(tokens)
+        self.docs[key] = _Doc(stamp, start, idx.n)
+
+    def rename(self, old: str, new: str) -> None:
+        """A conversation's key changed (a new chat got its id in the store)."""
+        self.aliases[old] = new
+        doc = self.docs.pop(old, None)
+        if doc is None:
+            return
+        if new in self.docs:
+            self.remove(new)
+        self.docs[new] = doc
+
+    def remove(self, key: str) -> None:
+        doc = self.docs.pop(self.aliases.get(key, key), None)
+        if doc is None:
+            return
+        self.index.remove(doc.start, doc.end)
+        if self.index.dead_count > COMPACT_DEAD * max(1, self.index.tokens):
+            self._rebuild({k: self._ids(d) for k, d in self.docs.items()},
+                          {k: d.stamp for k, d in self.docs.items()})
+
+    def _ids(self, doc: _Doc) -> np.ndarray:
+        return self.index.buf[doc.start:doc.end].copy()
+
+    def _rebuild(self, ids: dict[str, np.ndarray], stamps: dict[str, str]) -> None:
+        """One sort over everything (bulk loading, compaction)."""
+        index = SuffixIndex(tail=1 << 62)  # no sealing while loading
+        docs = {}
+        for key, toks in ids.items():
+            start = index.new_document()
+            index.extend(toks)
+            docs[key] = _Doc(stamps.get(key, ""), start, index.n)
+        index.compact()
+        index.tail_max = SuffixIndex().tail_max
+        self.index, self.docs = index, docs
+
+    # -- loading from the store ---------------------------------------------
+    def sync(self, fingerprint: str, conversations: Iterable[tuple[str, str, object]],
+             render: Callable[[object], list[int]], path: Path | None) -> SyncReport:
+        """Rebuild from the store's conversations: (key, stamp, messages).
+        Ids saved in ``path`` are reused for unchanged stamps; the rest are
+        rendered with ``render``. The file is then rewritten."""
+        t0 = time.perf_counter()
+        saved, note = _read(path, fingerprint) if path is not None else ({}, "no file")
+        ids: dict[str, np.ndarray] = {}
+        stamps: dict[str, str] = {}
+        reused = rendered = failed = 0
+        total = 0
+        for key, stamp, messages in conversations:
+            got = saved.get(key)
+            if got is not None and got[0] == stamp and stamp:
+                ids[key] = got[1]
+                reused += 1
+            else:
+                try:
+                    ids[key] = np.asarray(render(messages), dtype=np.int32)
+                except Exception:  # a conversation the template cannot render: skip it
+                    failed += 1
+                    continue
+                rendered += 1
+            stamps[key] = stamp
+            total += 1
+        self.fingerprint, self.path = fingerprint, path
+        self._rebuild(ids, stamps)
+        if path is not None:
+            note += "; " + self.save()
+        return SyncReport(total, reused, rendered, failed, self.tokens, self.index.nbytes,
+                          time.perf_counter() - t0, note)
+
+    def save(self) -> str:
+        """Write the ids beside the store (atomically); says what happened."""
+        if self.path is None or self.fingerprint is None:
+            return "not saved"
+        keys = sorted(self.docs)
+        arrays = {k: self._ids(self.docs[k]) for k in keys}
+        meta = {"format": FORMAT, "fingerprint": self.fingerprint,
+                "docs": [[k, self.docs[k].stamp, int(arrays[k].size)] for k in keys]}
+        tokens = np.concatenate([arrays[k] for k in keys]) if keys else np.zeros(0, np.int32)
+        blob = json.dumps(meta, sort_keys=True)
+        digest = _digest(blob, tokens)
+        tmp = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-", suffix=".npz")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, meta=np.array(blob), tokens=tokens, digest=np.array(digest))
+            os.replace(tmp, self.path)
+        except OSError as e:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            return f"could not save the history index: {e}"
+        return f"saved {len(keys)} conversations"
+
+
+def _digest(meta: str, tokens: np.ndarray) -> str:
+    h = hashlib.sha256(meta.encode())
+    h.update(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+    return h.hexdigest()
+
+
+def _read(path: Path, fingerprint: str) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
+    """The saved ids by key, or nothing (and why) when the file is missing,
+    damaged, of another format or of another tokenizer."""
+    if not path.exists():
+        return {}, "no saved index"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            blob = str(z["meta"])
+            tokens = np.asarray(z["tokens"], dtype=np.int32)
+            digest = str(z["digest"])
+        meta = json.loads(blob)
+        if digest != _digest(blob, tokens):
+            return {}, "saved index damaged (checksum): rebuilt"
+        if meta.get("format") != FORMAT:
+            return {}, "saved index of another version: rebuilt"
+        if meta.get("fingerprint") != fingerprint:
+            return {}, "saved index of another tokenizer: rebuilt"
+        out, at = {}, 0
+        for key, stamp, size in meta["docs"]:
+            out[str(key)] = (str(stamp), tokens[at:at + int(size)])
+            at += int(size)
+        if at != tokens.size:
+            return {}, "saved index damaged (sizes): rebuilt"
+        return out, f"reused saved index ({len(out)} conversations)"
+    except Exception as e:  # any damage at all: the file is a cache
+        return {}, f"saved index unreadable ({type(e).__name__}): rebuilt"

@@ -1,0 +1,123 @@
+"""Hybrid drafting: per step, the suffix draft, the draft model's, or both
+chained (the model drafting on from where the suffix match runs out).
+
+Each option is priced with what the request has measured so far (the
+policy's per-source acceptance and the pair's cost model), as expected
+tokens per unit of cost, in target forwards:
+
+- suffix: E_s = sum of a_s^i over its S tokens, plus the target's own
+  token; costs one verify over S + 1 tokens (drafting is free).
+- model: E_m(K) = (1 - a_m^(K+1)) / (1 - a_m) at the policy's K; costs K
+  draft forwards and a verify over K + 1.
+- chained: the suffix, then (if all S survive, with probability a_s^S)
+  the model's expected tokens; costs the model's K forwards (the first one
+  also reads the S suffix tokens: s * S more) and one verify over S + K + 1.
+
+The best rate wins. A weak match loses to the model; chaining pays only
+with a cheap draft model (c of about 0.1 or less: at the bundled pair's
+0.3 a free suffix step followed by a model step is nearly always better).
+A match bucket the model keeps winning against is still tried every
+EXPLORE-th time, so a bucket that lost its first blocks can show it has
+recovered (its acceptance is only measured when it drafts). The drafters
+themselves are unchanged: this only decides whom to ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import mlx.core as mx
+
+from specchat.engine.draft_policy import DraftPolicy, best_k, expected_tokens
+from specchat.engine.drafter_kinds import DRAFT_MODEL, SUFFIX
+from specchat.engine.drafters import DraftControl, ModelDrafter, Part, Proposal
+from specchat.engine.suffix import SuffixDrafter
+
+
+def survival(a: float, k: int) -> float:
+    """Expected accepted tokens among k drafts at per-token acceptance a."""
+    return expected_tokens(a, k) - 1.0
+
+
+class HybridDrafter:
+    EXPLORE = 6  # a suffix key overruled this many times in a row drafts once
+
+    def __init__(self, suffix: SuffixDrafter, model: ModelDrafter):
+        self.suffix = suffix
+        self.model = model
+        self.name = f"{suffix.name}+{model.name}"
+        self.choices = {"suffix": 0, "model": 0, "chained": 0}
+        self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self.suffix.prepare(prompt)
+        self.model.prepare(prompt)
+
+    def reset(self) -> None:
+        self.suffix.reset()
+        self.model.reset()
+
+    def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
+        s = self.suffix.propose(context, ctl)
+        policy: DraftPolicy | None = ctl.policy
+        if not s.tokens:
+            return self._model(context, ctl)
+        if policy is None or policy.fixed_k is not None:
+            return s
+        choice, k_model = self.choose(policy, s)
+        if choice == "model":
+            n = self._overruled[s.key] = self._overruled.get(s.key, 0) + 1
+            if n >= self.EXPLORE:
+                choice = "suffix"
+        if choice != "model":
+            self._overruled[s.key] = 0
+        self.choices[choice] += 1
+        if choice == "suffix":
+            return s
+        if choice == "model":
+            return self._model(context, ctl)
+        room = ctl.cap(DRAFT_MODEL.name) - s.k
+        m = self.model.propose([*context, *s.tokens], replace(
+            ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), room, k_model)))
+        return chain(s, m, ctl.vocab, ctl.sampling.greedy)
+
+    def _model(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
+        return self.model.propose(context, ctl)
+
+    @staticmethod
+    def choose(policy: DraftPolicy, s: Proposal) -> tuple[str, int]:
+        """("suffix" | "model" | "chained", the model's K when it drafts)."""
+        cost = policy.cost
+        a_s = policy.stats(SUFFIX.name, s.key).accept
+        a_m = policy.stats(DRAFT_MODEL.name).accept
+        c = cost.draft
+        k_m = max(1, best_k(a_m, c, cost, DRAFT_MODEL.cap))
+        e_s = survival(a_s, s.k)
+        e_m = survival(a_m, k_m)
+        rates = {
+            "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
+            "model": (e_m + 1.0) / (k_m * c + cost.verify(k_m + 1)),
+            "chained": (e_s + a_s ** s.k * e_m + 1.0)
+            / (k_m * c + c * cost.slope * s.k + cost.verify(s.k + k_m + 1)),
+        }
+        if c <= 0:  # no draft model cost known: never chain blindly
+            rates.pop("chained")
+        best = max(rates, key=lambda r: rates[r])
+        return best, k_m
+
+
+def chain(s: Proposal, m: Proposal, vocab: int, greedy: bool) -> Proposal:
+    """The suffix proposal followed by the model's. At T > 0 the suffix rows
+    of q are one-hot (a deterministic proposal), the model's its own."""
+    if not m.tokens:
+        return s
+    q = None
+    if not greedy and m.q is not None:
+        onehot = (mx.arange(vocab)[None, :] == mx.array(s.tokens)[:, None]).astype(m.q.dtype)
+        q = mx.concatenate([onehot, m.q], axis=0)
+    parts = [*s.parts, Part(m.source, m.key, m.k, tuple(m.confidences))]
+    return Proposal(tokens=[*s.tokens, *m.tokens], source=s.source, key=s.key, q=q,
+                    confidences=[*s.confidences, *m.confidences],
+                    draft_s=s.draft_s + m.draft_s, forwards=m.forwards,
+                    origins=[*s.origins, *m.origins], parts=parts)

@@ -1,0 +1,214 @@
+"""Measuring the loaded pair on a few prompts, for the draft recommendation
+(library/draft_search.py): how fast plain decoding is, how often the target
+accepts the draft's tokens, and what a draft forward costs next to a target
+forward. Each function runs on the engine thread (submit it with
+``EngineClient.call``) and returns plain frozen values.
+
+The runs are the engine's own ``generate``, greedy, in the draft-only mode,
+so acceptance is the draft model's alone (no suffix matches mixed in) and
+the speed is what a reply gets. The forward costs are timed the way
+decoding runs them, as the bench does (tools/forward_timing.py).
+
+Importing this module loads no MLX (it does so when a measurement runs), so
+the library and the window may name its functions and values.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specchat.engine import modes
+from specchat.engine.errors import EngineError
+from specchat.engine.events import DraftSettings, GenerateRequest, Message, StepEvent
+
+if TYPE_CHECKING:
+    from specchat.engine.session import Engine
+
+# (prompts done, prompts in all): called on the engine thread after each run.
+OnPrompt = Callable[[int, int], None]
+WARM_UP_TOKENS = 4
+TIMING_REPS = 3
+VERIFY_TOKENS = 9  # the target forward timed for the verify slope
+
+
+class MeasureCancelled(EngineError):
+    """The person cancelled: the runs so far are discarded."""
+
+    def __init__(self) -> None:
+        super().__init__("Measuring cancelled.")
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Runs over the sample, added up. ``judged`` counts the draft tokens
+    the target judged: accepted ones, plus the first rejected one of each
+    block (the tokens after it are never looked at)."""
+
+    runs: int
+    new_tokens: int
+    decode_s: float
+    steps: int
+    drafted: int
+    accepted: int
+    judged: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decoding speed over the sample (prefill left out, as the bench does)."""
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Seconds per forward pass on the sample's first prompt."""
+
+    target_s: float  # the target over one token
+    target_verify_s: float  # the target over VERIFY_TOKENS tokens
+    draft_s: float  # the draft over one token (last-position logits)
+
+    @property
+    def draft_cost(self) -> float:
+        """One draft forward in one-token target forwards (the formula's c)."""
+        return self.draft_s / self.target_s if self.target_s > 0 else 0.0
+
+    @property
+    def verify_slope(self) -> float:
+        """Each extra verified token, in one-token target forwards."""
+        if self.target_s <= 0:
+            return 0.0
+        return max(0.0, (self.target_verify_s - self.target_s) / (VERIFY_TOKENS - 1)
+                   / self.target_s)
+
+
+@dataclass(frozen=True)
+class DraftRun:
+    """The loaded draft measured: its runs and its forward costs."""
+
+    draft: str  # the draft's name
+    tally: Tally
+    costs: ForwardCosts
+
+
+def _request(prompt: str, mode: modes.Mode, max_tokens: int) -> GenerateRequest:
+    """One prompt, greedy, K adaptive. Break-even auto-off is off: it would
+    pause a poor draft and so hide how poor it is, which is what is measured."""
+    return GenerateRequest(messages=(Message("user", prompt),), max_tokens=max_tokens,
+                           draft=DraftSettings(mode=mode.name, auto_off=False))
+
+
+def run_prompts(engine: Engine, prompts: Sequence[str], mode: modes.Mode, max_tokens: int,
+                cancelled: threading.Event | None = None,
+                on_prompt: OnPrompt | None = None) -> Tally:
+    """Each prompt once in ``mode``, from an empty cache, after one short
+    uncounted run (the first call after a load allocates). Greedy, so the
+    plain and the speculative runs produce the same tokens."""
+    cancelled = cancelled or threading.Event()
+    if not prompts:
+        raise EngineError("There are no prompts to measure with.")
+    engine.reset_cache()
+    engine.generate(_request(prompts[0], mode, WARM_UP_TOKENS), cancelled)
+    new_tokens = steps = drafted = accepted = judged = 0
+    decode_s = 0.0
+    for i, prompt in enumerate(prompts):
+        if cancelled.is_set():
+            raise MeasureCancelled()
+        engine.reset_cache()
+        events: list[StepEvent] = []
+        result = engine.generate(_request(prompt, mode, max_tokens), cancelled, events.append)
+        if cancelled.is_set():
+            raise MeasureCancelled()
+        s = result.summary
+        new_tokens += s.new_tokens
+        decode_s += max(0.0, s.wall_s - s.prefill_s)
+        steps += s.steps
+        drafted += s.drafted
+        accepted += s.accepted
+        judged += sum(e.accepted + (1 if e.accepted < e.drafted else 0)
+                      for e in events if e.drafted)
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+    return Tally(len(prompts), new_tokens, decode_s, steps, drafted, accepted, judged)
+
+
+def measure_plain(engine: Engine, prompts: Sequence[str], max_tokens: int,
+                  cancelled: threading.Event | None = None,
+                  on_prompt: OnPrompt | None = None) -> Tally:
+    """The target alone on the sample: the speed every draft is compared with."""
+    if engine.target is None:
+        raise EngineError("No model is loaded.")
+    return run_prompts(engine, prompts, modes.PLAIN, max_tokens, cancelled, on_prompt)
+
+
+def measure_draft(engine: Engine, prompts: Sequence[str], max_tokens: int,
+                  cancelled: threading.Event | None = None,
+                  on_prompt: OnPrompt | None = None) -> DraftRun:
+    """The loaded draft on the sample, and its forward costs."""
+    if engine.draft is None or engine.model_drafter is None:
+        raise EngineError("No draft model is loaded.")
+    tally = run_prompts(engine, prompts, modes.DRAFT, max_tokens, cancelled, on_prompt)
+    if cancelled is not None and cancelled.is_set():
+        raise MeasureCancelled()
+    ids = engine.prompt_ids(_request(prompts[0], modes.DRAFT, max_tokens))
+    return DraftRun(engine.draft.info.name, tally, forward_costs(engine, ids))
+
+
+# -- forward passes ---------------------------------------------------------------
+
+
+def prefill(model, cache, ids: list[int]) -> None:
+    """Fill ``cache`` with ``ids`` in the engine's prefill chunks."""
+    import mlx.core as mx
+
+    from specchat.engine.kv import PREFILL_CHUNK
+
+    for i in range(0, len(ids), PREFILL_CHUNK):
+        model(mx.array(ids[i:i + PREFILL_CHUNK])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+
+
+def _prefilled(model, ids: list[int]):
+    """A fresh cache for ``model`` holding ``ids``, in the engine's chunks."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    prefill(model, cache, ids)
+    return cache
+
+
+def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
+    """Median seconds for ``forward(last m ids, cache)``, the cache rewound
+    after each run so every repetition sees the same context."""
+    import mlx.core as mx
+
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(forward(ids[-m:], cache))
+        times.append(time.perf_counter() - t0)
+        for c in cache:
+            c.trim(m)
+    return statistics.median(times)
+
+
+def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> ForwardCosts:
+    """The target over 1 and VERIFY_TOKENS tokens with logits for every
+    position (as verification runs it) and the draft over one token with
+    the last position's logits over its (pruned) head (as drafting runs it)."""
+    target, drafter = engine.target_runner, engine.model_drafter
+    if target is None or drafter is None:
+        raise EngineError("No draft model is loaded.")
+
+    def timed(model, forward, m: int) -> float:
+        return step_time(forward, ids, m, _prefilled(model, ids), reps)
+
+    def verify(x, c):
+        return target(x, c, "all")
+
+    return ForwardCosts(target_s=timed(target.model, verify, 1),
+                        target_verify_s=timed(target.model, verify, VERIFY_TOKENS),
+                        draft_s=timed(drafter.runner.model, drafter.forward_last, 1))

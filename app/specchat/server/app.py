@@ -1,0 +1,203 @@
+"""The HTTP side: OpenAI's three endpoints on Starlette.
+
+Why Starlette (with uvicorn): it is the small, well-kept ASGI toolkit that
+FastAPI itself is built on, with streaming responses that notice a client
+going away, and it needs no request models: the bodies are checked by
+``protocol.py`` against ``specchat.values``, the table every other part of
+SpecChat checks against, rather than by a second set of pydantic rules.
+
+A request is read (at most ``max_body`` bytes), checked, and run as a task
+(``ApiService.run``); a watcher cancels that task when the client
+disconnects, which cancels its engine job. A streamed reply sends its
+headers only once the first step is in, so an error before it (a prompt
+too long, no model) still gets its HTTP status; one after it arrives as an
+``error`` event, which OpenAI's clients raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specchat.engine.events import GenerationResult, StepEvent
+from specchat.server import protocol
+from specchat.server.errors import ApiError
+from specchat.server.service import ApiService
+
+log = logging.getLogger("specchat.server")
+
+MAX_BODY = 8 * 1024 * 1024  # bytes; a long file pasted into a prompt fits easily
+_GONE = object()  # the client went away
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def build_app(service: ApiService, api_key: str | None = None,
+              max_body: int = MAX_BODY) -> Starlette:
+    """The ASGI app over ``service``; with ``api_key``, every request must
+    carry ``Authorization: Bearer <api_key>``."""
+    started = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                  api_key.encode()):
+            raise ApiError(401, "Incorrect or missing API key: send it as "
+                                "'Authorization: Bearer <key>'.", code="invalid_api_key")
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        served = service.served
+        data = [] if served is None else [{
+            "id": served.model, "object": "model", "created": started, "owned_by": "specchat",
+            "speculative": {"mode": served.mode, "draft": served.draft}}]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat(request: Request) -> Response:
+        return await _complete(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await _complete(request, "completion")
+
+    async def _complete(request: Request, kind: protocol.Kind) -> Response:
+        authorize(request)
+        body = await _read_json(request, max_body)
+        req = protocol.parse(kind, body, service.max_tokens_cap)
+        service.model(req.model)  # 404 or 503 now, before the request waits its turn
+        return await _answer(request, service, req)
+
+    return Starlette(
+        routes=[Route("/v1/models", models, methods=["GET"]),
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"])],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                            Exception: _internal_error},
+    )
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    too_large = ApiError(413, f"The request body is larger than this server takes "
+                              f"({limit:,} bytes).", code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ApiError(400, "The request body is not valid JSON.") from None
+
+
+async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest) -> Response:
+    """Run the request; answer as one JSON body or as a stream, naming the
+    model that runs it (in the app, the pair may change while it waits)."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def produce() -> None:
+        try:
+            events.put_nowait(await service.run(req, events.put_nowait))
+        except asyncio.CancelledError:
+            events.put_nowait(_GONE)
+            raise
+        except ApiError as exc:
+            events.put_nowait(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered as one, and logged
+            log.exception("an API request failed")
+            events.put_nowait(ApiError(500, f"Internal error (a bug in SpecChat, please "
+                                            f"report it): {type(exc).__name__}: {exc}"))
+
+    task = asyncio.create_task(produce())
+    watcher = asyncio.create_task(_disconnected(request))
+    watcher.add_done_callback(lambda _w: task.cancel())
+    first = await events.get()
+    model = service.served.model if service.served is not None else req.model
+    if isinstance(first, ApiError) or first is _GONE or not req.stream:
+        try:
+            while not isinstance(first, GenerationResult | ApiError) and first is not _GONE:
+                first = await events.get()  # the steps of a reply that does not stream
+        finally:
+            _stop(task, watcher)
+        if first is _GONE:
+            return Response(status_code=499)  # nobody reads it
+        if isinstance(first, ApiError):
+            return _api_error(request, first)
+        return JSONResponse(protocol.response(req, first, model))
+    return StreamingResponse(_sse(req, model, first, events, task, watcher),
+                             media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+async def _sse(req: protocol.ApiRequest, model: str, first, events: asyncio.Queue,
+               task: asyncio.Task, watcher: asyncio.Task):
+    """The stream's ``data:`` lines, from the first step to ``[DONE]``."""
+    chunks = protocol.Chunks(req, model)
+    item = first
+    try:
+        for c in chunks.start():
+            yield _data(c)
+        while True:
+            if isinstance(item, StepEvent):
+                for c in chunks.text(item.text):
+                    yield _data(c)
+            elif isinstance(item, GenerationResult):
+                for c in chunks.end(item):
+                    yield _data(c)
+                break
+            elif isinstance(item, ApiError):
+                yield _data(item.body())
+                break
+            else:  # the client went away
+                return
+            item = await events.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        _stop(task, watcher)  # a client gone mid-stream ends up here: its job stops
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _stop(task: asyncio.Task, watcher: asyncio.Task) -> None:
+    watcher.cancel()
+    task.cancel()  # a no-op once it is done
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the body has been read by now,
+    so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _api_error(_request: Request, exc: ApiError) -> Response:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such path, wrong method), in OpenAI's shape."""
+    message = (f"There is no {request.method} {request.url.path} here; this server has "
+               "GET /v1/models, POST /v1/chat/completions and POST /v1/completions."
+               if exc.status_code in (404, 405) else str(exc.detail))
+    return _api_error(request, ApiError(exc.status_code, message))
+
+
+def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("an API request failed: %s: %s", type(exc).__name__, exc)
+    return _api_error(request, ApiError(500, f"Internal error (a bug in SpecChat, please "
+                                             f"report it): {type(exc).__name__}"))

@@ -1,0 +1,149 @@
+"""Where the server listens, who may connect, and the uvicorn server itself.
+
+By default the API listens on 127.0.0.1: only programs on this computer
+can reach it, as with LM Studio or ``mlx_lm.server``. Listening anywhere
+else lets other machines use the models, so it takes two deliberate acts:
+``allow_remote`` (``--allow-remote``) and an API key (``--api-key`` or
+``SPECCHAT_API_KEY``) that every request must carry; without both the
+server does not start, and says why in one line.
+
+The socket is bound here, before uvicorn runs, so a port in use is a
+``ServerError`` at once (uvicorn would log it and exit the process), and
+port 0 picks a free port (``LocalServer.port`` says which). The server
+runs on a thread of its own with its own asyncio loop (``start``), so
+neither the window's loop nor its lag slows HTTP, nor HTTP the window; or
+in the calling thread (``serve_forever``), as ``specchat serve`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import os
+import socket
+import threading
+
+import uvicorn
+
+from specchat.server.app import MAX_BODY, build_app
+from specchat.server.errors import ServerError
+from specchat.server.service import ApiService
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8321
+KEY_VARIABLE = "SPECCHAT_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """Only this computer can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def api_key_from(given: str | None) -> str | None:
+    """The key given on the command line, else ``SPECCHAT_API_KEY``, else
+    none (blank counts as none)."""
+    key = given if given is not None else os.environ.get(KEY_VARIABLE)
+    return key.strip() if key and key.strip() else None
+
+
+def check_bind(host: str, allow_remote: bool, api_key: str | None) -> None:
+    """``ServerError`` unless listening on ``host`` is safe as asked: any
+    loopback address; another one only with ``allow_remote`` and a key."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise ServerError(f"Refusing to listen on {host}: other machines could use the models. "
+                          "Pass --allow-remote and an API key (--api-key or "
+                          f"{KEY_VARIABLE}) to allow it.")
+    if api_key is None:
+        raise ServerError(f"Refusing to listen on {host} without an API key: pass --api-key "
+                          f"or set {KEY_VARIABLE}, and send it as a bearer token.")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (0: any free port)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ServerError(f"Cannot listen on {host}: {exc.strerror}.") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServerError(f"Port {port} on {host} is in use by another program: choose "
+                              "another port.") from None
+        raise ServerError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class LocalServer:
+    """The API on a socket: checked and bound at construction."""
+
+    def __init__(self, service: ApiService, host: str = DEFAULT_HOST,
+                 port: int = DEFAULT_PORT, api_key: str | None = None,
+                 allow_remote: bool = False, max_body: int = MAX_BODY):
+        check_bind(host, allow_remote, api_key)
+        self.service = service
+        self.host = host
+        self._sock = bind(host, port)
+        config = uvicorn.Config(build_app(service, api_key, max_body), log_config=None,
+                                access_log=False, lifespan="off", ws="none", http="h11",
+                                timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (OpenAI's ``base_url``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    async def _serve(self) -> None:
+        self.service.attach(asyncio.get_running_loop())
+        await self._server.serve(sockets=[self._sock])
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until ``stop`` or, on the main thread, Ctrl+C
+        (uvicorn finishes the requests in flight, then passes the signal on:
+        here it is the normal way to stop, not an error)."""
+        try:
+            asyncio.run(self._serve())
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.service.cancel_all()
+            self._sock.close()
+
+    def start(self) -> None:
+        """Serve on a thread of its own; ``stop`` ends it."""
+        self._thread = threading.Thread(target=self.serve_forever, name="specchat-api",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel the running requests' engine jobs, close the connections
+        and end the thread."""
+        self.service.cancel_all()
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        else:
+            self._sock.close()

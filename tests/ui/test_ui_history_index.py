@@ -1,0 +1,47 @@
+"""The window keeps the engine's history index (suffix drafting over earlier
+conversations) in step with the store: built off the GUI thread when a pair
+loads, saved beside the history file, joined by each reply as it ends, and
+left by a conversation the user deletes."""
+
+from __future__ import annotations
+
+from ui_support import load, send_and_wait, wait_until
+
+
+def engine_docs(window) -> set[str]:
+    return window.session.engine.client.call(lambda eng: set(eng.history.docs)).wait(timeout=30)
+
+
+def test_the_history_index_follows_the_store(qtbot, window, tiny_target, tiny_draft):
+    convs = window.session.conversations.blocking
+    old = convs.create("Adding numbers")
+    convs.add_message(old.id, "user", "Write a function that adds two numbers.")
+    convs.add_message(old.id, "assistant", "def add(a, b):\n    return a + b\n")
+    window.sidebar.refresh()
+    load(qtbot, window, tiny_target, tiny_draft)
+    index = window.session.history_index
+    wait_until(lambda: index.last, timeout=30_000)
+    assert "1 conversations" in index.last
+    assert engine_docs(window) == {f"conv:{old.id}"}
+    saved = list(index.folder().glob("history-*.npz"))
+    assert len(saved) == 1 and saved[0].stat().st_size > 0
+
+    # A reply joins the index when it ends, under its chat's key; the next
+    # turn of the same chat uses the same key (it is not its own history).
+    # Once the store gives it an id, the chat is known to the index by it.
+    send_and_wait(qtbot, window, "Now write one that multiplies them.")
+    wait_until(lambda: window.conversation.conversation_id is not None)
+    new = f"conv:{window.conversation.conversation_id}"
+    wait_until(lambda: engine_docs(window) == {f"conv:{old.id}", new}, timeout=30_000)
+    send_and_wait(qtbot, window, "And one that divides them.")
+    assert engine_docs(window) == {f"conv:{old.id}", new}
+    # Deleting a chat begun in this session takes it out too.
+    window.sidebar.select(window.conversation.conversation_id)
+    window.sidebar.delete_current(confirm=False)
+    wait_until(lambda: new not in engine_docs(window), timeout=30_000)
+
+    # Deleting the stored conversation takes it out of the index.
+    window.open_conversation(old.id)
+    wait_until(lambda: window.sidebar.current_id == old.id and not window.conversation.busy)
+    window.sidebar.delete_current(confirm=False)
+    wait_until(lambda: f"conv:{old.id}" not in engine_docs(window), timeout=30_000)
