@@ -79,6 +79,7 @@ class History:
     def clear(self) -> None:
         self.index = SuffixIndex()
         self.docs = {}
+        self.aliases = {}
 
     def put(self, key: str, tokens: Sequence[int], stamp: str = "") -> None:
         """The conversation ``key`` now reads ``tokens``. A conversation that
