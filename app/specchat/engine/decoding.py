@@ -94,11 +94,7 @@ class _Tally:
         self.steps += 1
         self.drafted += proposal.k
         self.accepted += n
-        offset = 0
-        for part in proposal.parts:
-            if offset > n:
-                break  # never judged: an earlier token was rejected
-            got = max(0, min(n - offset, part.k))
+        for part, got in proposal.judged(n):
             d = self.by_source.setdefault(part.source, {"drafted": 0, "accepted": 0, "steps": 0})
             d["drafted"] += part.k
             d["accepted"] += got
@@ -107,7 +103,6 @@ class _Tally:
                 kd = d.setdefault("by_key", {}).setdefault(part.key, {"drafted": 0, "accepted": 0})
                 kd["drafted"] += part.k
                 kd["accepted"] += got
-            offset += part.k
 
     def emitted(self, origins: Sequence[str]) -> None:
         for o in origins:

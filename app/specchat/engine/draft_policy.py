@@ -221,16 +221,13 @@ class DraftPolicy:
         first rejection was never judged, so only its cost counts."""
         self._units += self.cost.verify(proposal.k + 1)
         self._tokens += n + 1
-        offset = 0
         for part in proposal.parts:
-            spec = drafter_kinds.get(part.source)
-            self._units += part.k * spec.token_cost(self.cost)
-            if offset <= n and part.k:
-                got = min(n - offset, part.k)
+            self._units += part.k * drafter_kinds.get(part.source).token_cost(self.cost)
+        for part, got in proposal.judged(n):
+            if part.k:
                 self.stats(part.source, part.key).observe(part.k, got)
-                if spec.calibrated:
+                if drafter_kinds.get(part.source).calibrated:
                     self.calibration.observe(list(part.confidences), got)
-            offset += part.k
 
 
 # -- break-even auto-off -------------------------------------------------------------

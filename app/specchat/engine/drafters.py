@@ -12,7 +12,7 @@ drafter_kinds.py, under the drafter's ``name``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -65,6 +65,17 @@ class Proposal:
     @property
     def k(self) -> int:
         return len(self.tokens)
+
+    def judged(self, n: int) -> Iterator[tuple[Part, int]]:
+        """Each part the target judged when ``n`` tokens were accepted, with
+        how many of its tokens it kept. A part after the first rejection
+        was never judged (its first token starts past n)."""
+        offset = 0
+        for part in self.parts:
+            if offset > n:
+                return
+            yield part, min(n - offset, part.k)
+            offset += part.k
 
 
 @dataclass
