@@ -77,12 +77,9 @@ def read(name: str):
 
 
 def list_names() -> list[str]:
-    from specchat.engine.distributed import hostfile
+    from specchat.library.sources.cluster import defined
 
-    root = clusters_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if hostfile.is_cluster_folder(p))
+    return defined()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,8 +105,14 @@ def main(args: argparse.Namespace) -> int:
         names = list_names()
         if args.json:
             print(json.dumps(names))
+        elif not names:
+            print("No clusters yet: specchat cluster create NAME ...")
         else:
-            print("\n".join(names) if names else "No clusters yet: specchat cluster create NAME ...")
+            from specchat.library.sources.cluster import states
+
+            for st in states():  # dials each rank, as the app's pair picker does
+                print(f"{st.name}: {st.model}, {st.ranks} ranks, "
+                      + ("every rank answers" if st.waiting is None else st.waiting))
         return 0
     if cmd == "show":
         _show(*read(args.name), args.json)

@@ -149,6 +149,11 @@ def test_the_hostfile_is_the_one_mlx_launch_reads(cluster):
     listed = subprocess.run([sys.executable, "-m", "specchat", "cluster", "list", "--json"],
                             env=cluster["env"], capture_output=True, text=True, timeout=60)
     assert json.loads(listed.stdout) == ["lab"]
+    # Without --json the list asks each rank (a probe it answers without
+    # joining; the sessions below show it still joins afterwards).
+    listed = subprocess.run([sys.executable, "-m", "specchat", "cluster", "list"],
+                            env=cluster["env"], capture_output=True, text=True, timeout=60)
+    assert listed.stdout.strip() == "lab: target-llama, 2 ranks, every rank answers"
 
 
 def test_two_ranks_give_one_process_ids_plain_and_speculative(rank0):

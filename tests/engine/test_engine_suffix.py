@@ -293,3 +293,30 @@ def test_a_seeded_sampled_request_ignores_the_history(engine):
                                             draft=DraftSettings(mode="hybrid")))
     assert again.token_ids == first.token_ids
     assert "history" not in again.summary.tokens_by_origin
+
+
+def test_a_long_conversation_match_drafts_outright_until_it_is_measured_weak():
+    """A copy in progress (a conversation match of TRUST_MATCH tokens or more)
+    drafts without weighing the model against it, while its bucket's
+    measured acceptance holds; a short match, or a history match, is weighed."""
+    from specchat.engine.draft_policy import CostModel, DraftPolicy
+    from specchat.engine.drafters import Proposal
+    from specchat.engine.hybrid import TRUST_ACCEPT, TRUST_MATCH
+    from specchat.engine.suffix import stats_key
+
+    def proposal(origin: str, m: int, k: int = 3) -> Proposal:
+        return Proposal(tokens=list(range(k)), source="suffix", key=stats_key(origin, m),
+                        origins=[origin] * k)
+
+    # A cheap draft model that is always right: by the rates it beats any suffix.
+    policy = DraftPolicy(cost=CostModel(draft=0.01, slope=0.3))
+    policy.stats("draft").accept = 0.99
+    assert HybridDrafter.choose(policy, proposal("conversation", TRUST_MATCH - 1))[0] != "suffix"
+    assert HybridDrafter.choose(policy, proposal("history", 16))[0] != "suffix"
+    long_copy = proposal("conversation", TRUST_MATCH)
+    assert HybridDrafter.choose(policy, long_copy)[0] == "suffix"
+    # Copies of that length keep failing in this request: the rates decide again.
+    stats = policy.stats("suffix", long_copy.key)
+    while stats.accept >= TRUST_ACCEPT:
+        stats.observe(3, 0)
+    assert HybridDrafter.choose(policy, long_copy)[0] != "suffix"

@@ -148,3 +148,54 @@ def test_the_verdict_is_a_headline_with_the_reasoning_on_hover_and_click(qtbot, 
     assert label.text().endswith("…") and "\n" not in label.text()  # one elided line
     assert label.fontMetrics().horizontalAdvance(label.text()) <= label.width()
     assert long_reason.strip()[1:] in label.toolTip()
+
+
+def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target, tiny_draft,
+                                                     tmp_path):
+    """A cluster defined with ``specchat cluster create`` is listed as
+    "<model> on cluster <name>", greyed out with the reason until rank 1
+    (a real ``specchat cluster rank`` process) waits on its port."""
+    import socket
+    import subprocess
+    import sys
+
+    from specchat.engine.distributed import hostfile
+    from specchat.library.sources.cluster import clusters_dir
+
+    with socket.socket() as s:  # a free control port for rank 1
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = hostfile.plan("lab", tiny_target, ["127.0.0.1", "127.0.0.1"], port - 3)
+    hostfile.write(clusters_dir() / "lab", spec)
+    picker = window.picker
+
+    def entry():
+        i = picker.target.findData("cluster:lab")
+        return None if i < 0 else (picker.target.itemText(i), picker.target.model().item(i))
+
+    picker.poll_clusters()
+    wait_until(lambda: entry() is not None, timeout=10_000)
+    text, item = entry()
+    assert text == f"{tiny_target.name} on cluster lab  (not answering)"
+    assert not item.isEnabled()
+    assert "specchat cluster start lab" in item.toolTip()
+    assert picker.draft.findData("cluster:lab") < 0  # the draft runs here, never on a cluster
+
+    rank = subprocess.Popen([sys.executable, "-m", "specchat", "cluster", "rank", "--rank", "1",
+                             "--listen", f"127.0.0.1:{spec.ranks[1].control_port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "waiting for rank 0" in rank.stdout.readline()
+        picker.poll_clusters()
+        wait_until(lambda: entry()[1].isEnabled(), timeout=10_000)
+        assert entry()[0] == f"{tiny_target.name} on cluster lab  (2 ranks)"
+        picker.set_pair("cluster:lab", str(tiny_draft))
+        assert picker.selection() == ("cluster:lab", str(tiny_draft))
+        assert _verdict(window).compatible is True  # the folder reads as its target
+        assert rank.poll() is None  # being asked costs the rank nothing: it still waits
+    finally:
+        rank.kill()
+        rank.wait(10)
+    picker.poll_clusters()
+    wait_until(lambda: "not answering" in entry()[0], timeout=10_000)
+    assert entry()[1].isEnabled()  # chosen: it stays pickable (it may be loaded here)

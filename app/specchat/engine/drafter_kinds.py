@@ -71,10 +71,14 @@ DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
 # scored by how many occurrences agree (suffix.py).
 # Longer matches continue correctly far more often: the prior of a statistics
 # key "suffix:<source>:<shortest match of its bucket>" grows with the match.
-# (Measured on the multi-turn bench, accepted/drafted per bucket: 21%, 33%,
-# 56%, 73%, 71% for 2, 3, 4-7, 8-15, 16+ tokens matched in the conversation;
-# docs/benchmarks.md. A request's own measurements replace these quickly.)
-SUFFIX_PRIORS = {2: 0.45, 3: 0.55, 4: 0.65, 8: 0.8, 16: 0.9}
+# The priors sit above the per-token rates measured on the multi-turn bench
+# (accepted/drafted: 21%, 33%, 56%, 73%, 71% for 2, 3, 4-7, 8-15, 16+ tokens
+# matched in the conversation) on purpose: a copy is a run, right until the
+# edit point and then wrong, not independent tokens, so priors at those
+# rates cut copies into short blocks. Tuning runs on the multi-turn prompts
+# measured these faster on every prompt (docs/benchmarks.md, "Tuning the
+# suffix hybrid"). A request's own measurements replace them quickly.
+SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
 
 
 def _suffix_prior(key: str) -> float:

@@ -29,6 +29,9 @@ from specchat.engine.history import History
 from specchat.engine.suffix_index import Continuation, SuffixIndex, continuation
 
 MIN_MATCH = 2  # in the conversation; one shared token is a coin toss
+# ... and when the draft model is there to draft instead (hybrid): 2-token
+# matches were accepted 21% of the time, less than the model's tokens.
+MIN_MATCH_FALLBACK = 3
 MIN_MATCH_HISTORY = 4  # across many conversations short matches are everywhere
 SPEC_FACTOR = 1.0  # draft tokens per matched token (SuffixDecoding's max_spec_factor)
 SPEC_OFFSET = 2  # ... plus this many
@@ -52,6 +55,14 @@ def bucket(m: int) -> int:
 def stats_key(origin: str, m: int) -> str:
     """The statistics key of a suffix draft: its source and match length."""
     return f"{SUFFIX.name}:{origin}:{bucket(m)}"
+
+
+def key_parts(key: str | None) -> tuple[str, int] | None:
+    """(source, bucket) of a statistics key made by ``stats_key``, else None."""
+    parts = (key or "").split(":")
+    if len(parts) != 3 or parts[0] != SUFFIX.name or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
 
 
 class SuffixDrafter:
@@ -89,10 +100,11 @@ class SuffixDrafter:
         self.conv = SuffixIndex(tail=1024)
         self.conv.extend(context)
 
-    def candidates(self, context: Sequence[int], limit: int) -> list[tuple[str, Continuation]]:
+    def candidates(self, context: Sequence[int], limit: int,
+                   min_match: int = MIN_MATCH) -> list[tuple[str, Continuation]]:
         """The best continuation from each corpus that has one."""
         out = []
-        best = _best(self.conv.matches(context, MIN_MATCH), self.conv.buf, self.conv.n, limit)
+        best = _best(self.conv.matches(context, min_match), self.conv.buf, self.conv.n, limit)
         if best is not None:
             out.append((CONVERSATION, best))
         h = self.history
@@ -106,7 +118,8 @@ class SuffixDrafter:
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         self._sync(context)
-        options = self.candidates(context, SUFFIX.cap)
+        options = self.candidates(context, SUFFIX.cap,
+                                  MIN_MATCH_FALLBACK if ctl.fallback else MIN_MATCH)
         if not options:
             return Proposal(tokens=[], source=self.name)
         origin, cont = max(options, key=lambda o: o[1].score)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from specchat.library.catalog import Catalog, CatalogModel
     from specchat.library.compatibility import CompatReport
     from specchat.library.index import InstalledModel
+    from specchat.library.sources.cluster import ClusterState
 
 FALLBACK_TARGET = "bundled:qwen2.5-coder-1.5b"
 FALLBACK_DRAFT = "bundled:qwen2.5-coder-0.5b"
@@ -119,6 +120,27 @@ def model_choices() -> list[ModelChoice]:
         add(ModelChoice(m.ref, f"{m.name}  (download {size_text(m.download_bytes)})", "catalog",
                         m.ref))
     return out
+
+
+def cluster_states() -> list[ClusterState]:
+    """The clusters defined here and whether their ranks answer (dials
+    them: call it off the GUI thread); none when they cannot be read."""
+    try:
+        from specchat.library.sources import cluster
+
+        return cluster.states()
+    except Exception:  # noqa: BLE001 - a damaged cluster folder must not break the window
+        return []
+
+
+def cluster_choice(state: ClusterState) -> ModelChoice:
+    """A cluster as a target: pickable once its ranks answer, else labelled
+    with why not (the picker greys it out)."""
+    where = f"{state.model} on cluster {state.name}"
+    if state.waiting is None:
+        return ModelChoice(state.ref, f"{where}  ({state.ranks} ranks)", "cluster",
+                           f"{state.ref}: every rank answers")
+    return ModelChoice(state.ref, f"{where}  (not answering)", "cluster", state.waiting)
 
 
 def check_pair(target: str, draft: str | None) -> Verdict:

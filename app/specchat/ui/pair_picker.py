@@ -9,6 +9,11 @@ The verdict is one short line ("✓ compatible · draft 2.8× smaller"); the
 full reasoning is its tooltip, and a click unfolds it under the line. A
 refusal keeps its reason in that line, cut to the width with "…".
 
+A cluster (``specchat cluster``) is offered as a target, "<model> on
+cluster <name>", once its other ranks answer; the picker asks them every
+few seconds, off the GUI thread, and greys the entry out with the reason
+while they do not.
+
 "Find the best draft" measures the installed drafts for the chosen target
 (ui/draft_finder.py) with a progress bar and Cancel; every draft measured
 for this target on this machine, now or before, shows its speedup in the
@@ -20,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -40,6 +45,7 @@ from specchat.ui.draft_finder import DraftFinder
 from specchat.ui.library_view import ModelChoice, Verdict
 
 LOOKUP_LABEL = "No draft: prompt lookup"
+CLUSTER_POLL_MS = 5000  # how often the picker asks the clusters' ranks whether they answer
 MIN_CHARS = 22  # of a model box: a model's name with its size
 HELP = {
     "target": "The model whose replies you get (a name, folder, .gguf or hf:org/repo)",
@@ -272,6 +278,8 @@ class PairPicker(QFrame):
         self._refused = False  # the label shows the engine's refusal of the last load
         self._check_task: asyncio.Future | None = None
         self._generation = 0
+        self.clusters: list = []  # ClusterStates, as last polled
+        self._cluster_poll: asyncio.Future | None = None
         self.reload_choices()
         self.target.currentTextChanged.connect(self._changed)
         self.draft.currentTextChanged.connect(self._changed)
@@ -280,11 +288,17 @@ class PairPicker(QFrame):
         self.find_button.clicked.connect(self.find_best_draft)
         self.finder_strip.cancel_button.clicked.connect(self.cancel_finding)
         self.target.currentTextChanged.connect(self._target_changed)
+        self._cluster_timer = QTimer(self)
+        self._cluster_timer.setInterval(CLUSTER_POLL_MS)
+        self._cluster_timer.timeout.connect(self.poll_clusters)
+        self._cluster_timer.start()
+        QTimer.singleShot(0, self.poll_clusters)
 
     # -- contents ----------------------------------------------------------
     def reload_choices(self, choices: list[ModelChoice] | None = None) -> None:
         keep = self.selection() if self.target.count() else None
         choices = choices if choices is not None else library_view.model_choices()
+        self._choices = choices
         for box in (self.target, self.draft):
             box.blockSignals(True)
             box.clear()
@@ -296,6 +310,18 @@ class PairPicker(QFrame):
                 box.setItemData(box.count() - 1, c.detail or c.ref, DETAIL_ROLE)
                 box.setItemData(box.count() - 1, _full_name(c.label, c.detail or c.ref),
                                 Qt.ItemDataRole.ToolTipRole)
+        keep_target = keep[0] if keep else None
+        for state in self.clusters:  # targets only: the draft runs here
+            c = library_view.cluster_choice(state)
+            self.target.addItem(c.label, c.ref)
+            i = self.target.count() - 1
+            self.target.setItemData(i, c.label, LABEL_ROLE)
+            self.target.setItemData(i, c.detail, DETAIL_ROLE)
+            self.target.setItemData(i, _full_name(c.label, c.detail), Qt.ItemDataRole.ToolTipRole)
+            if state.waiting is not None and c.ref != keep_target:
+                # Loaded here, its ranks serve this app and stop answering
+                # probes: the chosen entry stays usable.
+                self.target.model().item(i).setEnabled(False)
         for box in (self.target, self.draft):
             box.blockSignals(False)
         if keep:
@@ -305,6 +331,25 @@ class PairPicker(QFrame):
             self._fit_popup(box)
             self._show_start(box)
             self._show_full_name(box)
+
+    def poll_clusters(self) -> None:
+        """Ask the clusters' ranks whether they answer, off the GUI thread;
+        the lists change only when the answer does."""
+        if self._cluster_poll is not None and not self._cluster_poll.done():
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._cluster_poll = asyncio.ensure_future(self._poll_clusters())
+
+    async def _poll_clusters(self) -> None:
+        states = await asyncio.get_running_loop().run_in_executor(
+            None, library_view.cluster_states)
+        if states != self.clusters and not self.target.view().isVisible():
+            # (never under the person's pointer: an open list waits for the next poll)
+            self.clusters = states
+            self.reload_choices(self._choices)
 
     def _ref(self, box: QComboBox) -> str | None:
         text = box.currentText().strip()

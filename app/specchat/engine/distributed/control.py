@@ -228,6 +228,32 @@ class Peers:
                 pass
 
 
+def probe(spec: ClusterSpec, timeout: float = 1.0) -> tuple[int, str] | None:
+    """The first of ranks 1..N-1 that is not waiting for rank 0, with why in
+    words; None when all of them are. A probe is a connection a rank answers
+    and closes without joining, so asking costs the ranks nothing (a rank
+    serving rank 0 has closed its port and counts as not waiting)."""
+    for peer in spec.ranks[1:]:
+        try:
+            sock = socket.create_connection(peer.control_address, timeout=timeout)
+        except OSError as exc:
+            return peer.rank, (f"rank {peer.rank} is not running at {peer.ip}:{peer.control_port} "
+                               f"({exc.strerror or exc}): start it with "
+                               f"`specchat cluster start {spec.name}`")
+        line = Line(sock)
+        try:
+            line.send({"probe": 1})
+            reply = line.read_one(timeout)
+        except OSError:
+            reply = None
+        finally:
+            sock.close()
+        if not reply or reply.get("ready", {}).get("rank") != peer.rank:
+            return peer.rank, (f"rank {peer.rank} at {peer.ip}:{peer.control_port} did not answer "
+                               "as a SpecChat rank")
+    return None
+
+
 def ring_sockets(spec: ClusterSpec, rank: int) -> list[socket.socket]:
     """This process's sockets of the ring (duplicates of MLX's descriptors):
     bound to our ring port (the listening socket during ``init``, the
@@ -289,6 +315,13 @@ class RankChannel:
             keepalive(conn)
             line = Line(conn)
             msg = line.read_one(CONNECT_S)
+            if (msg or {}).get("probe"):  # the pair picker asking whether we wait
+                try:
+                    line.send({"ready": {"rank": self.rank, "pid": os.getpid()}})
+                except OSError:
+                    pass
+                conn.close()
+                continue
             join = (msg or {}).get("join")
             if join is None:
                 conn.close()

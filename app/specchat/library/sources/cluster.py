@@ -9,9 +9,12 @@ unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine.distributed import control, hostfile
 from specchat.engine.distributed.hostfile import is_cluster_folder
+from specchat.engine.errors import EngineError
 from specchat.home import home
 from specchat.library.errors import LibraryError
 from specchat.library.sources.base import Source
@@ -21,6 +24,45 @@ PREFIX = "cluster:"
 
 def clusters_dir() -> Path:
     return home() / "clusters"
+
+
+def defined() -> list[str]:
+    """The names of the clusters defined here, sorted."""
+    root = clusters_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if is_cluster_folder(p))
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """A cluster as the pair picker offers it: its target can be picked
+    once ``waiting`` is None, i.e. every other rank answers."""
+
+    name: str
+    model: str  # the target's folder name
+    ranks: int
+    waiting: str | None  # why it cannot be picked yet, in words
+
+    @property
+    def ref(self) -> str:
+        return PREFIX + self.name
+
+
+def states(timeout: float = 0.5) -> list[ClusterState]:
+    """Every defined cluster, with whether its ranks answer now. Dials each
+    rank (up to ``timeout`` per rank): call it off the GUI thread."""
+    out = []
+    for name in defined():
+        try:
+            spec = hostfile.read(clusters_dir() / name)
+        except EngineError as exc:
+            out.append(ClusterState(name, "?", 0, str(exc)))
+            continue
+        missing = control.probe(spec, timeout)
+        out.append(ClusterState(name, Path(spec.model).name, spec.size,
+                                missing[1] if missing else None))
+    return out
 
 
 class ClusterSource(Source):
@@ -34,9 +76,7 @@ class ClusterSource(Source):
         name = ref[len(PREFIX):].strip()
         folder = clusters_dir() / name
         if not name or "/" in name or not is_cluster_folder(folder):
-            root = clusters_dir()
-            known = sorted(p.name for p in root.iterdir() if is_cluster_folder(p)) \
-                if root.is_dir() else []
+            known = defined()
             have = f" Defined: {', '.join(known)}." if known else " None is defined yet."
             raise LibraryError(f"No cluster named {name!r}: create it with `specchat cluster "
                                f"create {name or 'NAME'} --hosts ... --model ...`.{have}")
