@@ -45,3 +45,49 @@ def test_the_memory_check_counts_rank_0s_share_of_a_cluster_target(lib_home, tin
     whole = check_pair(tiny_target, available=None).target_weights
     share = check_pair(folder, available=None).target_weights
     assert share == pytest.approx(whole * 3 / 4, rel=0.01)
+
+
+def test_asking_the_ranks_names_what_is_wrong_and_one_bad_cluster_spoils_no_other(
+        lib_home, tiny_target):
+    """`states()` (the pair picker's and `cluster list`'s question): a port
+    nobody listens on, a server that is not a SpecChat rank, and a damaged
+    hostfile are each reported in words, cluster by cluster."""
+    import socket
+    import threading
+
+    from specchat.library.sources.cluster import model_name, states
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    # An HTTP-ish server on rank 1's control port of "web".
+    server = socket.create_server(("127.0.0.1", 0))
+    web_port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(100)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n{not json\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    ips = ["127.0.0.1", "127.0.0.1"]
+    hostfile.write(clusters_dir() / "web", hostfile.plan("web", tiny_target, ips, web_port - 3))
+    hostfile.write(clusters_dir() / "off", hostfile.plan("off", tiny_target, ips, free_port() - 3))
+    bad = hostfile.write(clusters_dir() / "bad", hostfile.plan("bad", tiny_target, ips, 39100))
+    (bad / hostfile.HOSTFILE).write_text('{"hosts": []}')
+    try:
+        got = {s.name: s for s in states(timeout=2.0)}
+    finally:
+        server.close()
+    assert sorted(got) == ["bad", "off", "web"]
+    assert got["web"].waiting.endswith("did not answer as a SpecChat rank")
+    assert got["off"].waiting.startswith("rank 1 is not running at 127.0.0.1:")
+    assert "specchat cluster start off" in got["off"].waiting
+    assert got["off"].model == tiny_target.name and got["off"].ranks == 2
+    assert "is not a SpecChat cluster hostfile" in got["bad"].waiting
+    # A Hub download's folder is named by its repository, not its commit.
+    snap = "/cache/models--Qwen--Qwen2.5-7B-Instruct/snapshots/" + "a" * 40
+    assert model_name(snap) == "Qwen/Qwen2.5-7B-Instruct"

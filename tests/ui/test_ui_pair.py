@@ -150,11 +150,11 @@ def test_the_verdict_is_a_headline_with_the_reasoning_on_hover_and_click(qtbot, 
     assert long_reason.strip()[1:] in label.toolTip()
 
 
-def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target, tiny_draft,
-                                                     tmp_path):
+def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target, tiny_draft):
     """A cluster defined with ``specchat cluster create`` is listed as
     "<model> on cluster <name>", greyed out with the reason until rank 1
     (a real ``specchat cluster rank`` process) waits on its port."""
+    import select
     import socket
     import subprocess
     import sys
@@ -169,12 +169,18 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
     hostfile.write(clusters_dir() / "lab", spec)
     picker = window.picker
 
+    def poll() -> None:
+        """One poll from now on, waited for (not the timer's, begun earlier)."""
+        wait_until(lambda: picker._cluster_poll is None or picker._cluster_poll.done(),
+                   timeout=10_000)
+        picker.poll_clusters()
+        wait_until(lambda: picker._cluster_poll.done(), timeout=10_000)
+
     def entry():
         i = picker.target.findData("cluster:lab")
         return None if i < 0 else (picker.target.itemText(i), picker.target.model().item(i))
 
-    picker.poll_clusters()
-    wait_until(lambda: entry() is not None, timeout=10_000)
+    poll()
     text, item = entry()
     assert text == f"{tiny_target.name} on cluster lab  (not answering)"
     assert not item.isEnabled()
@@ -185,9 +191,10 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
                              "--listen", f"127.0.0.1:{spec.ranks[1].control_port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        assert select.select([rank.stdout], [], [], 60)[0], "rank 1 did not start"
         assert "waiting for rank 0" in rank.stdout.readline()
-        picker.poll_clusters()
-        wait_until(lambda: entry()[1].isEnabled(), timeout=10_000)
+        poll()
+        assert entry()[1].isEnabled()
         assert entry()[0] == f"{tiny_target.name} on cluster lab  (2 ranks)"
         picker.set_pair("cluster:lab", str(tiny_draft))
         assert picker.selection() == ("cluster:lab", str(tiny_draft))
@@ -196,6 +203,7 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
     finally:
         rank.kill()
         rank.wait(10)
-    picker.poll_clusters()
-    wait_until(lambda: "not answering" in entry()[0], timeout=10_000)
-    assert entry()[1].isEnabled()  # chosen: it stays pickable (it may be loaded here)
+        rank.stdout.close()
+    poll()
+    assert "not answering" in entry()[0]
+    assert entry()[1].isEnabled()  # chosen: it stays pickable

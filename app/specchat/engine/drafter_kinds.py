@@ -75,9 +75,9 @@ DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
 # (accepted/drafted: 21%, 33%, 56%, 73%, 71% for 2, 3, 4-7, 8-15, 16+ tokens
 # matched in the conversation) on purpose: a copy is a run, right until the
 # edit point and then wrong, not independent tokens, so priors at those
-# rates cut copies into short blocks. Tuning runs on the multi-turn prompts
-# measured these faster on every prompt (docs/benchmarks.md, "Tuning the
-# suffix hybrid"). A request's own measurements replace them quickly.
+# rates cut copies into short blocks. With hybrid.TRUST_MATCH they measured
+# 7-21% faster on the multi-turn code follow-ups (docs/benchmarks.md,
+# "Tuning the suffix hybrid"). A request's own measurements replace them quickly.
 SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
 
 

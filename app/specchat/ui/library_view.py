@@ -133,13 +133,17 @@ def cluster_states() -> list[ClusterState]:
         return []
 
 
-def cluster_choice(state: ClusterState) -> ModelChoice:
+def cluster_choice(state: ClusterState, loaded_here: bool = False) -> ModelChoice:
     """A cluster as a target: pickable once its ranks answer, else labelled
-    with why not (the picker greys it out)."""
+    with why not (the picker greys it out). Ranks serving this app's engine
+    stop answering probes, so the loaded cluster says so instead."""
     where = f"{state.model} on cluster {state.name}"
     if state.waiting is None:
         return ModelChoice(state.ref, f"{where}  ({state.ranks} ranks)", "cluster",
                            f"{state.ref}: every rank answers")
+    if loaded_here:
+        return ModelChoice(state.ref, f"{where}  (loaded)", "cluster",
+                           f"{state.ref}: its ranks are serving this window's engine")
     return ModelChoice(state.ref, f"{where}  (not answering)", "cluster", state.waiting)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import shiboken6
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -311,16 +312,18 @@ class PairPicker(QFrame):
                 box.setItemData(box.count() - 1, _full_name(c.label, c.detail or c.ref),
                                 Qt.ItemDataRole.ToolTipRole)
         keep_target = keep[0] if keep else None
+        engine = getattr(self.session(), "engine", None)
+        loaded = getattr(engine, "target_ref", None) if getattr(engine, "pair", None) else None
         for state in self.clusters:  # targets only: the draft runs here
-            c = library_view.cluster_choice(state)
+            c = library_view.cluster_choice(state, loaded_here=state.ref == loaded)
             self.target.addItem(c.label, c.ref)
             i = self.target.count() - 1
             self.target.setItemData(i, c.label, LABEL_ROLE)
             self.target.setItemData(i, c.detail, DETAIL_ROLE)
             self.target.setItemData(i, _full_name(c.label, c.detail), Qt.ItemDataRole.ToolTipRole)
-            if state.waiting is not None and c.ref != keep_target:
-                # Loaded here, its ranks serve this app and stop answering
-                # probes: the chosen entry stays usable.
+            if state.waiting is not None and c.ref not in (keep_target, loaded):
+                # The chosen entry stays usable, and so does the loaded one
+                # (its ranks serve this app, so they do not answer probes).
                 self.target.model().item(i).setEnabled(False)
         for box in (self.target, self.draft):
             box.blockSignals(False)
@@ -346,10 +349,16 @@ class PairPicker(QFrame):
     async def _poll_clusters(self) -> None:
         states = await asyncio.get_running_loop().run_in_executor(
             None, library_view.cluster_states)
-        if states != self.clusters and not self.target.view().isVisible():
-            # (never under the person's pointer: an open list waits for the next poll)
-            self.clusters = states
-            self.reload_choices(self._choices)
+        if not shiboken6.isValid(self) or states == self.clusters or self._in_use():
+            return  # closed meanwhile, nothing new, or the person is choosing (next poll)
+        self.clusters = states
+        self.reload_choices(self._choices)
+
+    def _in_use(self) -> bool:
+        """Whether the person has a list open or is typing in a box: a
+        rebuilt list would take the half-typed text and the cursor."""
+        return any(box.view().isVisible() or box.lineEdit().hasFocus()
+                   for box in (self.target, self.draft))
 
     def _ref(self, box: QComboBox) -> str | None:
         text = box.currentText().strip()

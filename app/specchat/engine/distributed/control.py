@@ -232,23 +232,26 @@ def probe(spec: ClusterSpec, timeout: float = 1.0) -> tuple[int, str] | None:
     """The first of ranks 1..N-1 that is not waiting for rank 0, with why in
     words; None when all of them are. A probe is a connection a rank answers
     and closes without joining, so asking costs the ranks nothing (a rank
-    serving rank 0 has closed its port and counts as not waiting)."""
+    serving rank 0 has closed its port and counts as not waiting). Each rank
+    takes up to twice ``timeout`` (connecting, then the answer), plus the
+    resolver's time for a host given by name."""
     for peer in spec.ranks[1:]:
         try:
             sock = socket.create_connection(peer.control_address, timeout=timeout)
-        except OSError as exc:
+        except (OSError, OverflowError, ValueError) as exc:  # refused, unreachable, bad port
+            why = getattr(exc, "strerror", None) or exc
             return peer.rank, (f"rank {peer.rank} is not running at {peer.ip}:{peer.control_port} "
-                               f"({exc.strerror or exc}): start it with "
-                               f"`specchat cluster start {spec.name}`")
+                               f"({why}): start it with `specchat cluster start {spec.name}`")
         line = Line(sock)
         try:
             line.send({"probe": 1})
             reply = line.read_one(timeout)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: something else answered, not in JSON lines
             reply = None
         finally:
             sock.close()
-        if not reply or reply.get("ready", {}).get("rank") != peer.rank:
+        ready = reply.get("ready") if isinstance(reply, dict) else None
+        if not isinstance(ready, dict) or ready.get("rank") != peer.rank:
             return peer.rank, (f"rank {peer.rank} at {peer.ip}:{peer.control_port} did not answer "
                                "as a SpecChat rank")
     return None

@@ -9,6 +9,7 @@ unchanged.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,18 +52,28 @@ class ClusterState:
 
 def states(timeout: float = 0.5) -> list[ClusterState]:
     """Every defined cluster, with whether its ranks answer now. Dials each
-    rank (up to ``timeout`` per rank): call it off the GUI thread."""
+    rank (control.probe: about twice ``timeout`` per rank at worst): call it
+    off the GUI thread. One unreadable cluster is listed with its error."""
     out = []
     for name in defined():
         try:
             spec = hostfile.read(clusters_dir() / name)
-        except EngineError as exc:
+            missing = control.probe(spec, timeout)
+        except (EngineError, OSError) as exc:
             out.append(ClusterState(name, "?", 0, str(exc)))
             continue
-        missing = control.probe(spec, timeout)
-        out.append(ClusterState(name, Path(spec.model).name, spec.size,
+        out.append(ClusterState(name, model_name(spec.model), spec.size,
                                 missing[1] if missing else None))
     return out
+
+
+def model_name(folder: str) -> str:
+    """A model folder's name as people know it: a Hub snapshot
+    (``models--org--name/snapshots/<commit>``) by its repository."""
+    path = Path(folder)
+    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name
 
 
 class ClusterSource(Source):
