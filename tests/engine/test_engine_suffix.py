@@ -313,6 +313,9 @@ def test_a_long_conversation_match_drafts_outright_until_it_is_measured_weak():
     policy.stats("draft").accept = 0.99
     assert HybridDrafter.choose(policy, proposal("conversation", TRUST_MATCH - 1))[0] != "suffix"
     assert HybridDrafter.choose(policy, proposal("history", 16))[0] != "suffix"
+    # History matches start from their own measured acceptance, far below a copy's.
+    assert policy.stats("suffix", stats_key("history", 8)).accept == 0.25
+    assert policy.stats("suffix", stats_key("conversation", 8)).accept == 0.93
     long_copy = proposal("conversation", TRUST_MATCH)
     assert HybridDrafter.choose(policy, long_copy)[0] == "suffix"
     # Copies of that length keep failing in this request: the rates decide again.

@@ -79,11 +79,17 @@ DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
 # 7-21% faster on the multi-turn code follow-ups (docs/benchmarks.md,
 # "Tuning the suffix hybrid"). A request's own measurements replace them quickly.
 SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
+# History matches (4+ tokens) are not copies in progress but coincidences
+# with another conversation, unless the user repeats an earlier request:
+# two whole bench runs measured 23% (4-7 tokens, 30/133) and 0% (8-15,
+# 0/27), so they start there and must earn longer drafts in the request.
+HISTORY_PRIORS = {4: 0.25, 8: 0.25, 16: 0.5}
 
 
 def _suffix_prior(key: str) -> float:
-    bucket = key.rsplit(":", 1)[-1]
-    return SUFFIX_PRIORS.get(int(bucket), 0.6) if bucket.isdigit() else 0.6
+    _, source, bucket = (["", "", *key.split(":")])[-3:]
+    priors = HISTORY_PRIORS if source == "history" else SUFFIX_PRIORS  # events.HISTORY
+    return priors.get(int(bucket), 0.6) if bucket.isdigit() else 0.6
 
 
 SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import shiboken6
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -349,8 +348,11 @@ class PairPicker(QFrame):
     async def _poll_clusters(self) -> None:
         states = await asyncio.get_running_loop().run_in_executor(
             None, library_view.cluster_states)
-        if not shiboken6.isValid(self) or states == self.clusters or self._in_use():
-            return  # closed meanwhile, nothing new, or the person is choosing (next poll)
+        try:
+            if states == self.clusters or self._in_use():
+                return  # nothing new, or the person is choosing (the next poll)
+        except RuntimeError:  # the window closed meanwhile: its Qt objects are gone
+            return
         self.clusters = states
         self.reload_choices(self._choices)
 
