@@ -18,11 +18,13 @@ TRUST_MATCH tokens or more is a copy in progress (the reply quoting code or
 text from earlier in the chat), and it drafts outright while its bucket's
 measured acceptance stays at TRUST_ACCEPT or above. The rates above treat
 tokens as independent, which prices a copy, right to the edit point and
-then wrong, too low; with the suffix priors for copies the multi-turn
-tuning runs measured it 7-21% faster (docs/benchmarks.md).
+then wrong, too low; with the suffix priors for copies, tuning runs on the
+multi-turn code follow-ups measured it 7-21% faster than the rates alone
+(two runs compared; docs/benchmarks.md, "Tuning the suffix hybrid").
 
-A weak match loses to the model; chaining pays only with a cheap draft model (c of about 0.1 or less: at the bundled pair's
-0.3 a free suffix step followed by a model step is nearly always better).
+A weak match loses to the model; chaining pays only with a cheap draft
+model (c of about 0.1 or less: at the bundled pair's 0.3 a free suffix step
+followed by a model step is nearly always better).
 A match bucket the model keeps winning against is still tried every
 EXPLORE-th time, so a bucket that lost its first blocks can show it has
 recovered (its acceptance is only measured when it drafts). The drafters
