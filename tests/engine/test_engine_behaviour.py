@@ -18,13 +18,6 @@ from tinymodels import build_model
 PROMPT = tuple(range(40, 80))
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_target, tiny_draft):
-    e = Engine()
-    e.load(tiny_target, tiny_draft)
-    return e
-
-
 def gen(engine, mode="plain", k=None, **kw):
     kw.setdefault("prompt_ids", PROMPT)
     kw.setdefault("max_tokens", 40)

@@ -224,13 +224,6 @@ def test_acceptance_rates_of_rejection_and_equality_rules():
 
 # -- end to end on tiny models ------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def engine(tiny_target, tiny_draft):
-    e = Engine()
-    e.load(tiny_target, tiny_draft)
-    return e
-
-
 PROMPT = (45, 120, 33, 250, 91, 45, 120, 33)
 
 

@@ -26,13 +26,6 @@ PROMPTS = [
 SETTLED = ssd.Settings(settle=True, keys=4)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_target, tiny_draft) -> Engine:
-    e = Engine()
-    e.load(tiny_target, tiny_draft)
-    return e
-
-
 @pytest.fixture
 def settled(monkeypatch):
     monkeypatch.setattr(ssd, "DEFAULTS", SETTLED)

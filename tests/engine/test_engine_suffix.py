@@ -13,7 +13,6 @@ import pytest
 from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 from specchat.engine.history import History
 from specchat.engine.hybrid import HybridDrafter
-from specchat.engine.session import Engine
 from specchat.engine.suffix_index import SEP, SuffixIndex, continuation
 from test_engine_sampling import check_distribution
 
@@ -123,13 +122,6 @@ def test_the_history_holds_what_was_put_through_edits_removals_and_compactions(s
 
 
 # -- end to end on the tiny pair ------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def engine(tiny_target, tiny_draft):
-    e = Engine()
-    e.load(tiny_target, tiny_draft)
-    return e
-
 
 PROMPT = (45, 120, 33, 250, 91, 17, 88, 4)
 
