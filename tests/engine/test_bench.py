@@ -68,6 +68,19 @@ def test_shipped_repetitive_prompts():
     assert len(prompts) >= 3 and {p.kind for p in prompts} == {"repetitive"}
 
 
+def test_shipped_history_prompts():
+    """The asks that come back follow, in file order, every first ask, and
+    some repeat one word for word: the session history can only help them."""
+    prompts = load_prompts(ROOT / "benchmarks" / "prompts-history.jsonl")
+    kinds = [p.kind for p in prompts]
+    assert set(kinds) == {"first", "again"} and kinds.count("again") >= 5
+    assert kinds.index("again") > max(i for i, k in enumerate(kinds) if k == "first")
+    first = {p.messages[0].content for p in prompts if p.kind == "first"}
+    again = [p.messages[0].content for p in prompts if p.kind == "again"]
+    assert sum(text in first for text in again) >= 2  # asked word for word again
+    assert all(len(p.messages) == 1 for p in prompts)  # each in a new chat
+
+
 def test_bad_prompt_file(tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"id": "x", "kind": "poetry", "messages": []}\n')

@@ -63,6 +63,49 @@ def test_the_drafter_covers_the_prompt_before_drafting(tiny_engine):
     assert r.summary.drafted > 0
 
 
+def test_the_draft_head_holds_only_this_requests_context(tiny_engine):
+    """Rows added for one request's rare ids are gone at the next: what the
+    draft can propose, and so a seeded sampled request's tokens and the
+    bench's per-mode drafts, never depend on which request ran before."""
+    engine = tiny_engine
+    prune_draft_head(engine, keep=64)
+    head = engine.model_drafter.head
+    from specchat.engine.events import SamplingParams
+
+    def b():
+        engine.reset_cache()
+        return engine.generate(GenerateRequest(
+            prompt_ids=(5, 70, 9, 81, 5, 70), max_tokens=24,
+            sampling=SamplingParams(temperature=1.0, seed=3),
+            draft=DraftSettings(mode="draft", k=3)))
+
+    first = b()
+    engine.reset_cache()
+    engine.generate(GenerateRequest(prompt_ids=tuple(range(200, 260)), max_tokens=4,
+                                    draft=DraftSettings(mode="draft", k=3)))
+    assert {200, 259} <= set(head.rows.tolist())
+    again = b()
+    rows = set(head.rows.tolist())
+    assert not {200, 259} & rows and {70, 81} <= rows
+    assert again.token_ids == first.token_ids
+    assert (again.summary.drafted, again.summary.accepted) == \
+        (first.summary.drafted, first.summary.accepted)
+
+    # The next turn's prompt holds the same rare ids in another order of
+    # arrival; it drafts as it would on a fresh head.
+    def follow_up():
+        engine.reset_cache()
+        return engine.generate(GenerateRequest(
+            prompt_ids=(5, 70, 9, 81, 5, 70, *again.token_ids, 7), max_tokens=24,
+            sampling=SamplingParams(temperature=1.0, seed=4),
+            draft=DraftSettings(mode="draft", k=3)))
+
+    after = follow_up()
+    prune_draft_head(engine, keep=64)
+    fresh = follow_up()
+    assert after.token_ids == fresh.token_ids
+
+
 def test_small_vocabularies_are_not_pruned(tiny_engine):
     engine = tiny_engine
     assert engine.model_drafter.head is None

@@ -157,7 +157,7 @@ class LookupDrafter:
 # compares tokens, and for sampling q is the real (pruned) distribution.
 PRUNE_ABOVE = 65_536
 PRUNE_KEEP = 32_768
-# Rows added for rare ids seen in conversations, before they are forgotten.
+# Rows added for rare ids seen in a request's context, before they are forgotten.
 CONTEXT_ROWS_MAX = 8_192
 
 
@@ -169,7 +169,11 @@ class PrunedHead:
     the user's code copies its identifiers, and a rare id outside the kept
     rows can never be proposed. Those ids are in the prompt, so the rows for
     the context's ids are added as they appear (a few hundred rows at most
-    per conversation, gathered once), and the draft can propose them again.
+    per request, gathered as they appear), and the draft can propose them again.
+    Each request starts from its own context's rows (``restart``): rows left
+    by an earlier request would change what the draft proposes, so a seeded
+    sampled request's tokens, and a bench's comparison of modes, would depend
+    on what ran before.
     """
 
     def __init__(self, weight: mx.array, keep: int, always: Sequence[int] = ()):
@@ -178,11 +182,25 @@ class PrunedHead:
         base = sorted(set(range(min(keep, self.vocab))) | {i for i in always if 0 <= i < self.vocab})
         self.base_ids = mx.array(base, dtype=mx.uint32)
         self.base = weight[self.base_ids]
+        self.base_set = frozenset(base)
         self.known = set(base)
         self.extra: list[int] = []
         self.extra_head: mx.array | None = None
         self.rows = self.base_ids  # the token id behind each logit column
         mx.eval(self.base)
+
+    def restart(self, tokens: Sequence[int]) -> None:
+        """Rows for exactly the base ids and those of ``tokens`` (a request's
+        context), dropping any an earlier request added."""
+        want = {t for t in tokens if t not in self.base_set and 0 <= t < self.vocab}
+        if self.extra == sorted(want):
+            return  # the same context again
+        # Rebuilt in sorted order, not kept in the order the ids arrived:
+        # sampling reads the columns in order, so the same key over another
+        # order can draw another token.
+        self.known = set(self.base_set)
+        self.extra, self.extra_head, self.rows = [], None, self.base_ids
+        self.cover(list(want))
 
     def cover(self, tokens: Sequence[int]) -> None:
         """Make sure every id in ``tokens`` can be proposed."""
@@ -241,6 +259,8 @@ class ModelDrafter:
         return total
 
     def prepare(self, prompt: Sequence[int]) -> None:
+        if self.head is not None:
+            self.head.restart(prompt)
         self._catch_up(prompt, feed_max=1)
 
     def _catch_up(self, context: Sequence[int], feed_max: int = 8) -> list[int]:

@@ -13,7 +13,9 @@ from specchat.engine.events import Message
 
 # multiturn: earlier user and assistant turns, then a follow-up (edit the code,
 # test it, rewrite the text): what suffix drafting over the conversation is for.
-KINDS = ("code", "explain", "grounded", "repetitive", "multiturn")
+# first / again (benchmarks/prompts-history.jsonl): a user's day in new chats,
+# the same kind of request asked again later: what the history index is for.
+KINDS = ("code", "explain", "grounded", "repetitive", "multiturn", "first", "again")
 
 
 @dataclass
