@@ -169,7 +169,7 @@ class PrunedHead:
     the user's code copies its identifiers, and a rare id outside the kept
     rows can never be proposed. Those ids are in the prompt, so the rows for
     the context's ids are added as they appear (a few hundred rows at most
-    per request, gathered as they appear), and the draft can propose them again.
+    per request), and the draft can propose them again.
     Each request starts from its own context's rows (``restart``): rows left
     by an earlier request would change what the draft proposes, so a seeded
     sampled request's tokens, and a bench's comparison of modes, would depend
