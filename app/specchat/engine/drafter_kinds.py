@@ -87,10 +87,22 @@ SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
 HISTORY_PRIORS = {4: 0.25, 8: 0.25, 16: 0.5}
 
 
+def key_parts(key: str | None) -> tuple[str, int] | None:
+    """(source, bucket) of a suffix statistics key (suffix.stats_key makes
+    them: "suffix:<source>:<bucket>"), else None."""
+    parts = (key or "").split(":")
+    if len(parts) != 3 or parts[0] != SUFFIX.name or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
 def _suffix_prior(key: str) -> float:
-    _, source, bucket = (["", "", *key.split(":")])[-3:]
+    parts = key_parts(key)
+    if parts is None:
+        return 0.6
+    source, bucket = parts
     priors = HISTORY_PRIORS if source == "history" else SUFFIX_PRIORS  # events.HISTORY
-    return priors.get(int(bucket), 0.6) if bucket.isdigit() else 0.6
+    return priors.get(bucket, 0.6)
 
 
 SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,

@@ -39,10 +39,10 @@ from dataclasses import replace
 import mlx.core as mx
 
 from specchat.engine.draft_policy import DraftPolicy, best_k, expected_tokens
-from specchat.engine.drafter_kinds import DRAFT_MODEL, SUFFIX
+from specchat.engine.drafter_kinds import DRAFT_MODEL, SUFFIX, key_parts
 from specchat.engine.drafters import DraftControl, ModelDrafter, Part, Proposal
 from specchat.engine.events import CONVERSATION
-from specchat.engine.suffix import BUCKETS, SuffixDrafter, key_parts
+from specchat.engine.suffix import BUCKETS, SuffixDrafter
 
 TRUST_MATCH = 4  # a conversation match at least this long drafts outright ...
 TRUST_ACCEPT = 0.5  # ... while its bucket's measured acceptance is at least this

@@ -57,14 +57,6 @@ def stats_key(origin: str, m: int) -> str:
     return f"{SUFFIX.name}:{origin}:{bucket(m)}"
 
 
-def key_parts(key: str | None) -> tuple[str, int] | None:
-    """(source, bucket) of a statistics key made by ``stats_key``, else None."""
-    parts = (key or "").split(":")
-    if len(parts) != 3 or parts[0] != SUFFIX.name or not parts[2].isdigit():
-        return None
-    return parts[1], int(parts[2])
-
-
 class SuffixDrafter:
     name = SUFFIX.name
 
