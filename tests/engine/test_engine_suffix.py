@@ -105,7 +105,10 @@ def test_the_history_holds_what_was_put_through_edits_removals_and_compactions(s
             h.remove(key)
             del model[key]
         elif op < 0.8 and key in model:
-            new = f"r{step}"
+            # Onto a fresh key, or onto one that exists (its old text goes;
+            # that removal may compact the index under the renamed doc).
+            others = sorted(set(model) - {key})
+            new = rng.choice(others) if others and rng.random() < 0.4 else f"r{step}"
             h.rename(key, new)
             model[new] = model.pop(key)
             renamed.add(key)
@@ -119,6 +122,49 @@ def test_the_history_holds_what_was_put_through_edits_removals_and_compactions(s
         live = {p for ps in got.values() for p in ps}
         spans = [h.span(k) for k in model]
         assert all(any(a <= p <= b for a, b in spans) for p in live)
+
+
+def test_the_draft_is_as_long_as_its_match_and_the_agreement_allow():
+    """SuffixDecoding's speculation length, not a fixed K: a short match
+    drafts a short block and a long one a long block (SPEC_FACTOR tokens per
+    matched token, plus SPEC_OFFSET), and a block ends where too few of the
+    occurrences still agree (MIN_PROB), however long the match allows."""
+    from specchat.engine.suffix import MIN_PROB, SPEC_FACTOR, SPEC_OFFSET, SuffixDrafter
+
+    def draft(context: list[int]):
+        d = SuffixDrafter()
+        d.prepare(context)
+        (_origin, cont), = d.candidates(context, limit=64)
+        return cont
+
+    text = list(range(1, 41))  # 40 distinct tokens; the context then quotes their start
+    for m in (2, 5, 9):
+        cont = draft([*text, 99, *text[:m]])
+        assert cont.match == m
+        assert cont.tokens == text[m:m + int(SPEC_FACTOR * m) + SPEC_OFFSET]
+
+    # [50, 51] was followed by 52 every time, then by a different token each
+    # time: fewer than MIN_PROB agree on the second token, so one is drafted.
+    n = int(1 / MIN_PROB) + 1
+    seen = [t for i in range(n) for t in (200 + i, 50, 51, 52, 100 + i)]
+    assert draft([*seen, 99, 50, 51]).tokens == [52]
+    # When they all go on alike, the same match drafts as far as its length allows.
+    same = [t for i in range(n) for t in (200 + i, 50, 51, 52, 53, 54, 55, 56)]
+    assert draft([*same, 99, 50, 51]).tokens == [52, 53, 54, 55, 56][:int(SPEC_FACTOR * 2) + SPEC_OFFSET]
+
+
+def test_renaming_onto_a_stored_key_keeps_the_renamed_text():
+    """A sync may store conv:N before the chat replying as chat:x is renamed
+    to it; removing conv:N's old text compacts the index here, and the
+    renamed conversation must come through that compaction."""
+    h = History()
+    h.put("chat:x", [1] * 10)
+    h.put("conv:7", [2] * 10)
+    h.rename("chat:x", "conv:7")
+    assert set(h.docs) == {"conv:7"}
+    assert h.index.buf[slice(*h.span("conv:7"))].tolist() == [1] * 10
+    assert h.span("chat:x") == h.span("conv:7")  # a reply queued under the old key joins it
+    assert [m for m, _pos in h.index.matches([1, 1, 1], 3)] == [3]
 
 
 # -- end to end on the tiny pair ------------------------------------------------------
@@ -315,3 +361,66 @@ def test_a_long_conversation_match_drafts_outright_until_it_is_measured_weak():
     while stats.accept >= TRUST_ACCEPT:
         stats.observe(3, 0)
     assert HybridDrafter.choose(policy, long_copy)[0] != "suffix"
+
+
+def test_the_hybrid_picks_the_draft_with_the_most_tokens_per_unit_of_cost():
+    """Away from the copy rule, each option is priced by what the request
+    measured: a reliable history match beats a poor model, a weak one loses
+    to a good model, and a short reliable match is chained with the model
+    only when the model's forwards are cheap (at the bundled pair's c = 0.3
+    the free suffix step alone pays more)."""
+    from specchat.engine.draft_policy import CostModel, DraftPolicy
+    from specchat.engine.drafters import Proposal
+    from specchat.engine.suffix import stats_key
+
+    def pick(a_suffix: float, k: int, a_model: float, c: float) -> str:
+        policy = DraftPolicy(cost=CostModel(draft=c, slope=0.07))
+        s = Proposal(tokens=list(range(k)), source="suffix", key=stats_key("history", 16),
+                     origins=["history"] * k)
+        policy.stats("suffix", s.key).accept = a_suffix
+        policy.stats("draft").accept = a_model
+        return HybridDrafter.choose(policy, s)[0]
+
+    assert pick(0.9, 8, a_model=0.3, c=0.3) == "suffix"
+    assert pick(0.25, 4, a_model=0.87, c=0.3) == "model"
+    assert pick(0.95, 2, a_model=0.9, c=0.02) == "chained"
+    assert pick(0.95, 2, a_model=0.9, c=0.3) == "suffix"
+    assert pick(0.95, 2, a_model=0.9, c=0.0) != "chained"  # no cost known: never chain blindly
+
+
+def test_a_saved_history_of_another_tokenizer_or_version_is_rendered_again(tmp_path):
+    """Ids mean something only to the tokenizer (and template) that made
+    them: a file saved under another fingerprint, or in another format, is
+    not reused, even with a valid checksum."""
+    import json
+
+    from specchat.engine import history as history_mod
+
+    path = tmp_path / "history.npz"
+    convs = [("1", "s1", "one"), ("2", "s2", "two")]
+    rendered: list[str] = []
+
+    def render(text: str) -> list[int]:
+        rendered.append(text)
+        return [len(text), 7, 8]
+
+    first = History().sync("tok-A", convs, render, path)
+    assert (first.rendered, first.reused) == (2, 0) and path.exists()
+    same = History().sync("tok-A", convs, render, path)
+    assert (same.rendered, same.reused) == (0, 2) and "reused" in same.file_note
+
+    other = History()
+    rep = other.sync("tok-B", convs, render, path)
+    assert (rep.rendered, rep.reused) == (2, 0) and "another tokenizer" in rep.file_note
+    assert other.index.buf[slice(*other.span("1"))].tolist() == [3, 7, 8]
+
+    # The file is now tok-B's; rewrite it as another format version, validly signed.
+    with np.load(path) as z:
+        meta, tokens = json.loads(str(z["meta"])), np.asarray(z["tokens"])
+    meta["format"] = history_mod.FORMAT + 1
+    blob = json.dumps(meta, sort_keys=True)
+    np.savez(path, meta=np.array(blob), tokens=tokens,
+             digest=np.array(history_mod._digest(blob, tokens)))
+    rep = History().sync("tok-B", convs, render, path)
+    assert (rep.rendered, rep.reused) == (2, 0) and "another version" in rep.file_note
+    assert len(rendered) == 6

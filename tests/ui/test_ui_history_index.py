@@ -45,3 +45,32 @@ def test_the_history_index_follows_the_store(qtbot, window, tiny_target, tiny_dr
     wait_until(lambda: window.sidebar.current_id == old.id and not window.conversation.busy)
     window.sidebar.delete_current(confirm=False)
     wait_until(lambda: f"conv:{old.id}" not in engine_docs(window), timeout=30_000)
+
+    # A conversation deleted while a sync is reading the store stays out:
+    # the read still holds it, and the deletion's forget reaches the engine
+    # before the sync does.
+    late = convs.create("Subtracting")
+    convs.add_message(late.id, "user", "Write a function that subtracts two numbers.")
+    convs.add_message(late.id, "assistant", "def sub(a, b):\n    return a - b\n")
+    store = window.session.conversations
+    real_corpus = store.corpus
+
+    read: list[int] = []
+
+    async def read_then_delete():
+        rows = await real_corpus()
+        read.extend(cid for cid, _stamp, _msgs in rows)
+        convs.delete(late.id)
+        index.forget(late.id)
+        return rows
+
+    store.corpus = read_then_delete
+    try:
+        task = index.sync()
+        wait_until(task.done, timeout=30_000)
+    finally:
+        del store.corpus
+    task.result()
+    assert read == [late.id]  # the read held it
+    assert f"conv:{late.id}" not in engine_docs(window)
+    assert "0 conversations" in index.last

@@ -105,12 +105,13 @@ class History:
     def rename(self, old: str, new: str) -> None:
         """A conversation's key changed (a new chat got its id in the store)."""
         self.aliases[old] = new
-        doc = self.docs.pop(old, None)
-        if doc is None:
+        if old not in self.docs or old == new:
             return
         if new in self.docs:
+            # First, while ``old`` is still a doc: this removal may compact
+            # the index, and the compaction must carry ``old``'s text along.
             self.remove(new)
-        self.docs[new] = doc
+        self.docs[new] = self.docs.pop(old)
 
     def remove(self, key: str) -> None:
         doc = self.docs.pop(self.aliases.get(key, key), None)

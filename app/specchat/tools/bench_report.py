@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from specchat.engine import threads
+from specchat.engine.drafter_kinds import key_parts
 from specchat.engine.kv import common_prefix
 from specchat.engine.session import Engine
 from specchat.tools.bench_runs import Run
@@ -64,8 +65,10 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
     by_match: dict[str, dict[str, int]] = {}
     for r in runs:
         for key, d in r.by_key.items():
-            # "suffix:<source>:<match bucket>" -> "<source> m>=<bucket>"
-            _kind, source, bucket = (key.split(":") + ["", ""])[:3]
+            parts = key_parts(key)
+            if parts is None:
+                continue
+            source, bucket = parts
             b = by_match.setdefault(f"{source} m>={bucket}", {"drafted": 0, "accepted": 0})
             b["drafted"] += d["drafted"]
             b["accepted"] += d["accepted"]

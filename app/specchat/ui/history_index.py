@@ -43,6 +43,10 @@ class HistoryIndex(QObject):
         self.session = session
         self.last: str = ""
         self._task: asyncio.Future | None = None
+        # Keys deleted while a sync reads the store, one set per sync under
+        # way: that read may still hold them, and handing them to the engine
+        # after the deletion's ``forget`` would put them back.
+        self._reading: list[set[str]] = []
         session.engine.loaded.connect(lambda _pair: self.sync())
 
     def folder(self):
@@ -55,13 +59,19 @@ class HistoryIndex(QObject):
         return self._task
 
     async def _sync(self) -> None:
+        gone: set[str] = set()
+        self._reading.append(gone)
         try:
             rows = await self.session.conversations.corpus()
         except Exception as exc:  # noqa: BLE001 - the history is optional for drafting
             log.warning("History index: could not read the conversations (%s).", exc)
             return
+        finally:
+            self._reading = [s for s in self._reading if s is not gone]  # by identity
+        # From here to the engine call nothing awaits, so a later deletion's
+        # forget reaches the engine thread after this sync.
         convs = [(stored_key(cid), stamp, tuple(Message(r, c) for r, c in msgs))
-                 for cid, stamp, msgs in rows]
+                 for cid, stamp, msgs in rows if stored_key(cid) not in gone]
         folder = self.folder()
         engine = self.session.engine
         try:
@@ -85,8 +95,10 @@ class HistoryIndex(QObject):
 
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation leaves the index."""
+        key = stored_key(conversation_id)
+        for gone in self._reading:
+            gone.add(key)
         engine = self.session.engine
         if engine.pair is None:
             return
-        key = stored_key(conversation_id)
         engine.client.call(lambda eng: eng.forget_conversation(key))
