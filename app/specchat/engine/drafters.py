@@ -183,11 +183,15 @@ class PrunedHead:
         self.base_ids = mx.array(base, dtype=mx.uint32)
         self.base = weight[self.base_ids]
         self.base_set = frozenset(base)
-        self.known = set(base)
+        self._base_only()
+        mx.eval(self.base)
+
+    def _base_only(self) -> None:
+        """No rows beyond the base ones: at creation, and as a request starts."""
+        self.known = set(self.base_set)
         self.extra: list[int] = []
         self.extra_head: mx.array | None = None
         self.rows = self.base_ids  # the token id behind each logit column
-        mx.eval(self.base)
 
     def restart(self, tokens: Sequence[int]) -> None:
         """Rows for exactly the base ids and those of ``tokens`` (a request's
@@ -198,8 +202,7 @@ class PrunedHead:
         # Rebuilt in sorted order, not kept in the order the ids arrived:
         # sampling reads the columns in order, so the same key over another
         # order can draw another token.
-        self.known = set(self.base_set)
-        self.extra, self.extra_head, self.rows = [], None, self.base_ids
+        self._base_only()
         self.cover(list(want))
 
     def cover(self, tokens: Sequence[int]) -> None:
