@@ -159,12 +159,12 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
     out = tmp_path / "report.json"
     p = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts", str(prompts),
                "--kinds", "multiturn",
-               "--max-tokens", "24", "--modes", "plain", "spec", "suffix", "spec-lookup",
+               "--max-tokens", "24", "--modes", "plain", "spec", "suffix",
                "--history", "session", "--json", str(out))
     assert p.returncode == 0, p.stderr
     rep = json.loads(out.read_text())
     assert rep["settings"]["history"] == "session" and rep["settings"]["prompts"] == 2
-    assert set(rep["modes"]) == {"plain", "spec", "suffix", "spec-lookup", "spec-cold", "suffix-cold"}
+    assert set(rep["modes"]) == {"plain", "spec", "suffix", "spec-cold", "suffix-cold"}
     for mode, stats in rep["modes"].items():
         if mode != "plain":
             assert stats["identical_to_plain"] is True, (mode, stats["divergences"])

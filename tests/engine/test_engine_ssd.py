@@ -40,7 +40,7 @@ def _run(engine, prompt, mode="ssd", k=None, max_tokens=40, sampling=GREEDY):
 
 
 def _stats(engine) -> ssd.Stats:
-    return ssd.for_model(engine.model_drafter).stats
+    return ssd.for_model(engine.model_drafter).counts
 
 
 @pytest.mark.parametrize("settings", [ssd.Settings(), SETTLED], ids=["timed", "settled"])
@@ -153,6 +153,7 @@ def test_fan_out_follows_the_ending_probabilities():
 def test_the_summary_reports_hits_and_overlap(engine, settled):
     r = _run(engine, PROMPTS[1], k=3)
     s = _stats(engine)
-    assert (r.summary.ssd_hits, r.summary.ssd_misses, r.summary.ssd_fallbacks) == (
+    got = r.summary.drafter_stats["ssd"]
+    assert (got["hits"], got["misses"], got["fallbacks"]) == (
         s.hits, s.misses, s.fallbacks)
-    assert r.summary.ssd_hits > 0 and 0 <= r.summary.ssd_overlap <= 1
+    assert got["hits"] > 0 and 0 <= got["overlap"] <= 1

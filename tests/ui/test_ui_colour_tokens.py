@@ -122,24 +122,25 @@ def test_colour_tokens_keeps_the_markdown_and_tints_each_source(view):
     fmt = _fmt_at(doc, at)
     assert fmt.font() == _fmt_at(_find(plain, "return sorted")[0], at).font()
     assert _fixed_pitch(fmt.font())
-    assert fmt.background().color() == colors.conversation_token  # "return": conversation
+    assert fmt.background().color() == theme.origin_color(colors, "conversation")  # "return": conversation
 
     # Inline code stays monospace; its tint is its source's.
     doc, at = _find(tinted, "sorted to order")
     fmt = _fmt_at(doc, at)
     assert code_family() in fmt.fontFamilies() and _fixed_pitch(fmt.font())
-    assert fmt.background().color() == colors.history_token
+    assert fmt.background().color() == theme.origin_color(colors, "history")
     # A list item keeps its list and its bold; "Fast" came from the draft model.
     doc, at = _find(tinted, "Fast")
     assert doc.findBlock(at).textList() is not None
     fmt = _fmt_at(doc, at)
-    assert fmt.fontWeight() >= 600 and fmt.background().color() == colors.draft_token
-    # The target's own words are not tinted; an unknown origin takes the draft tint.
+    assert fmt.fontWeight() >= 600 and fmt.background().color() == theme.origin_color(colors, "draft")
+    # The target's own words are not tinted, nor an origin this version does
+    # not know (it is not counted as the draft model's).
     doc, at = _find(tinted, "Stable")
     assert doc.findBlock(at).textList() is not None
     assert _fmt_at(doc, at).background().style().name == "NoBrush"
     doc, at = _find(tinted, "casefold")
-    assert _fmt_at(doc, at).background().color() == colors.draft_token
+    assert _fmt_at(doc, at).background().style().name == "NoBrush"
 
     # Every tinted character carries the colour of the token it shows.
     spans = origin_spans(msg.runs)
@@ -159,7 +160,7 @@ def test_colour_tokens_keeps_the_markdown_and_tints_each_source(view):
             assert raw[pos] == c.text[s] or (raw[pos] in "\u2029\u2028" and c.text[s] == "\n")
             if raw[pos] in "\u2029\u2028":
                 continue  # a line break: nothing on screen to tint
-            want = theme.origin_color(colors, origin_at[s]) if origin_at[s] else None
+            want = theme.theme.origin_color(colors, origin_at[s]) if origin_at[s] else None
             got = _fmt_at(chunk.doc, pos).background()
             if want is None:
                 assert got.style().name == "NoBrush" or got.color() in (colors.code_bg,)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specchat import origins
 from specchat.engine import registry
 
 if TYPE_CHECKING:
@@ -43,6 +44,18 @@ class DrafterKind:
     # The prior for a finer statistics key (e.g. the suffix drafter's match
     # length), when it differs from ``prior``.
     key_prior: Callable[[str], float] | None = None
+    # Where its accepted tokens come from (specchat/origins.py): counted,
+    # named and tinted under this origin unless a proposal says otherwise
+    # per token (the suffix drafter: this conversation or the history).
+    # Defaults to the kind's own name, which must then be a registered origin.
+    origin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.origin:
+            object.__setattr__(self, "origin", self.name)
+        if self.origin not in origins.ORIGINS:
+            raise ValueError(f"drafter kind {self.name!r}: register its origin "
+                             f"{self.origin!r} in specchat/origins.py first")
 
     def prior_for(self, key: str) -> float:
         return self.key_prior(key) if self.key_prior is not None and key != self.name \
@@ -63,10 +76,9 @@ def _lazy(module: str, name: str) -> Callable[..., Drafter]:
     return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
-# Lookup is free, so its blocks run as long as the verify cost curve allows;
-# the draft model's length is the early stop's call, up to 12.
-LOOKUP = DrafterKind("lookup", _lazy("specchat.engine.drafters", "LookupDrafter"), prior=0.5, cap=16)
-DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
+# The draft model's block length is the early stop's call, up to 12.
+DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True,
+                          origin=origins.DRAFT_MODEL)
 # Suffix matches over the conversation and the history: free too, and
 # scored by how many occurrences agree (suffix.py).
 # Longer matches continue correctly far more often: the prior of a statistics
@@ -101,14 +113,14 @@ def _suffix_prior(key: str) -> float:
     if parts is None:
         return 0.6
     source, bucket = parts
-    priors = HISTORY_PRIORS if source == "history" else SUFFIX_PRIORS  # events.HISTORY
+    priors = HISTORY_PRIORS if source == origins.HISTORY else SUFFIX_PRIORS
     return priors.get(bucket, 0.6)
 
 
 SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,
-                     key_prior=_suffix_prior)
+                     key_prior=_suffix_prior, origin=origins.CONVERSATION)
 
-KINDS: dict[str, DrafterKind] = {k.name: k for k in (LOOKUP, DRAFT_MODEL, SUFFIX)}
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (DRAFT_MODEL, SUFFIX)}
 
 
 def register(kind: DrafterKind) -> DrafterKind:
@@ -122,4 +134,5 @@ def get(name: str) -> DrafterKind:
 # Speculative speculative decoding: the draft model drafts the next block on
 # its own thread while the target verifies this one (ssd.py).
 SSD = register(DrafterKind("ssd", None, prior=0.7, cap=12, calibrated=True,
-                           around=_lazy("specchat.engine.ssd", "for_model")))
+                           around=_lazy("specchat.engine.ssd", "for_model"),
+                           origin=origins.DRAFT_MODEL))

@@ -9,22 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from specchat import origins
 from specchat.engine.modes import HYBRID
 
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
 
-# Where each token of a reply came from (StepEvent.origins, Summary.tokens_by_origin):
-# the target's own choice, or an accepted draft token by the source that drafted it.
-TARGET = "target"
-DRAFT_MODEL = "draft"  # the small draft model
-CONVERSATION = "conversation"  # copied from this conversation (prompt lookup, suffix match)
-HISTORY = "history"  # copied from the user's earlier conversations (suffix match)
-ORIGIN_LABELS = {
-    TARGET: "target",
-    DRAFT_MODEL: "draft model",
-    CONVERSATION: "this conversation",
-    HISTORY: "your history",
-}
+# Where each token of a reply came from (StepEvent.origins,
+# Summary.tokens_by_origin): specchat/origins.py, the one table.
+TARGET = origins.TARGET
 
 
 @dataclass(frozen=True)
@@ -47,9 +39,9 @@ class DraftSettings:
     """How speculation runs for one request.
 
     mode: a name in modes.MODES (plain: the target only; draft: the draft
-    model; lookup: prompt lookup, no draft model; hybrid: lookup when the
-    context has a match, the draft model otherwise). k: None for adaptive,
-    or a fixed draft length.
+    model; suffix: suffix matches, no draft model; hybrid: per step, a
+    suffix match, the draft model or both). k: None for adaptive, or a
+    fixed draft length.
     """
 
     mode: str = HYBRID.name
@@ -91,8 +83,8 @@ class StepEvent:
 
     origins has one entry per new token: "target" for the token the target
     itself chose (correction or bonus), otherwise the source of the accepted
-    draft token: "draft" (the draft model), "conversation" or "history" (see
-    ORIGIN_LABELS).
+    draft token by the origin its drafter names (specchat/origins.py:
+    "draft", "conversation", "history", ...).
     pieces has the text each token released (""-joined it is ``text``); a
     token that ends inside a multi-byte character or a possible stop string
     releases nothing, and the token that completes it releases it all.
@@ -116,6 +108,9 @@ class StepEvent:
     # A step that speculated while paused, to see whether it pays again
     # (speculation stays paused unless it did).
     probe: bool = False
+    # The reply's tokens per origin so far, this step's included: the
+    # engine counts them, the gauges show them.
+    origin_totals: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,19 +140,9 @@ class Summary:
     paused_steps: int = 0
     # what auto-off measured (draft_policy.BreakEven.report); empty when it was off
     auto_off: dict = field(default_factory=dict)
-    # Speculative speculative decoding (ssd.py; zero in other modes): steps
-    # whose block was drafted while the last one was verified (hits), drafted
-    # the ordinary way after a wrong guess (misses) or with nothing speculated
-    # (fallbacks); draft forward seconds hidden behind verification, of all
-    # draft seconds behind the verified blocks (overlap = hidden / draft);
-    # the worker's forward seconds, used or not.
-    ssd_hits: int = 0
-    ssd_misses: int = 0
-    ssd_fallbacks: int = 0
-    ssd_overlap: float = 0.0
-    ssd_hidden_s: float = 0.0
-    ssd_draft_s: float = 0.0
-    ssd_spec_s: float = 0.0
+    # A drafter's own counts for this request, by drafter kind (ssd.py's
+    # hits, misses and overlap); each drafter names its fields (Drafter.stats).
+    drafter_stats: dict = field(default_factory=dict)
 
     def stats_dict(self) -> dict:
         keys = (

@@ -17,13 +17,10 @@ from specchat.engine import drafter_kinds, registry
 class Mode:
     name: str
     label: str  # for people: gauges, menus, reports
-    # Drafter kinds, in the order they are asked (the first that proposes
-    # wins a step); empty for plain decoding.
+    # Drafter kinds; empty for plain decoding. Two share a step as
+    # hybrid.py decides: per step the suffix draft, the other drafter's,
+    # or both chained, by measured tokens per unit of cost.
     drafters: tuple[str, ...] = ()
-    # How several drafters share a step: "first" (the first that proposes
-    # wins) or "best" (hybrid.py: per step, the suffix draft, the draft
-    # model, or both chained, by measured tokens per unit of cost).
-    combine: str = "first"
     # A sentence for where there is room (a menu's tooltip, docs).
     description: str = ""
 
@@ -37,7 +34,7 @@ class Mode:
 
     def without_draft_model(self) -> Mode | None:
         """What this mode runs as when no draft model is loaded: its other
-        drafters (hybrid runs as prompt lookup), or None when it has none."""
+        drafters (hybrid runs as suffix matching), or None when it has none."""
         rest = tuple(d for d in self.drafters if not drafter_kinds.get(d).uses_draft_model)
         if not rest:
             return None
@@ -46,14 +43,11 @@ class Mode:
 
 
 PLAIN = Mode("plain", "plain decoding")
-LOOKUP = Mode("lookup", "prompt lookup", ("lookup",))
 DRAFT = Mode("draft", "draft model", ("draft",))
 SUFFIX = Mode("suffix", "suffix match (conversation + history)", ("suffix",))
-HYBRID = Mode("hybrid", "draft model + suffix match", ("suffix", "draft"), combine="best")
-# The hybrid before suffix drafting, kept so the bench can show the difference.
-LOOKUP_DRAFT = Mode("lookup+draft", "draft model + prompt lookup", ("lookup", "draft"))
+HYBRID = Mode("hybrid", "draft model + suffix match", ("suffix", "draft"))
 
-MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, LOOKUP, DRAFT, SUFFIX, HYBRID, LOOKUP_DRAFT)}
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, DRAFT, SUFFIX, HYBRID)}
 
 
 def register(mode: Mode) -> Mode:

@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
 _SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
 
-Which = Literal["none", "last", "all"]
+Which = Literal["none", "last", "all", "hidden"]
 
 
 def embedding_rows(model: nn.Module, config: dict | None = None) -> int | None:
@@ -68,15 +68,17 @@ class Runner:
     def __call__(self, tokens: list[int] | mx.array, cache, which: Which = "all"):
         """Feed tokens through the model, extending ``cache``.
 
-        Returns [L, V] logits for "all", [1, V] for "last"; for "none" a small
-        array whose evaluation forces the cache writes (no head computed).
+        Returns [L, V] logits for "all", [1, V] for "last", the last final
+        hidden state [1, H] for "hidden" (split models only: a drafter's
+        pruned head projects it); for "none" a small array whose evaluation
+        forces the cache writes (no head computed).
         """
         x = self._ids(tokens)
         if self.trunk is None:
             logits = self.model(x, cache=cache)[0]
             return logits if which == "all" else logits[-1:]
         h = self.trunk(x, cache)[0]
-        if which == "none":
+        if which in ("none", "hidden"):
             return h[-1:]
         if which == "last":
             h = h[-1:]

@@ -19,9 +19,10 @@ from specchat.engine import suffix as suffix_drafting
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.distributed.hostfile import is_cluster_folder
+from specchat.engine.draft_model import ModelDrafter
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
-from specchat.engine.drafters import Drafter, DrafterChain, ModelDrafter
+from specchat.engine.drafters import Drafter
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     ComputeInfo,
@@ -218,7 +219,7 @@ class Engine:
     def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
         """The drafter for a mode, and the mode it really runs in: without a
         draft model, a mode with other drafters runs on those (hybrid runs as
-        prompt lookup)."""
+        suffix matching)."""
         if not mode.speculative:
             return None, mode
         if not self._pair.speculative_ok and (
@@ -227,13 +228,12 @@ class Engine:
         if mode.needs_draft_model and self._model_drafter is None:
             mode = mode.without_draft_model()
             if mode is None:
-                raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
+                raise EngineError("No draft model is loaded: choose a draft, or draft from the "
+                                  "conversation (suffix matching).")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
         if len(chain) == 1:
             return chain[0], mode
-        if mode.combine == "best":
-            return HybridDrafter(*chain), mode
-        return DrafterChain(chain), mode
+        return HybridDrafter(*chain), mode
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
         if kind.uses_draft_model:

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from specchat.engine.drafter_kinds import SUFFIX
-from specchat.engine.drafters import DraftControl, Proposal
-from specchat.engine.events import CONVERSATION, HISTORY, SamplingParams
+from specchat.engine.drafters import DraftControl, Drafter, Proposal
+from specchat.engine.events import SamplingParams
 from specchat.engine.history import History
 from specchat.engine.suffix_index import Continuation, SuffixIndex, continuation
+from specchat.origins import CONVERSATION, HISTORY
 
 MIN_MATCH = 2  # in the conversation; one shared token is a coin toss
 # ... and when the draft model is there to draft instead (hybrid): 2-token
@@ -57,7 +58,7 @@ def stats_key(origin: str, m: int) -> str:
     return f"{SUFFIX.name}:{origin}:{bucket(m)}"
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = SUFFIX.name
 
     def __init__(self, history: History | None = None):

@@ -59,12 +59,10 @@ MLX_LM_PLAIN = Variant("mlx-lm-plain", None, 0)
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     PLAIN,
     Variant("spec", modes.HYBRID),
-    Variant("spec-lookup", modes.LOOKUP_DRAFT),  # the hybrid before suffix drafting
     Variant("suffix", modes.SUFFIX),
     Variant("spec-k2", modes.DRAFT, 2),
     Variant("spec-k4", modes.DRAFT, 4),
     Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd.py)
-    Variant("lookup", modes.LOOKUP),
     MLX_LM_PLAIN,
     *(Variant(f"mlx-lm-spec-k{k}", None, k) for k in (2, 3, 4, 6)),
 )}

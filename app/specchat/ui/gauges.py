@@ -27,8 +27,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat import origins
 from specchat.engine import modes
-from specchat.engine.events import ORIGIN_LABELS, TARGET, StepEvent
+from specchat.engine.events import StepEvent
 from specchat.store.summary import ReplySummary, origin_shares, shares_text
 from specchat.ui import theme
 from specchat.ui.charts import ChartsPanel, PositionRate, PositionTally, SpeedTrace
@@ -118,7 +119,7 @@ class LiveStats:
         self.paused = ev.paused or ev.probe
         self.speed.add(ev.elapsed_s, ev.total_tokens)
         self.position_tally.add(ev.drafted, ev.accepted)
-        self.by_origin.update(ev.origins or (TARGET,) * len(ev.token_ids))
+        self.by_origin = Counter(dict(ev.origin_totals))
 
     @property
     def tokens_per_s(self) -> float:
@@ -232,7 +233,7 @@ class _SourcesGauge(QWidget):
         self.value.updateGeometry()
         total = sum(counts.values())
         if total:
-            self.setToolTip("\n".join(f"{ORIGIN_LABELS.get(o, o)}: {n} tokens ({n / total:.0%})"
+            self.setToolTip("\n".join(f"{origins.get(o).label}: {n} tokens ({n / total:.0%})"
                                       for o, n in sorted(counts.items(), key=lambda x: -x[1])))
 
 
