@@ -63,6 +63,7 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("context", int, 16, 1_048_576, "tokens"),
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
+    Limit("cluster port", int, 1, 65535, "a cluster's first port"),
 )}
 
 

@@ -20,6 +20,7 @@ from specchat.engine import blas
 from specchat.engine.events import ComputeInfo
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+DTYPES = (*_DTYPES, "q4")  # what ComputeInfo.dtype may be
 
 
 def gpu_available() -> bool:
@@ -33,7 +34,7 @@ def detect() -> ComputeInfo:
     device = "gpu" if gpu_available() else "cpu"
     override = os.environ.get("SPECCHAT_DTYPE", "").strip().lower()
     if override:
-        if override not in (*_DTYPES, "q4"):
+        if override not in DTYPES:
             raise ValueError(f"SPECCHAT_DTYPE={override!r}: use float32, float16, bfloat16 or q4")
         dtype = override
     else:
