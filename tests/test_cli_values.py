@@ -89,3 +89,36 @@ def test_a_model_in_an_unknown_user_s_home_is_not_found(tmp_path):
     lines = error_lines(proc)
     assert len(lines) == 1 and "Model file or folder not found: ~specchat-no-such-user" in lines[0]
     assert "RuntimeError" not in lines[0]
+
+
+# -- environment variables --------------------------------------------------------------
+
+@pytest.mark.parametrize("variable,typed,allowed", [
+    ("SPECCHAT_DTYPE", "float8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4"),
+    ("SPECCHAT_BLAS", "blsi", "SPECCHAT_BLAS must be blis, openblas, bundled or the path of "
+                              "a CBLAS library"),
+])
+def test_a_bad_environment_value_is_one_line_naming_the_variable(tiny_target, tmp_path,
+                                                                  variable, typed, allowed):
+    env = {**ENV, variable: typed, "SPECCHAT_HOME": str(tmp_path)}
+    for args in (["generate", "--target", str(tiny_target), "--prompt", "hi"],
+                 ["models", "list"]):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args], env=env,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 1
+        assert proc.stdout == b""
+        lines = error_lines(proc)
+        assert lines == [f"specchat: error: {allowed}; got {typed}"], lines
+        assert "bug" not in proc.stderr.decode()
+
+
+def test_the_app_with_a_bad_environment_value_says_so_instead_of_opening(tiny_target, tmp_path):
+    """The GUI path (no subcommand) goes through the same check: the one
+    line and exit 1, not a window running on a BLAS nobody chose."""
+    env = {**ENV, "SPECCHAT_BLAS": "blsi", "SPECCHAT_HOME": str(tmp_path),
+           "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run([sys.executable, "-m", "specchat", "--target", str(tiny_target)],
+                          env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 1
+    assert error_lines(proc) == ["specchat: error: SPECCHAT_BLAS must be blis, openblas, "
+                                 "bundled or the path of a CBLAS library; got blsi"]

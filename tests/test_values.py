@@ -77,3 +77,37 @@ def test_text_that_is_not_utf8_is_refused_without_repeating_it(text, where):
     assert message.startswith("the prompt is not valid UTF-8 text") and where in message
     message.encode("utf-8")
     assert values.text("the prompt", "café 🙂") == "café 🙂"
+
+
+@pytest.mark.parametrize("name,typed,expected", [
+    ("SPECCHAT_DTYPE", "float16", "float16"),
+    ("SPECCHAT_DTYPE", " Q4 ", "q4"),
+    ("SPECCHAT_DTYPE", "", None),
+    ("SPECCHAT_DTYPE", None, None),
+    ("SPECCHAT_BLAS", "BLIS", "blis"),
+    ("SPECCHAT_BLAS", "bundled", "bundled"),
+    ("SPECCHAT_BLAS", "/opt/blas/libcblas.so.3", "/opt/blas/libcblas.so.3"),
+])
+def test_an_environment_choice_comes_back_as_its_word_or_path(name, typed, expected):
+    assert values.choice(name, typed) == expected
+
+
+@pytest.mark.parametrize("name,typed,words", [
+    ("SPECCHAT_DTYPE", "float8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4; "
+                                 "got float8"),
+    ("SPECCHAT_DTYPE", "q8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4; got q8"),
+    ("SPECCHAT_BLAS", "blsi", "SPECCHAT_BLAS must be blis, openblas, bundled or the path of a "
+                              "CBLAS library; got blsi"),
+    ("SPECCHAT_BLAS", "libcblas.so\n", "got libcblas.so"),  # no such file here: a typo
+])
+def test_a_bad_environment_choice_is_one_line_naming_the_variable(name, typed, words):
+    with pytest.raises(values.BadValue) as caught:
+        values.choice(name, typed)
+    assert str(caught.value).endswith(words) and "\n" not in str(caught.value)
+
+
+def test_a_library_file_named_without_a_slash_is_a_path(tmp_path, monkeypatch):
+    (tmp_path / "libcblas.so").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECCHAT_BLAS", "libcblas.so")
+    assert values.environment("SPECCHAT_BLAS") == "libcblas.so"

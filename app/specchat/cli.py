@@ -246,10 +246,26 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _failed(exc: BaseException) -> int:
+    """The one line for an error, exit status 1: a SpecChatError's own
+    words, anything else named as what it is."""
+    from specchat.errors import SpecChatError
+
+    if isinstance(exc, SpecChatError):
+        print(f"specchat: error: {exc}", file=sys.stderr)
+    else:
+        print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from specchat import applog, startup
+    from specchat.errors import SpecChatError
 
-    startup.prepare()
+    try:
+        startup.prepare()  # first: before MLX, and a bad environment value before anything
+    except SpecChatError as exc:
+        return _failed(exc)
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -281,13 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print("specchat: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
-        from specchat.errors import SpecChatError
-
-        if isinstance(exc, SpecChatError):
-            print(f"specchat: error: {exc}", file=sys.stderr)
-        else:
-            print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
 
 
 def _request_from(args) -> tuple:

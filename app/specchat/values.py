@@ -1,15 +1,19 @@
 """The allowed range of every number and word a user can type, in one table.
 
-The CLI, the GUI's settings, the stored settings and the engine all check
-values here, so a bad temperature gets the same one-line answer wherever it
-was typed ("temperature must be a number from 0 to 5 (0 = greedy); got nan")
-and a stored settings row with a bad field falls back for that field only.
-This module imports nothing but ``specchat.errors``, so every layer may use it.
+The CLI, the GUI's settings, the stored settings and the engine all
+check values here, so a bad temperature gets the same one-line answer
+wherever it was typed ("temperature must be a number from 0 to 5 (0 =
+greedy); got nan") and a stored settings row with a bad field falls back for
+that field only. Environment variables that choose among a few words
+(``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
+This module imports nothing of SpecChat's but ``specchat.errors``, so every
+layer may use it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from specchat.errors import SpecChatError
@@ -64,6 +68,48 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
 )}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An environment variable that takes one of a few words (any case),
+    or with ``paths`` also the path of a file: text with a ``/`` in it, or
+    the name of a file that exists."""
+
+    name: str
+    words: tuple[str, ...]
+    paths: str = ""  # what a path names ("the path of a CBLAS library"); "" = no paths
+
+    def describe(self) -> str:
+        options = [*self.words, self.paths] if self.paths else list(self.words)
+        return f"{self.name} must be {', '.join(options[:-1])} or {options[-1]}"
+
+
+CHOICES: dict[str, Choice] = {c.name: c for c in (
+    Choice("SPECCHAT_DTYPE", ("float32", "float16", "bfloat16", "q4")),
+    Choice("SPECCHAT_BLAS", ("blis", "openblas", "bundled"), "the path of a CBLAS library"),
+)}
+
+
+def choice(name: str, value: str | None) -> str | None:
+    """``value`` as one of ``CHOICES[name]``'s words (lower case) or, where
+    it takes one, a path (as typed, stripped); None when nothing is set;
+    else ``BadValue`` naming the variable and what it takes."""
+    entry = CHOICES[name]
+    text = (value or "").strip()
+    if not text:
+        return None
+    if text.lower() in entry.words:
+        return text.lower()
+    if entry.paths and ("/" in text or os.sep in text or os.path.isfile(text)):
+        return text
+    raise BadValue(f"{entry.describe()}; got {_shown(text)}")
+
+
+def environment(name: str) -> str | None:
+    """The environment variable ``name`` checked by ``choice``: a typo such
+    as ``SPECCHAT_BLAS=blsi`` is refused in one line, not quietly ignored."""
+    return choice(name, os.environ.get(name))
 
 
 def check(name: str, value: object) -> int | float | None:
