@@ -4,6 +4,7 @@ including text whose bytes are not UTF-8, passed through a real argv."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,131 @@ def test_the_app_with_a_bad_environment_value_says_so_instead_of_opening(tiny_ta
     assert proc.returncode == 1
     assert error_lines(proc) == ["specchat: error: SPECCHAT_BLAS must be blis, openblas, "
                                  "bundled or the path of a CBLAS library; got blsi"]
+
+
+# -- the CLI and the API take the same values -------------------------------------------
+
+# Every value both ``specchat generate`` and the API take: its entry in
+# specchat.values, the CLI's option and the API's parameter. The prompt is
+# the completion prompt's: a chat message is named by its place in the list.
+SHARED = {
+    "temperature": ("--temperature", "temperature"),
+    "top-p": ("--top-p", "top_p"),
+    "top-k": ("--top-k", "top_k"),
+    "seed": ("--seed", "seed"),
+    "max tokens": ("--max-tokens", "max_tokens"),
+    "a stop string": ("--stop", "stop"),
+    "the prompt": ("--prompt", "prompt"),
+}
+# Values of the table that a request to the API does not carry: the draft
+# length is the server's (``specchat serve --k``), the context is ``models
+# check``'s, the hub timeout an environment variable's; the API's system
+# prompt is a message like any other.
+CLI_ONLY = {"K", "context", "hub timeout", "the system prompt"}
+NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
+
+
+def _generate_types() -> dict[str, str]:
+    """The table entry each option of ``specchat generate`` is checked
+    against, read from the real parser: {entry: option}."""
+    import argparse
+
+    from specchat import cli
+
+    sub = next(a for a in cli.build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return {a.type.value: a.option_strings[0] for a in sub.choices["generate"]._actions
+            if hasattr(a.type, "value")}
+
+
+def test_every_value_of_the_table_is_either_shared_or_the_cli_s_own():
+    from specchat import values
+
+    typed = _generate_types()
+    assert {name: typed[name] for name in SHARED} == {n: o for n, (o, _) in SHARED.items()}
+    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY
+
+
+def _bad(name: str) -> list:
+    """Values the table refuses for ``name``: past each end of its range
+    (its open end itself), not a number / not whole; for text, empty and not UTF-8."""
+    from specchat import values
+
+    limit = values.LIMITS.get(name)
+    if limit is None:
+        return ["", "a\udcffb"]
+    step = 1 if limit.kind is int else 0.5
+    out = []
+    if limit.low is not None:
+        out.append(limit.kind(limit.low if limit.low_open else limit.low - step))
+    if limit.high is not None:
+        out.append(limit.kind(limit.high + step))
+    out.append(1.5 if limit.kind is int else float("nan"))
+    return out
+
+
+def _good(name: str) -> list:
+    """Values the table takes for ``name``: each closed end of its range,
+    a whole number written with a decimal point (what JSON may carry)."""
+    from specchat import values
+
+    limit = values.LIMITS.get(name)
+    if limit is None:
+        return ["é 🙂", " "] if name == "a stop string" else ["é 🙂"]
+    if limit.low is None:
+        return [-1, 10 ** 30, 2.0]
+    ends = [limit.kind(v) for v in (None if limit.low_open else limit.low, limit.high)
+            if v is not None]
+    return ends + ([float(ends[-1])] if limit.kind is int else [])
+
+
+def _typed(value) -> bytes:
+    """How a value is typed on the command line (argv bytes)."""
+    return os.fsencode(value if isinstance(value, str) else repr(value))
+
+
+def _api(body: dict):
+    """The API's parse of a completion request sent as JSON (the server
+    parses exactly what ``json.loads`` makes of the body)."""
+    from specchat.server import protocol
+
+    wire = json.dumps({"model": "m", "prompt": "hi", **body}).encode()
+    return protocol.parse("completion", json.loads(wire))
+
+
+def _cli(pairs: list[tuple[str, object]]) -> subprocess.CompletedProcess:
+    args = [b"generate", b"--target", NOWHERE.encode()]
+    if "--prompt" not in [flag for flag, _ in pairs]:
+        args += [b"--prompt", b"hi"]
+    args += [flag.encode() + b"=" + _typed(value) for flag, value in pairs]
+    return specchat(*args)
+
+
+def test_the_cli_and_the_api_refuse_the_same_values_in_the_same_words():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specchat.server.errors import ApiError
+
+    cases = [(name, value) for name in SHARED for value in _bad(name)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda c: _cli([(SHARED[c[0]][0], c[1])]), cases))
+    for (name, value), proc in zip(cases, runs, strict=True):
+        flag, param = SHARED[name]
+        with pytest.raises(ApiError) as refused:
+            _api({param: value})
+        assert refused.value.param == param and refused.value.status == 400
+        assert proc.returncode == 2, (name, value, proc.stderr)
+        assert error_lines(proc) == [f"specchat generate: error: argument {flag}: "
+                                     f"{refused.value.message} (see specchat generate --help)"]
+
+
+def test_the_cli_and_the_api_take_the_same_values():
+    goods = {name: _good(name) for name in SHARED}
+    rounds = max(len(v) for v in goods.values())
+    for i in range(rounds):
+        pick = {name: v[min(i, len(v) - 1)] for name, v in goods.items()}
+        _api({SHARED[name][1]: value for name, value in pick.items()})
+        proc = _cli([(SHARED[name][0], value) for name, value in pick.items()])
+        assert proc.returncode == 1, (pick, proc.stderr)  # past the options, to the model
+        lines = error_lines(proc)
+        assert len(lines) == 1 and "Model file or folder not found" in lines[0], (pick, lines)

@@ -80,6 +80,34 @@ def test_text_that_is_not_utf8_is_refused_without_repeating_it(text, where):
 
 
 @pytest.mark.parametrize("name,typed,expected", [
+    ("max tokens", "2.0", 2),  # as the JSON number 2.0 is: the CLI and the API agree
+    ("top-k", " 40.0 ", 40),
+    ("seed", "1e3", 1000),
+    ("K", "8.0", 8),
+])
+def test_a_whole_number_may_be_typed_with_a_decimal_point(name, typed, expected):
+    got = values.check(name, typed)
+    assert got == expected and type(got) is int
+
+
+@pytest.mark.parametrize("name,typed", [("max tokens", "2.5"), ("seed", "nan"),
+                                        ("top-k", "inf"), ("K", "1e400")])
+def test_a_typed_number_that_is_not_whole_shows_as_typed(name, typed):
+    with pytest.raises(values.BadValue) as caught:
+        values.check(name, typed)
+    assert str(caught.value).endswith(f"; got {typed}")
+
+
+@pytest.mark.parametrize("name", sorted(values.NOT_EMPTY))
+def test_text_that_means_nothing_empty_is_refused(name):
+    with pytest.raises(values.BadValue) as caught:
+        values.text(name, "")
+    assert str(caught.value) == f"{name} must not be empty"
+    assert values.text(name, " ") == " "  # a space is a stop string like any other
+    assert values.text("the system prompt", "") == ""
+
+
+@pytest.mark.parametrize("name,typed,expected", [
     ("SPECCHAT_DTYPE", "float16", "float16"),
     ("SPECCHAT_DTYPE", " Q4 ", "q4"),
     ("SPECCHAT_DTYPE", "", None),

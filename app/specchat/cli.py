@@ -33,7 +33,8 @@ def _text(name: str):
 
 def _refusing(check, name: str):
     """``check(name, text)`` as an argparse ``type``: its BadValue becomes
-    the usage error's one line."""
+    the usage error's one line. ``parse.value`` names the table entry, so
+    the tests can walk the options against the API's parameters."""
     from specchat import values
 
     def parse(text: str):
@@ -42,6 +43,7 @@ def _refusing(check, name: str):
         except values.BadValue as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
+    parse.value = name
     return parse
 
 

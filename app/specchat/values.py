@@ -1,6 +1,6 @@
 """The allowed range of every number and word a user can type, in one table.
 
-The CLI, the GUI's settings, the stored settings and the engine all
+The CLI, the API, the GUI's settings, the stored settings and the engine all
 check values here, so a bad temperature gets the same one-line answer
 wherever it was typed ("temperature must be a number from 0 to 5 (0 =
 greedy); got nan") and a stored settings row with a bad field falls back for
@@ -143,23 +143,39 @@ def _parse(limit: Limit, value: object) -> int | float:
 
 
 def _number(limit: Limit, value: object) -> int | float:
+    typed = value  # what the message shows: the text as typed, not its parse
     if isinstance(value, bool):
         raise BadValue(f"{limit.describe()}; got {_shown(value)}")
     if isinstance(value, str):
-        text = value.strip()
+        typed = value.strip()
         try:
-            value = int(text) if limit.kind is int else float(text)
+            value = _whole(typed) if limit.kind is int else float(typed)
         except ValueError:
-            raise BadValue(f"{limit.describe()}; got {_shown(text)}") from None
+            raise BadValue(f"{limit.describe()}; got {_shown(typed)}") from None
     if limit.kind is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+            raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
         return value
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
     return float(value)
+
+
+def _whole(text: str) -> int | float:
+    """Typed text for a whole number: an integer exactly (a seed of 40
+    digits stays itself), else the number it writes ("2.0", "1e3"), which
+    ``_number`` takes when it is whole, as it takes the JSON number 2.0."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+# Text that cannot be empty: an empty stop string would end every reply
+# before its first character, an empty prompt asks nothing.
+NOT_EMPTY = frozenset({"a stop string", "the prompt"})
 
 
 def text(name: str, value: object) -> str:
@@ -168,7 +184,7 @@ def text(name: str, value: object) -> str:
     surrogates (argv and file names use surrogate escapes), which no
     tokenizer can encode; refusing them here keeps that from becoming an
     internal error deep in the engine. The message never repeats the text,
-    so printing it cannot fail too."""
+    so printing it cannot fail too. Text in ``NOT_EMPTY`` must not be empty."""
     if not isinstance(value, str):
         raise BadValue(f"{name} must be text; got {type(value).__name__}")
     try:
@@ -179,6 +195,8 @@ def text(name: str, value: object) -> str:
                 else f"the lone surrogate U+{char:04X}")
         raise BadValue(f"{name} is not valid UTF-8 text: {what} at character "
                        f"{exc.start + 1}; save or type it as UTF-8") from None
+    if not value and name in NOT_EMPTY:
+        raise BadValue(f"{name} must not be empty")
     return value
 
 

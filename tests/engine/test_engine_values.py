@@ -42,6 +42,8 @@ BAD = {
                          "the system prompt is not valid UTF-8"),
     "stop string not UTF-8": (replace(BASE, stop_strings=("\udcff",)),
                               "a stop string is not valid UTF-8"),
+    "stop string empty": (replace(BASE, stop_strings=("ok", "")),
+                          "a stop string must not be empty"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }
