@@ -125,6 +125,31 @@ def test_the_app_with_a_bad_environment_value_says_so_instead_of_opening(tiny_ta
                                  "bundled or the path of a CBLAS library; got blsi"]
 
 
+# -- options that contradict each other -------------------------------------------------
+
+@pytest.mark.parametrize("args,words", [
+    (["generate", "--plain", "--lookup"], "argument --lookup: not allowed with argument --plain"),
+    (["generate", "--lookup", "--plain"], "argument --plain: not allowed with argument --lookup"),
+    (["generate", "--plain", "--draft", "d"],
+     "argument --draft: not allowed with argument --plain"),
+    (["generate", "--lookup", "--no-lookup"], "argument --no-lookup: only with --draft"),
+    (["generate", "--plain", "--no-lookup"], "argument --no-lookup: only with --draft"),
+    # --host 0.0.0.0 without --allow-remote: a server that got past the
+    # options would stop there, before loading anything.
+    (["serve", "--plain", "--lookup", "--host", "0.0.0.0"],
+     "argument --lookup: not allowed with argument --plain"),
+])
+def test_contradictory_modes_are_refused(tiny_target, args, words):
+    command, *rest = args
+    base = [command, "--target", str(tiny_target)]
+    if command == "generate":
+        base += ["--prompt", "hi", "--max-tokens", "3"]
+    proc = specchat(*base, *rest)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert lines == [f"specchat {command}: error: {words} (see specchat {command} --help)"], lines
+
+
 # -- the CLI and the API take the same values -------------------------------------------
 
 # Every value both ``specchat generate`` and the API take: its entry in

@@ -195,9 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
     mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
-    g.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    mode.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
                    help="with --draft: draft model only (default also uses suffix matches)")
+    g.set_defaults(subparser=g)
     g.add_argument("--prompt", required=True, type=_text("the prompt"), help="the user message")
     g.add_argument("--system", type=_text("the system prompt"), help="system prompt")
     _add_sampling(g)
@@ -227,7 +228,9 @@ def _add_serve(sub) -> None:
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
     mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
-    s.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    s.add_argument("--plain", action="store_true",
+                   help="plain decoding with the target only (not with --lookup)")
+    s.set_defaults(subparser=s)
     s.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
                    help="draft length: auto (adaptive, default) or a fixed N")
     s.add_argument("--host", default=DEFAULT_HOST,
@@ -246,6 +249,17 @@ def _port(text: str) -> int:
     if not text.strip().isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"port must be a whole number from 0 to 65535; got {text}")
     return int(text)
+
+
+def _refuse_contradictions(args) -> None:
+    """Options argparse's groups cannot express: each a usage error in the
+    words argparse uses for its own groups, never one option quietly
+    winning (``serve --plain --draft D`` stays: it serves a loaded pair
+    plainly, for comparison)."""
+    if args.command == "generate" and args.no_lookup and not args.draft:
+        args.subparser.error("argument --no-lookup: only with --draft")
+    if args.command == "serve" and args.plain and args.lookup:
+        args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
 def _failed(exc: BaseException) -> int:
@@ -271,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)
+    _refuse_contradictions(args)
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -306,7 +321,7 @@ def _request_from(args) -> tuple:
     from specchat.engine import modes
     from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 
-    mode = modes.for_pair(speculative=not args.plain and bool(args.lookup or args.draft),
+    mode = modes.for_pair(speculative=bool(args.lookup or args.draft),
                           has_draft=bool(args.draft), lookup=not args.no_lookup)
     if not args.prompt.strip():
         from specchat.engine.errors import EngineError
