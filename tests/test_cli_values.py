@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from specchat.engine.compat import SAME_MODEL
@@ -90,6 +93,74 @@ def test_a_model_in_an_unknown_user_s_home_is_not_found(tmp_path):
     lines = error_lines(proc)
     assert len(lines) == 1 and "Model file or folder not found: ~specchat-no-such-user" in lines[0]
     assert "RuntimeError" not in lines[0]
+
+
+# -- Ctrl-C during a reply ---------------------------------------------------------------
+
+def _generating(*args: str) -> subprocess.Popen:
+    """``specchat generate`` as a terminal's foreground job: SIGINT reaches
+    it with Python's default handler even if this test runs where SIGINT is
+    ignored (a shell's background job)."""
+    return subprocess.Popen([sys.executable, "-m", "specchat", "generate", *args], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+# The tiny target reads 2048 positions: a reply of every token the context
+# has room for runs for many seconds on this machine.
+LONG = ["--prompt", "hi", "--max-tokens", "1048576"]
+
+
+def test_ctrl_c_in_text_mode_cancels_the_reply_and_says_so(tiny_target):
+    proc = _generating("--target", str(tiny_target), *LONG)
+    try:
+        streamed = b""
+        while len(streamed) < 40:  # the reply is streaming
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, proc.stderr.read().decode()
+            streamed += chunk
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    text = (streamed + out).decode("utf-8")
+    assert text.endswith("\n")  # the partial reply, then the next line starts clean
+    lines = err.decode("utf-8").splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    assert lines[-1] == "specchat: reply cancelled (Ctrl-C): the text above is incomplete"
+    stats = re.fullmatch(r"\[plain\] (\d+) tokens, .*", lines[-2])
+    assert stats and 0 < int(stats.group(1)) < 2000, lines[-2]
+
+
+def test_ctrl_c_in_json_mode_reports_a_cancelled_reply(tiny_target):
+    """--json prints nothing until the end, so the interrupt is sent after a
+    wait; one that lands while the model is still loading is an interrupted
+    command (exit 130, no JSON: the load is cancelled and waited for, where
+    exiting with the engine thread inside MLX aborted the process), and the
+    next attempt waits longer."""
+    for wait in (4, 8, 16, 32):
+        proc = _generating("--target", str(tiny_target), *LONG, "--json")
+        try:
+            time.sleep(wait)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, err.decode()
+        if not out:
+            assert err.decode().splitlines()[-1] == "specchat: interrupted"
+            continue
+        reply = json.loads(out)
+        assert reply["finish_reason"] == "cancelled"
+        assert 0 < reply["stats"]["new_tokens"] == len(reply["token_ids"]) < 2000
+        assert "Traceback" not in err.decode()
+        return
+    pytest.fail("every interrupt came before the reply started")
 
 
 # -- environment variables --------------------------------------------------------------

@@ -7,6 +7,9 @@ import argparse
 import json
 import sys
 
+# The exit status of a command Ctrl-C stopped (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
+
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line (plus where to look), like every other error."""
@@ -275,6 +278,16 @@ def _failed(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: exit 0, 1 with one line for an error, 2 for a usage
+    error, 130 when Ctrl-C stopped it (at any point, start-up included)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("specchat: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
     from specchat import applog, startup
     from specchat.errors import SpecChatError
 
@@ -310,9 +323,6 @@ def main(argv: list[str] | None = None) -> int:
         from specchat.ui import app
 
         return app.run(target=args.target, draft=args.draft, lookup=args.lookup)
-    except KeyboardInterrupt:
-        print("specchat: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
         return _failed(exc)
 
@@ -357,14 +367,20 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     client = make_client()
-    pair = client.load(args.target, args.draft if mode.needs_draft_model else None).wait(
-        on_event=progress)
+    loading = client.load(args.target, args.draft if mode.needs_draft_model else None)
+    try:
+        pair = loading.wait(on_event=progress)
+    except KeyboardInterrupt:  # Ctrl-C while loading: stop it, then exit as interrupted
+        _let_end(loading)
+        client.close()
+        raise
     job = client.generate(request)
     try:
         result = job.wait(on_event=stream)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the reply ends at the next step
         job.cancel()
-        result = job.wait()
+        result = job.wait(on_event=stream)  # the steps already made, and held-back text
+    cancelled = result.summary.finish_reason == "cancelled"
     s = result.summary
     if args.json:
         out = result.to_json()
@@ -381,8 +397,25 @@ def cmd_generate(args) -> int:
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
               f"{s.tokens_per_step:.2f} tokens/step{rate}, first token {s.ttft_s:.2f}s, "
               f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
+        if cancelled:
+            print("specchat: reply cancelled (Ctrl-C): the text above is incomplete",
+                  file=sys.stderr)
     client.close()
-    return 0
+    return INTERRUPTED if cancelled else 0
+
+
+def _let_end(job) -> None:
+    """Cancel ``job`` and wait until the engine thread has left it, however
+    it ends: a process that exits while that thread is inside MLX is
+    aborted at shutdown ("terminate called without an active exception",
+    SIGABRT instead of exit status 130)."""
+    from specchat.errors import SpecChatError
+
+    job.cancel()
+    try:
+        job.wait()
+    except SpecChatError:  # "Loading cancelled.", or whatever else ended it
+        pass
 
 
 def serve_pair(args) -> tuple[str, str | None]:
