@@ -111,23 +111,35 @@ def _generating(*args: str) -> subprocess.Popen:
 LONG = ["--prompt", "hi", "--max-tokens", "1048576"]
 
 
-def test_ctrl_c_in_text_mode_cancels_the_reply_and_says_so(tiny_target):
-    proc = _generating("--target", str(tiny_target), *LONG)
+def _interrupted(proc: subprocess.Popen, ready) -> tuple[bytes, bytes]:
+    """Wait for ``ready(proc)`` (it returns what it read of stdout), send
+    SIGINT, and return all of stdout and stderr; a process that does not
+    end is killed."""
     try:
-        streamed = b""
-        while len(streamed) < 40:  # the reply is streaming
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            assert chunk, proc.stderr.read().decode()
-            streamed += chunk
+        before = ready(proc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
+        return before + out, err
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _streaming(proc: subprocess.Popen) -> bytes:
+    streamed = b""
+    while len(streamed) < 40:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, proc.stderr.read().decode()
+        streamed += chunk
+    return streamed
+
+
+def test_ctrl_c_in_text_mode_cancels_the_reply_and_says_so(tiny_target):
+    proc = _generating("--target", str(tiny_target), *LONG)
+    out, err = _interrupted(proc, _streaming)
     assert proc.returncode == 130
-    text = (streamed + out).decode("utf-8")
-    assert text.endswith("\n")  # the partial reply, then the next line starts clean
+    assert out.decode("utf-8").endswith("\n")  # the partial reply, then the next line starts clean
     lines = err.decode("utf-8").splitlines()
     assert "Traceback" not in "\n".join(lines)
     assert lines[-1] == "specchat: reply cancelled (Ctrl-C): the text above is incomplete"
@@ -143,14 +155,7 @@ def test_ctrl_c_in_json_mode_reports_a_cancelled_reply(tiny_target):
     next attempt waits longer."""
     for wait in (4, 8, 16, 32):
         proc = _generating("--target", str(tiny_target), *LONG, "--json")
-        try:
-            time.sleep(wait)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        out, err = _interrupted(proc, lambda _proc, wait=wait: time.sleep(wait) or b"")
         assert proc.returncode == 130, err.decode()
         if not out:
             assert err.decode().splitlines()[-1] == "specchat: interrupted"
