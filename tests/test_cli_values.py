@@ -4,9 +4,13 @@ including text whose bytes are not UTF-8, passed through a real argv."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from specchat.engine.compat import SAME_MODEL
@@ -89,3 +93,262 @@ def test_a_model_in_an_unknown_user_s_home_is_not_found(tmp_path):
     lines = error_lines(proc)
     assert len(lines) == 1 and "Model file or folder not found: ~specchat-no-such-user" in lines[0]
     assert "RuntimeError" not in lines[0]
+
+
+# -- Ctrl-C during a reply ---------------------------------------------------------------
+
+def _generating(*args: str) -> subprocess.Popen:
+    """``specchat generate`` as a terminal's foreground job: SIGINT reaches
+    it with Python's default handler even if this test runs where SIGINT is
+    ignored (a shell's background job)."""
+    return subprocess.Popen([sys.executable, "-m", "specchat", "generate", *args], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+# The tiny target reads 2048 positions: a reply of every token the context
+# has room for runs for many seconds on this machine.
+LONG = ["--prompt", "hi", "--max-tokens", "1048576"]
+
+
+def _interrupted(proc: subprocess.Popen, ready) -> tuple[bytes, bytes]:
+    """Wait for ``ready(proc)`` (it returns what it read of stdout), send
+    SIGINT, and return all of stdout and stderr; a process that does not
+    end is killed."""
+    try:
+        before = ready(proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return before + out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _streaming(proc: subprocess.Popen) -> bytes:
+    streamed = b""
+    while len(streamed) < 40:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, proc.stderr.read().decode()
+        streamed += chunk
+    return streamed
+
+
+def test_ctrl_c_in_text_mode_cancels_the_reply_and_says_so(tiny_target):
+    proc = _generating("--target", str(tiny_target), *LONG)
+    out, err = _interrupted(proc, _streaming)
+    assert proc.returncode == 130
+    assert out.decode("utf-8").endswith("\n")  # the partial reply, then the next line starts clean
+    lines = err.decode("utf-8").splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    assert lines[-1] == "specchat: reply cancelled (Ctrl-C): the text above is incomplete"
+    stats = re.fullmatch(r"\[plain\] (\d+) tokens, .*", lines[-2])
+    assert stats and 0 < int(stats.group(1)) < 2000, lines[-2]
+
+
+def test_ctrl_c_in_json_mode_reports_a_cancelled_reply(tiny_target):
+    """--json prints nothing until the end, so the interrupt is sent after a
+    wait; one that lands while the model is still loading is an interrupted
+    command (exit 130, no JSON: the load is cancelled and waited for, where
+    exiting with the engine thread inside MLX aborted the process), and the
+    next attempt waits longer."""
+    for wait in (4, 8, 16, 32):
+        proc = _generating("--target", str(tiny_target), *LONG, "--json")
+        out, err = _interrupted(proc, lambda _proc, wait=wait: time.sleep(wait) or b"")
+        assert proc.returncode == 130, err.decode()
+        if not out:
+            assert err.decode().splitlines()[-1] == "specchat: interrupted"
+            continue
+        reply = json.loads(out)
+        assert reply["finish_reason"] == "cancelled"
+        assert 0 < reply["stats"]["new_tokens"] == len(reply["token_ids"]) < 2000
+        assert "Traceback" not in err.decode()
+        return
+    pytest.fail("every interrupt came before the reply started")
+
+
+# -- environment variables --------------------------------------------------------------
+
+@pytest.mark.parametrize("variable,typed,allowed", [
+    ("SPECCHAT_DTYPE", "float8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4"),
+    ("SPECCHAT_BLAS", "blsi", "SPECCHAT_BLAS must be blis, openblas, bundled or the path of "
+                              "a CBLAS library"),
+])
+def test_a_bad_environment_value_is_one_line_naming_the_variable(tiny_target, tmp_path,
+                                                                  variable, typed, allowed):
+    env = {**ENV, variable: typed, "SPECCHAT_HOME": str(tmp_path)}
+    for args in (["generate", "--target", str(tiny_target), "--prompt", "hi"],
+                 ["models", "list"]):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args], env=env,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 1
+        assert proc.stdout == b""
+        lines = error_lines(proc)
+        assert lines == [f"specchat: error: {allowed}; got {typed}"], lines
+        assert "bug" not in proc.stderr.decode()
+
+
+def test_the_app_with_a_bad_environment_value_says_so_instead_of_opening(tiny_target, tmp_path):
+    """The GUI path (no subcommand) goes through the same check: the one
+    line and exit 1, not a window running on a BLAS nobody chose."""
+    env = {**ENV, "SPECCHAT_BLAS": "blsi", "SPECCHAT_HOME": str(tmp_path),
+           "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run([sys.executable, "-m", "specchat", "--target", str(tiny_target)],
+                          env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 1
+    assert error_lines(proc) == ["specchat: error: SPECCHAT_BLAS must be blis, openblas, "
+                                 "bundled or the path of a CBLAS library; got blsi"]
+
+
+# -- options that contradict each other -------------------------------------------------
+
+@pytest.mark.parametrize("args,words", [
+    (["generate", "--plain", "--lookup"], "argument --lookup: not allowed with argument --plain"),
+    (["generate", "--lookup", "--plain"], "argument --plain: not allowed with argument --lookup"),
+    (["generate", "--plain", "--draft", "d"],
+     "argument --draft: not allowed with argument --plain"),
+    (["generate", "--lookup", "--no-lookup"], "argument --no-lookup: only with --draft"),
+    (["generate", "--plain", "--no-lookup"], "argument --no-lookup: only with --draft"),
+    # --host 0.0.0.0 without --allow-remote: a server that got past the
+    # options would stop there, before loading anything.
+    (["serve", "--plain", "--lookup", "--host", "0.0.0.0"],
+     "argument --lookup: not allowed with argument --plain"),
+])
+def test_contradictory_modes_are_refused(tiny_target, args, words):
+    command, *rest = args
+    base = [command, "--target", str(tiny_target)]
+    if command == "generate":
+        base += ["--prompt", "hi", "--max-tokens", "3"]
+    proc = specchat(*base, *rest)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert lines == [f"specchat {command}: error: {words} (see specchat {command} --help)"], lines
+
+
+# -- the CLI and the API take the same values -------------------------------------------
+
+# Every value both ``specchat generate`` and the API take: its entry in
+# specchat.values, the CLI's option and the API's parameter. The prompt is
+# the completion prompt's: a chat message is named by its place in the list.
+SHARED = {
+    "temperature": ("--temperature", "temperature"),
+    "top-p": ("--top-p", "top_p"),
+    "top-k": ("--top-k", "top_k"),
+    "seed": ("--seed", "seed"),
+    "max tokens": ("--max-tokens", "max_tokens"),
+    "a stop string": ("--stop", "stop"),
+    "the prompt": ("--prompt", "prompt"),
+}
+# Values of the table that a request to the API does not carry: the draft
+# length is the server's (``specchat serve --k``), the context is ``models
+# check``'s, the hub timeout an environment variable's; the API's system
+# prompt is a message like any other.
+CLI_ONLY = {"K", "context", "hub timeout", "the system prompt"}
+NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
+
+
+def _generate_types() -> dict[str, str]:
+    """The table entry each option of ``specchat generate`` is checked
+    against, read from the real parser: {entry: option}."""
+    import argparse
+
+    from specchat import cli
+
+    sub = next(a for a in cli.build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return {a.type.value: a.option_strings[0] for a in sub.choices["generate"]._actions
+            if hasattr(a.type, "value")}
+
+
+def test_every_value_of_the_table_is_either_shared_or_the_cli_s_own():
+    from specchat import values
+
+    typed = _generate_types()
+    assert {name: typed[name] for name in SHARED} == {n: o for n, (o, _) in SHARED.items()}
+    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY
+
+
+def _bad(name: str) -> list:
+    """Values the table refuses for ``name``: past each end of its range
+    (its open end itself), not a number / not whole; for text, empty and not UTF-8."""
+    from specchat import values
+
+    limit = values.LIMITS.get(name)
+    if limit is None:
+        return ["", "a\udcffb"]
+    step = 1 if limit.kind is int else 0.5
+    out = []
+    if limit.low is not None:
+        out.append(limit.kind(limit.low if limit.low_open else limit.low - step))
+    if limit.high is not None:
+        out.append(limit.kind(limit.high + step))
+    out.append(1.5 if limit.kind is int else float("nan"))
+    return out
+
+
+def _good(name: str) -> list:
+    """Values the table takes for ``name``: each closed end of its range,
+    a whole number written with a decimal point (what JSON may carry)."""
+    from specchat import values
+
+    limit = values.LIMITS.get(name)
+    if limit is None:
+        return ["é 🙂", " "] if name == "a stop string" else ["é 🙂"]
+    if limit.low is None:
+        return [-1, 10 ** 30, 2.0]
+    ends = [limit.kind(v) for v in (None if limit.low_open else limit.low, limit.high)
+            if v is not None]
+    return ends + ([float(ends[-1])] if limit.kind is int else [])
+
+
+def _typed(value) -> bytes:
+    """How a value is typed on the command line (argv bytes)."""
+    return os.fsencode(value if isinstance(value, str) else repr(value))
+
+
+def _api(body: dict):
+    """The API's parse of a completion request sent as JSON (the server
+    parses exactly what ``json.loads`` makes of the body)."""
+    from specchat.server import protocol
+
+    wire = json.dumps({"model": "m", "prompt": "hi", **body}).encode()
+    return protocol.parse("completion", json.loads(wire))
+
+
+def _cli(pairs: list[tuple[str, object]]) -> subprocess.CompletedProcess:
+    args = [b"generate", b"--target", NOWHERE.encode()]
+    if "--prompt" not in [flag for flag, _ in pairs]:
+        args += [b"--prompt", b"hi"]
+    args += [flag.encode() + b"=" + _typed(value) for flag, value in pairs]
+    return specchat(*args)
+
+
+def test_the_cli_and_the_api_refuse_the_same_values_in_the_same_words():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specchat.server.errors import ApiError
+
+    cases = [(name, value) for name in SHARED for value in _bad(name)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda c: _cli([(SHARED[c[0]][0], c[1])]), cases))
+    for (name, value), proc in zip(cases, runs, strict=True):
+        flag, param = SHARED[name]
+        with pytest.raises(ApiError) as refused:
+            _api({param: value})
+        assert refused.value.param == param and refused.value.status == 400
+        assert proc.returncode == 2, (name, value, proc.stderr)
+        assert error_lines(proc) == [f"specchat generate: error: argument {flag}: "
+                                     f"{refused.value.message} (see specchat generate --help)"]
+
+
+def test_the_cli_and_the_api_take_the_same_values():
+    goods = {name: _good(name) for name in SHARED}
+    rounds = max(len(v) for v in goods.values())
+    for i in range(rounds):
+        pick = {name: v[min(i, len(v) - 1)] for name, v in goods.items()}
+        _api({SHARED[name][1]: value for name, value in pick.items()})
+        proc = _cli([(SHARED[name][0], value) for name, value in pick.items()])
+        assert proc.returncode == 1, (pick, proc.stderr)  # past the options, to the model
+        lines = error_lines(proc)
+        assert len(lines) == 1 and "Model file or folder not found" in lines[0], (pick, lines)

@@ -77,3 +77,65 @@ def test_text_that_is_not_utf8_is_refused_without_repeating_it(text, where):
     assert message.startswith("the prompt is not valid UTF-8 text") and where in message
     message.encode("utf-8")
     assert values.text("the prompt", "café 🙂") == "café 🙂"
+
+
+@pytest.mark.parametrize("name,typed,expected", [
+    ("max tokens", "2.0", 2),  # as the JSON number 2.0 is: the CLI and the API agree
+    ("top-k", " 40.0 ", 40),
+    ("seed", "1e3", 1000),
+    ("K", "8.0", 8),
+])
+def test_a_whole_number_may_be_typed_with_a_decimal_point(name, typed, expected):
+    got = values.check(name, typed)
+    assert got == expected and type(got) is int
+
+
+@pytest.mark.parametrize("name,typed", [("max tokens", "2.5"), ("seed", "nan"),
+                                        ("top-k", "inf"), ("K", "1e400")])
+def test_a_typed_number_that_is_not_whole_shows_as_typed(name, typed):
+    with pytest.raises(values.BadValue) as caught:
+        values.check(name, typed)
+    assert str(caught.value).endswith(f"; got {typed}")
+
+
+@pytest.mark.parametrize("name", sorted(values.NOT_EMPTY))
+def test_text_that_means_nothing_empty_is_refused(name):
+    with pytest.raises(values.BadValue) as caught:
+        values.text(name, "")
+    assert str(caught.value) == f"{name} must not be empty"
+    assert values.text(name, " ") == " "  # a space is a stop string like any other
+    assert values.text("the system prompt", "") == ""
+
+
+@pytest.mark.parametrize("name,typed,expected", [
+    ("SPECCHAT_DTYPE", "float16", "float16"),
+    ("SPECCHAT_DTYPE", " Q4 ", "q4"),
+    ("SPECCHAT_DTYPE", "", None),
+    ("SPECCHAT_DTYPE", None, None),
+    ("SPECCHAT_BLAS", "BLIS", "blis"),
+    ("SPECCHAT_BLAS", "bundled", "bundled"),
+    ("SPECCHAT_BLAS", "/opt/blas/libcblas.so.3", "/opt/blas/libcblas.so.3"),
+])
+def test_an_environment_choice_comes_back_as_its_word_or_path(name, typed, expected):
+    assert values.choice(name, typed) == expected
+
+
+@pytest.mark.parametrize("name,typed,words", [
+    ("SPECCHAT_DTYPE", "float8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4; "
+                                 "got float8"),
+    ("SPECCHAT_DTYPE", "q8", "SPECCHAT_DTYPE must be float32, float16, bfloat16 or q4; got q8"),
+    ("SPECCHAT_BLAS", "blsi", "SPECCHAT_BLAS must be blis, openblas, bundled or the path of a "
+                              "CBLAS library; got blsi"),
+    ("SPECCHAT_BLAS", "libcblas.so\n", "got libcblas.so"),  # no such file here: a typo
+])
+def test_a_bad_environment_choice_is_one_line_naming_the_variable(name, typed, words):
+    with pytest.raises(values.BadValue) as caught:
+        values.choice(name, typed)
+    assert str(caught.value).endswith(words) and "\n" not in str(caught.value)
+
+
+def test_a_library_file_named_without_a_slash_is_a_path(tmp_path, monkeypatch):
+    (tmp_path / "libcblas.so").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECCHAT_BLAS", "libcblas.so")
+    assert values.environment("SPECCHAT_BLAS") == "libcblas.so"

@@ -7,6 +7,9 @@ import argparse
 import json
 import sys
 
+# The exit status of a command Ctrl-C stopped (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
+
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line (plus where to look), like every other error."""
@@ -33,7 +36,8 @@ def _text(name: str):
 
 def _refusing(check, name: str):
     """``check(name, text)`` as an argparse ``type``: its BadValue becomes
-    the usage error's one line."""
+    the usage error's one line. ``parse.value`` names the table entry, so
+    the tests can walk the options against the API's parameters."""
     from specchat import values
 
     def parse(text: str):
@@ -42,6 +46,7 @@ def _refusing(check, name: str):
         except values.BadValue as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
+    parse.value = name
     return parse
 
 
@@ -193,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
     mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
-    g.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    mode.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
                    help="with --draft: draft model only (default also uses suffix matches)")
+    g.set_defaults(subparser=g)
     g.add_argument("--prompt", required=True, type=_text("the prompt"), help="the user message")
     g.add_argument("--system", type=_text("the system prompt"), help="system prompt")
     _add_sampling(g)
@@ -225,7 +231,9 @@ def _add_serve(sub) -> None:
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
     mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
-    s.add_argument("--plain", action="store_true", help="plain decoding with the target only")
+    s.add_argument("--plain", action="store_true",
+                   help="plain decoding with the target only (not with --lookup)")
+    s.set_defaults(subparser=s)
     s.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
                    help="draft length: auto (adaptive, default) or a fixed N")
     s.add_argument("--host", default=DEFAULT_HOST,
@@ -246,13 +254,51 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from specchat import applog, startup
+def _refuse_contradictions(args) -> None:
+    """Options argparse's groups cannot express: each a usage error in the
+    words argparse uses for its own groups, never one option quietly
+    winning (``serve --plain --draft D`` stays: it serves a loaded pair
+    plainly, for comparison)."""
+    if args.command == "generate" and args.no_lookup and not args.draft:
+        args.subparser.error("argument --no-lookup: only with --draft")
+    if args.command == "serve" and args.plain and args.lookup:
+        args.subparser.error("argument --lookup: not allowed with argument --plain")
 
-    startup.prepare()
+
+def _failed(exc: BaseException) -> int:
+    """The one line for an error, exit status 1: a SpecChatError's own
+    words, anything else named as what it is."""
+    from specchat.errors import SpecChatError
+
+    if isinstance(exc, SpecChatError):
+        print(f"specchat: error: {exc}", file=sys.stderr)
+    else:
+        print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: exit 0, 1 with one line for an error, 2 for a usage
+    error, 130 when Ctrl-C stopped it (at any point, start-up included)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("specchat: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
+    from specchat import applog, startup
+    from specchat.errors import SpecChatError
+
+    try:
+        startup.prepare()  # first: before MLX, and a bad environment value before anything
+    except SpecChatError as exc:
+        return _failed(exc)
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)
+    _refuse_contradictions(args)
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -277,24 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         from specchat.ui import app
 
         return app.run(target=args.target, draft=args.draft, lookup=args.lookup)
-    except KeyboardInterrupt:
-        print("specchat: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # noqa: BLE001 - one clear line, never a traceback
-        from specchat.errors import SpecChatError
-
-        if isinstance(exc, SpecChatError):
-            print(f"specchat: error: {exc}", file=sys.stderr)
-        else:
-            print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc)
 
 
 def _request_from(args) -> tuple:
     from specchat.engine import modes
     from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 
-    mode = modes.for_pair(speculative=not args.plain and bool(args.lookup or args.draft),
+    mode = modes.for_pair(speculative=bool(args.lookup or args.draft),
                           has_draft=bool(args.draft), lookup=not args.no_lookup)
     if not args.prompt.strip():
         from specchat.engine.errors import EngineError
@@ -330,14 +367,20 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     client = make_client()
-    pair = client.load(args.target, args.draft if mode.needs_draft_model else None).wait(
-        on_event=progress)
+    loading = client.load(args.target, args.draft if mode.needs_draft_model else None)
+    try:
+        pair = loading.wait(on_event=progress)
+    except KeyboardInterrupt:  # Ctrl-C while loading: stop it, then exit as interrupted
+        _let_end(loading)
+        client.close()
+        raise
     job = client.generate(request)
     try:
         result = job.wait(on_event=stream)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the reply ends at the next step
         job.cancel()
-        result = job.wait()
+        result = job.wait(on_event=stream)  # the steps already made, and held-back text
+    cancelled = result.summary.finish_reason == "cancelled"
     s = result.summary
     if args.json:
         out = result.to_json()
@@ -354,8 +397,25 @@ def cmd_generate(args) -> int:
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
               f"{s.tokens_per_step:.2f} tokens/step{rate}, first token {s.ttft_s:.2f}s, "
               f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
+        if cancelled:
+            print("specchat: reply cancelled (Ctrl-C): the text above is incomplete",
+                  file=sys.stderr)
     client.close()
-    return 0
+    return INTERRUPTED if cancelled else 0
+
+
+def _let_end(job) -> None:
+    """Cancel ``job`` and wait until the engine thread has left it, however
+    it ends: a process that exits while that thread is inside MLX is
+    aborted at shutdown ("terminate called without an active exception",
+    SIGABRT instead of exit status 130)."""
+    from specchat.errors import SpecChatError
+
+    job.cancel()
+    try:
+        job.wait()
+    except SpecChatError:  # "Loading cancelled.", or whatever else ended it
+        pass
 
 
 def serve_pair(args) -> tuple[str, str | None]:

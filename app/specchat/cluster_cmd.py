@@ -1,22 +1,20 @@
 """``specchat cluster``: define a cluster (a hostfile) and start its ranks.
 
 A cluster lives in ``<home>/clusters/NAME/``: the hostfile ``mlx.launch``
-reads, plus links to the target's files so that the folder reads as the
-target (see engine/distributed/hostfile.py). ``start`` keeps ranks 1..N-1
-running; rank 0 is whatever loads the folder as its target: the app, or
-``specchat generate --target cluster:NAME``.
+reads, the cluster's secret (owner-only), plus links to the target's files
+so that the folder reads as the target (see engine/distributed/hostfile.py
+and secret.py). ``start`` keeps ranks 1..N-1 running and hands each the
+secret on its standard input; rank 0 is whatever loads the folder as its
+target: the app, or ``specchat generate --target cluster:NAME``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def add_parser(sub, model_ref) -> None:
@@ -25,13 +23,13 @@ def add_parser(sub, model_ref) -> None:
     m = csub.add_parser("create", help="write a cluster's hostfile (rank 0 is this machine)")
     m.add_argument("name")
     m.add_argument("--hosts", required=True,
-                   help="comma-separated IP addresses, rank 0 (this machine) first; "
-                        "repeat 127.0.0.1 for ranks on this machine")
+                   help="comma-separated IP addresses or host names, rank 0 (this machine) "
+                        "first; repeat 127.0.0.1 for ranks on this machine")
     m.add_argument("--model", required=True, type=model_ref,
                    help="the target (the same folder must exist on every host)")
     m.add_argument("--port", type=int, default=39100,
-                   help="first ring port; rank r uses port+r and control port port+N+r "
-                        "(default 39100)")
+                   help="first ring port; rank r uses port+r and control port port+N+r, "
+                        "all at most 65535 (default 39100)")
     m.add_argument("--layers", help="layers per rank, comma-separated (default: even split)")
     m.add_argument("--remote-command", default="specchat",
                    help="how ssh runs SpecChat on the other hosts (default: specchat)")
@@ -41,7 +39,8 @@ def add_parser(sub, model_ref) -> None:
     st = csub.add_parser("start", help="start ranks 1..N-1 and keep them running")
     st.add_argument("name")
     st.add_argument("--once", action="store_true", help="do not restart a rank that exits")
-    r = csub.add_parser("rank", help="run one rank (what start runs on each host)")
+    r = csub.add_parser("rank", help="run one rank (what start runs on each host); reads the "
+                                      "cluster's secret from standard input")
     r.add_argument("--rank", type=int, required=True)
     r.add_argument("--listen", required=True, metavar="HOST:PORT", help="the rank's control address")
     rm = csub.add_parser("rm", help="remove a cluster's definition")
@@ -51,12 +50,13 @@ def add_parser(sub, model_ref) -> None:
 
 
 def clusters_dir() -> Path:
-    from specchat.library.sources.cluster import clusters_dir
+    from specchat.engine.distributed.hostfile import clusters_dir
 
     return clusters_dir()
 
 
 def folder_of(name: str) -> Path:
+    from specchat.engine.distributed.hostfile import NAME
     from specchat.engine.errors import EngineError
 
     if not NAME.match(name):
@@ -119,21 +119,21 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if cmd == "rm":
         folder, _ = read(args.name)
-        shutil.rmtree(folder)  # links and the hostfile only: the model stays where it is
+        shutil.rmtree(folder)  # links, the hostfile and the secret: the model stays where it is
         return 0
     if cmd == "start":
+        from specchat.engine.distributed import secret
         from specchat.engine.distributed.launch import Supervisor
 
-        _folder, spec = read(args.name)
-        return Supervisor(spec, lambda m: print(m, flush=True), once=args.once).run()
+        folder, spec = read(args.name)
+        return Supervisor(spec, secret.read(folder), lambda m: print(m, flush=True),
+                          once=args.once).run()
     if cmd == "rank":
+        from specchat.engine.distributed import secret
         from specchat.engine.distributed.rank import serve
-        from specchat.engine.errors import EngineError
 
-        host, _, port = args.listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise EngineError(f"--listen takes HOST:PORT; got {args.listen}")
-        return serve(args.rank, host.strip("[]"), int(port))
+        host, port = hostfile.parse_address(args.listen)
+        return serve(args.rank, host, port, secret.from_stdin(sys.stdin.buffer, sys.stdin.isatty()))
     raise AssertionError(cmd)
 
 

@@ -10,9 +10,16 @@ import os
 
 
 def prepare() -> None:
-    """Load the system BLAS (it only takes effect before MLX is imported;
-    engine/blas.py) and quiet transformers' import-time warning that
-    PyTorch is missing (SpecChat never needs PyTorch)."""
+    """Check the environment variables SpecChat reads (``values.CHOICES``:
+    a bad one is a ``BadValue``, one line naming the variable and what it
+    takes, before anything is loaded), load the system BLAS (it only takes
+    effect before MLX is imported; engine/blas.py) and quiet transformers'
+    import-time warning that PyTorch is missing (SpecChat never needs
+    PyTorch)."""
+    from specchat import values
+
+    for name in values.CHOICES:
+        values.environment(name)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from specchat.engine import blas
 

@@ -1,15 +1,19 @@
 """The allowed range of every number and word a user can type, in one table.
 
-The CLI, the GUI's settings, the stored settings and the engine all check
-values here, so a bad temperature gets the same one-line answer wherever it
-was typed ("temperature must be a number from 0 to 5 (0 = greedy); got nan")
-and a stored settings row with a bad field falls back for that field only.
-This module imports nothing but ``specchat.errors``, so every layer may use it.
+The CLI, the API, the GUI's settings, the stored settings and the engine all
+check values here, so a bad temperature gets the same one-line answer
+wherever it was typed ("temperature must be a number from 0 to 5 (0 =
+greedy); got nan") and a stored settings row with a bad field falls back for
+that field only. Environment variables that choose among a few words
+(``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
+This module imports nothing of SpecChat's but ``specchat.errors``, so every
+layer may use it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from specchat.errors import SpecChatError
@@ -63,7 +67,50 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("context", int, 16, 1_048_576, "tokens"),
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
+    Limit("cluster port", int, 1, 65535, "a cluster's first port"),
 )}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An environment variable that takes one of a few words (any case),
+    or with ``paths`` also the path of a file: text with a ``/`` in it, or
+    the name of a file that exists."""
+
+    name: str
+    words: tuple[str, ...]
+    paths: str = ""  # what a path names ("the path of a CBLAS library"); "" = no paths
+
+    def describe(self) -> str:
+        options = [*self.words, self.paths] if self.paths else list(self.words)
+        return f"{self.name} must be {', '.join(options[:-1])} or {options[-1]}"
+
+
+CHOICES: dict[str, Choice] = {c.name: c for c in (
+    Choice("SPECCHAT_DTYPE", ("float32", "float16", "bfloat16", "q4")),
+    Choice("SPECCHAT_BLAS", ("blis", "openblas", "bundled"), "the path of a CBLAS library"),
+)}
+
+
+def choice(name: str, value: str | None) -> str | None:
+    """``value`` as one of ``CHOICES[name]``'s words (lower case) or, where
+    it takes one, a path (as typed, stripped); None when nothing is set;
+    else ``BadValue`` naming the variable and what it takes."""
+    entry = CHOICES[name]
+    text = (value or "").strip()
+    if not text:
+        return None
+    if text.lower() in entry.words:
+        return text.lower()
+    if entry.paths and ("/" in text or os.sep in text or os.path.isfile(text)):
+        return text
+    raise BadValue(f"{entry.describe()}; got {_shown(text)}")
+
+
+def environment(name: str) -> str | None:
+    """The environment variable ``name`` checked by ``choice``: a typo such
+    as ``SPECCHAT_BLAS=blsi`` is refused in one line, not quietly ignored."""
+    return choice(name, os.environ.get(name))
 
 
 def check(name: str, value: object) -> int | float | None:
@@ -97,23 +144,39 @@ def _parse(limit: Limit, value: object) -> int | float:
 
 
 def _number(limit: Limit, value: object) -> int | float:
+    typed = value  # what the message shows: the text as typed, not its parse
     if isinstance(value, bool):
         raise BadValue(f"{limit.describe()}; got {_shown(value)}")
     if isinstance(value, str):
-        text = value.strip()
+        typed = value.strip()
         try:
-            value = int(text) if limit.kind is int else float(text)
+            value = _whole(typed) if limit.kind is int else float(typed)
         except ValueError:
-            raise BadValue(f"{limit.describe()}; got {_shown(text)}") from None
+            raise BadValue(f"{limit.describe()}; got {_shown(typed)}") from None
     if limit.kind is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+            raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
         return value
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
     return float(value)
+
+
+def _whole(text: str) -> int | float:
+    """Typed text for a whole number: an integer exactly (a seed of 40
+    digits stays itself), else the number it writes ("2.0", "1e3"), which
+    ``_number`` takes when it is whole, as it takes the JSON number 2.0."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+# Text that cannot be empty: an empty stop string would end every reply
+# before its first character, an empty prompt asks nothing.
+NOT_EMPTY = frozenset({"a stop string", "the prompt"})
 
 
 def text(name: str, value: object) -> str:
@@ -122,7 +185,7 @@ def text(name: str, value: object) -> str:
     surrogates (argv and file names use surrogate escapes), which no
     tokenizer can encode; refusing them here keeps that from becoming an
     internal error deep in the engine. The message never repeats the text,
-    so printing it cannot fail too."""
+    so printing it cannot fail too. Text in ``NOT_EMPTY`` must not be empty."""
     if not isinstance(value, str):
         raise BadValue(f"{name} must be text; got {type(value).__name__}")
     try:
@@ -133,6 +196,8 @@ def text(name: str, value: object) -> str:
                 else f"the lone surrogate U+{char:04X}")
         raise BadValue(f"{name} is not valid UTF-8 text: {what} at character "
                        f"{exc.start + 1}; save or type it as UTF-8") from None
+    if not value and name in NOT_EMPTY:
+        raise BadValue(f"{name} must not be empty")
     return value
 
 

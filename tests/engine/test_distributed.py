@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
+import re
 import signal
-import socket
+import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from clustertools import Lines, free_base
 
 HERE = Path(__file__).parent
 PROMPT = "def fibonacci(n): the quick brown fox"
@@ -31,53 +30,6 @@ REQUESTS = [
 LONG = {"mode": "plain", "prompt": PROMPT, "max_tokens": 200}
 
 
-def _free_base(count: int) -> int:
-    """A port p with p .. p+count-1 all free on 127.0.0.1."""
-    for _ in range(50):
-        base = random.randint(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
-class Lines:
-    """A process's stdout, read on a thread, searchable while it runs."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-
-    def wait_for(self, text: str, after: int = 0, timeout: float = 60) -> tuple[int, str]:
-        """(index, line) of the first line from ``after`` on containing ``text``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i in range(after, len(self.lines)):
-                    if text in self.lines[i]:
-                        return i, self.lines[i]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {text!r} in:\n" + "\n".join(self.lines))
-                self._cond.wait(left)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_target):
     """Cluster "lab": rank 0 here, rank 1 a second local process, kept
@@ -87,7 +39,7 @@ def cluster(tmp_path_factory, tiny_target):
     # for any process the user starts (it would pass for the user's own).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BLIS_", "OPENBLAS_"))}
     env["SPECCHAT_HOME"] = str(home)
-    base = _free_base(4)
+    base = free_base(4)
     create = subprocess.run(
         [sys.executable, "-m", "specchat", "cluster", "create", "lab", "--hosts",
          "127.0.0.1,127.0.0.1", "--model", str(tiny_target), "--port", str(base),
@@ -154,6 +106,23 @@ def test_the_hostfile_is_the_one_mlx_launch_reads(cluster):
     listed = subprocess.run([sys.executable, "-m", "specchat", "cluster", "list"],
                             env=cluster["env"], capture_output=True, text=True, timeout=60)
     assert listed.stdout.strip() == "lab: target-llama, 2 ranks, every rank answers"
+
+
+def test_the_secret_is_the_owners_alone_and_never_in_a_ranks_arguments(cluster):
+    """`cluster create` made a random secret readable by its owner only;
+    `cluster start` handed it to rank 1 on stdin, so neither `ps` (its
+    arguments) nor its environment shows it, and nothing printed it."""
+    path = cluster["folder"] / "secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = path.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key)
+    pid = _rank1_pid(cluster["out"])
+    args = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(pid)], capture_output=True,
+                          text=True, check=True).stdout
+    assert f"cluster rank --rank 1 --listen 127.0.0.1:{cluster['base'] + 3}" in args
+    assert key.strip() not in args
+    assert key.strip().encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    assert key.strip() not in cluster["out"].text()
 
 
 def test_two_ranks_give_one_process_ids_plain_and_speculative(rank0):

@@ -74,3 +74,31 @@ def test_a_missing_library_falls_back_to_mlx_own_blas():
     st = _probe(SPECCHAT_BLAS="/nonexistent/libcblas.so")
     assert st["name"] == "bundled" and st["ok"]
     assert "no system BLAS found" in st["note"]
+
+
+@linux
+def test_a_library_is_named_in_any_case():
+    st = _probe(SPECCHAT_BLAS="BLIS")
+    assert st["name"] == "blis" and st["ok"], st
+
+
+def test_an_unknown_library_name_is_refused_not_ignored():
+    """``blsi`` is no library and no path: start-up refuses it in one line
+    (a SpecChatError the CLI prints), where it used to run on MLX's slow
+    BLAS without a word; asked again, it is refused again."""
+    code = textwrap.dedent("""
+        from specchat import startup
+        from specchat.engine import blas
+        from specchat.errors import SpecChatError
+        for check in (startup.prepare, blas.status):
+            try:
+                check()
+            except SpecChatError as exc:
+                print(type(exc).__name__, exc)
+    """)
+    env = {**os.environ, "SPECCHAT_BLAS": "blsi"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    line = ("BadValue SPECCHAT_BLAS must be blis, openblas, bundled or the path of a CBLAS "
+            "library; got blsi")
+    assert out == [line, line]

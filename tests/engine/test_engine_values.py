@@ -42,6 +42,8 @@ BAD = {
                          "the system prompt is not valid UTF-8"),
     "stop string not UTF-8": (replace(BASE, stop_strings=("\udcff",)),
                               "a stop string is not valid UTF-8"),
+    "stop string empty": (replace(BASE, stop_strings=("ok", "")),
+                          "a stop string must not be empty"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }
@@ -115,3 +117,18 @@ def test_a_real_bug_is_still_reported_as_one_line():
                                    "ValueError: first line")
     assert "Traceback" in job.outcome.detail
     assert not issubclass(ValueError, SpecChatError)
+
+
+def test_a_bad_dtype_in_the_environment_fails_the_load_in_one_line(tiny_target, monkeypatch):
+    """What the window shows when a load fails: SPECCHAT_DTYPE's one line,
+    not an internal error (it used to be a ValueError, reported as a bug)."""
+    monkeypatch.setenv("SPECCHAT_DTYPE", "float8")
+    c = EngineClient()
+    try:
+        job = c.load(str(tiny_target))
+        with pytest.raises(EngineError):
+            job.wait(120)
+        assert job.outcome.message == ("SPECCHAT_DTYPE must be float32, float16, bfloat16 or "
+                                       "q4; got float8")
+    finally:
+        c.close()

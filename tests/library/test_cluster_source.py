@@ -3,8 +3,17 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+import time
+
 import pytest
+from clustertools import Trap
 from specchat.engine.distributed import hostfile
+from specchat.engine.errors import EngineError
+from specchat.errors import SpecChatError
 from specchat.library import compatibility, refs, sources
 from specchat.library.errors import LibraryError
 from specchat.library.sources.cluster import ClusterSource, clusters_dir
@@ -27,8 +36,6 @@ def test_a_cluster_resolves_to_a_folder_that_reads_as_its_target(lib_home, monke
 
 
 def test_a_cluster_needs_two_hosts_and_a_split_per_rank(tiny_target):
-    from specchat.engine.errors import EngineError
-
     with pytest.raises(EngineError, match="2 or more hosts"):
         hostfile.plan("one", tiny_target, ["127.0.0.1"], 39100)
     with pytest.raises(EngineError, match="lists 3 counts for 2 ranks"):
@@ -36,15 +43,15 @@ def test_a_cluster_needs_two_hosts_and_a_split_per_rank(tiny_target):
 
 
 def test_the_memory_check_counts_rank_0s_share_of_a_cluster_target(lib_home, tiny_target):
-    """The other ranks' layers are in the other machines' memory: a 3:1
-    split leaves three quarters of the target on rank 0."""
+    """The other ranks' layers are in the other machines' memory: a 4:2
+    split of the 6 layers leaves two thirds of the target on rank 0."""
     from specchat.library.memory import check_pair
 
-    spec = hostfile.plan("split", tiny_target, ["127.0.0.1", "127.0.0.1"], 39100, [3, 1])
+    spec = hostfile.plan("split", tiny_target, ["127.0.0.1", "127.0.0.1"], 39100, [4, 2])
     folder = hostfile.write(clusters_dir() / "split", spec)
     whole = check_pair(tiny_target, available=None).target_weights
     share = check_pair(folder, available=None).target_weights
-    assert share == pytest.approx(whole * 3 / 4, rel=0.01)
+    assert share == pytest.approx(whole * 4 / 6, rel=0.01)
 
 
 def test_asking_the_ranks_names_what_is_wrong_and_one_bad_cluster_spoils_no_other(
@@ -91,3 +98,114 @@ def test_asking_the_ranks_names_what_is_wrong_and_one_bad_cluster_spoils_no_othe
     # A Hub download's folder is named by its repository, not its commit.
     snap = "/cache/models--Qwen--Qwen2.5-7B-Instruct/snapshots/" + "a" * 40
     assert model_name(snap) == "Qwen/Qwen2.5-7B-Instruct"
+
+
+LOCAL2 = ["127.0.0.1", "127.0.0.1"]
+
+
+@pytest.mark.parametrize("hosts, port, layers, message", [
+    (["127.0.0.1", "-oProxyCommand=touch x"], 39100, None,
+     "'-oProxyCommand=touch x' is not an IP address or a host name."),
+    (["127.0.0.1", "host name"], 39100, None, "'host name' is not an IP address or a host name."),
+    (["0.0.0.0", "10.0.0.2"], 39100, None,
+     "0.0.0.0 is not a host: it means any address of a machine; give each machine's own address."),
+    (["127.0.0.1", "::"], 39100, None,
+     ":: is not a host: it means any address of a machine; give each machine's own address."),
+    (["127.0.0.1", "224.0.0.1"], 39100, None, "224.0.0.1 is a multicast address, not a host."),
+    (LOCAL2, 65533, None, "--port 65533 leaves no room for 2 ranks: they use ports 65533 to "
+                          "65536, past 65535; pick a port up to 65532."),
+    (LOCAL2, 70000, None,
+     "cluster port must be a whole number from 1 to 65535 (a cluster's first port); got 70000"),
+    (LOCAL2, 0, None,
+     "cluster port must be a whole number from 1 to 65535 (a cluster's first port); got 0"),
+    (LOCAL2, 39100, [6, 0], "--layers gives each rank 1 or more layers; got 6,0."),
+    (LOCAL2, 39100, [-1, 7], "--layers gives each rank 1 or more layers; got -1,7."),
+    (LOCAL2, 39100, [4, 4], "--layers adds up to 8 layers, but the model has 6."),
+    (["127.0.0.1"] * 7, 39100, None,
+     "The model has 6 layers, fewer than the 7 ranks: each rank needs one or more."),
+    (["127.0.0.1"] * 65, 1000, None, "A cluster has at most 64 hosts; got 65."),
+])
+def test_create_refuses_what_cannot_be_a_cluster(tiny_target, hosts, port, layers, message):
+    with pytest.raises(SpecChatError) as err:
+        hostfile.plan("lab", tiny_target, hosts, port, layers)
+    assert str(err.value) == message
+
+
+def test_create_says_what_is_wrong_in_one_line_and_writes_nothing(lib_home, tiny_target):
+    for hosts, port, message in (
+            ("127.0.0.1,-oProxyCommand=x", "39100",
+             "'-oProxyCommand=x' is not an IP address or a host name."),
+            ("127.0.0.1,10.0.0.2", "65535", "--port 65535 leaves no room for 2 ranks: they use "
+                                            "ports 65535 to 65538, past 65535; pick a port up "
+                                            "to 65532.")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", "cluster", "create", "lab",
+                               f"--hosts={hosts}", "--model", str(tiny_target), "--port", port],
+                              capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"specchat: error: {message}\n")
+    assert not clusters_dir().exists()
+
+
+def test_a_hostfile_edited_to_a_bad_host_or_port_is_refused_when_read(lib_home, tiny_target):
+    folder = hostfile.write(clusters_dir() / "lab",
+                            hostfile.plan("lab", tiny_target, LOCAL2, 39100))
+    path = folder / hostfile.HOSTFILE
+    good = json.loads(path.read_text())
+    for edit, why in (
+            (lambda d: d["hosts"][1].update(ssh="-oProxyCommand=x"),
+             "'-oProxyCommand=x' is not an IP address or a host name."),
+            (lambda d: d["hosts"][1].update(ips=["0.0.0.0"]),
+             "0.0.0.0 is not a host: it means any address of a machine; give each machine's own "
+             "address."),
+            (lambda d: d["specchat"].update(control_ports=[39102, 70000]),
+             "port 70000 is not from 1 to 65535"),
+            (lambda d: d["specchat"].update(layers=[7, -1]),
+             "--layers gives each rank 1 or more layers; got 7,-1.")):
+        data = json.loads(json.dumps(good))
+        edit(data)
+        path.write_text(json.dumps(data))
+        with pytest.raises(EngineError) as err:
+            hostfile.read(folder)
+        assert str(err.value) == f"{path} is not a SpecChat cluster hostfile ({why})."
+
+
+def test_the_secret_is_made_once_for_the_owner_alone(lib_home, tiny_target):
+    """Made by the first write, kept by the next (ranks started with it
+    still answer), readable by its owner only; one others can read is
+    refused."""
+    from specchat.engine.distributed import secret
+
+    spec = hostfile.plan("lab", tiny_target, LOCAL2, 39100)
+    folder = hostfile.write(clusters_dir() / "lab", spec)
+    key = secret.read(folder)
+    assert len(key) == 32 and (folder / "secret").stat().st_mode & 0o777 == 0o600
+    hostfile.write(folder, spec)
+    assert secret.read(folder) == key
+    (folder / "secret").chmod(0o644)
+    with pytest.raises(EngineError) as err:
+        secret.read(folder)
+    assert str(err.value) == (f"{folder / 'secret'} can be read by other users (mode 0644): "
+                              f"run `chmod 600 {folder / 'secret'}`.")
+
+
+def _hostfile_dialling(trap: Trap, tiny_target) -> bytes:
+    """A hostfile whose rank 1 listens on the trap: what loading a folder
+    holding it as a cluster would dial."""
+    spec = hostfile.plan("evil", tiny_target, LOCAL2, trap.port - 3)
+    return json.dumps(spec.to_json()).encode()
+
+
+def test_a_model_folder_holding_a_hostfile_loads_as_a_model(lib_home, tmp_path, tiny_target):
+    """Only `specchat cluster create` makes a cluster: a folder elsewhere
+    with a hostfile loads on this machine and dials nobody."""
+    from specchat.engine.session import Engine
+
+    folder = shutil.copytree(tiny_target, tmp_path / "downloaded-model")
+    with Trap() as trap:
+        (folder / hostfile.HOSTFILE).write_bytes(_hostfile_dialling(trap, tiny_target))
+        assert not hostfile.is_cluster_folder(folder)
+        pair = Engine().load(folder)
+        assert pair.target.name == "downloaded-model" and pair.target.path == str(folder)
+        time.sleep(0.5)
+        assert trap.calls == []
+    assert compatibility.describe(str(folder)).params == compatibility.describe(
+        str(tiny_target)).params

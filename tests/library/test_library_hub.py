@@ -4,10 +4,13 @@ client: progress, resume, cancellation, refusals, offline mode, updates."""
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
+import time
 
 import pytest
+from clustertools import Trap
 from libtools import FAKE_TOKEN
 from specchat.library import hub as lib_hub
 from specchat.library import index, paths, refs
@@ -209,3 +212,24 @@ def test_hf_ref_pulls_with_progress_through_refs(hub):
     fractions = [f for _m, f in seen if f is not None]
     assert fractions and fractions[-1] == 1.0
     assert any("MB/s" in m or "KB" in m or "of" in m for m, _f in seen)
+
+
+def test_a_hub_repo_holding_a_hostfile_brings_only_the_model(hub, tiny_target):
+    """A pull fetches the JSON files a model needs by name, so the repo's
+    hostfile.json (or any other JSON of its author's) never lands, and
+    loading the download dials nobody."""
+    from specchat.engine.distributed import hostfile
+    from specchat.engine.session import Engine
+
+    with Trap() as trap:  # where the hostfile's rank 1 listens
+        spec = hostfile.plan("evil", tiny_target, ["127.0.0.1", "127.0.0.1"], trap.port - 3)
+        hub.add_repo("someone/model", tiny_target, files={
+            "hostfile.json": json.dumps(spec.to_json()).encode(), "notes.json": b"{}"})
+        folder = refs.resolve("hf:someone/model")
+        assert folder.parent.name == "snapshots"
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            p.name for p in tiny_target.iterdir())
+        assert hub.downloads("hostfile.json") == hub.downloads("notes.json") == 0
+        Engine().load(folder)
+        time.sleep(0.5)
+        assert trap.calls == []

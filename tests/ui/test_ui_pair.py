@@ -187,9 +187,11 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
     assert "specchat cluster start lab" in item.toolTip()
     assert picker.draft.findData("cluster:lab") < 0  # the draft runs here, never on a cluster
 
-    rank = subprocess.Popen([sys.executable, "-m", "specchat", "cluster", "rank", "--rank", "1",
-                             "--listen", f"127.0.0.1:{spec.ranks[1].control_port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with (clusters_dir() / "lab" / "secret").open("rb") as key:  # as `cluster start` hands it
+        rank = subprocess.Popen([sys.executable, "-m", "specchat", "cluster", "rank", "--rank",
+                                 "1", "--listen", f"127.0.0.1:{spec.ranks[1].control_port}"],
+                                stdin=key, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
     try:
         assert select.select([rank.stdout], [], [], 60)[0], "rank 1 did not start"
         assert "waiting for rank 0" in rank.stdout.readline()

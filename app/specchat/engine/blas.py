@@ -14,7 +14,9 @@ the development machine). A system BLAS loaded RTLD_GLOBAL before the first
   costs about twice what it does with BLIS.
 
 ``SPECCHAT_BLAS`` overrides the choice: ``blis``, ``openblas``, ``bundled``
-(no preload), or a path to any CBLAS library.
+(no preload), or a path to any CBLAS library (``specchat.values.CHOICES``;
+anything else is refused in one line, a path that does not exist falls
+back to MLX's own BLAS and the status says so).
 
 Threads. Both libraries split a product of several rows over threads that
 meet at spin barriers (OpenBLAS threads one-row products too), and a barrier
@@ -36,6 +38,8 @@ import ctypes
 import os
 import sys
 from dataclasses import dataclass
+
+from specchat import values
 
 # Debian/Ubuntu paths first, then other common layouts.
 _LIBRARIES = {
@@ -107,11 +111,13 @@ def _fixed_threads(kind: str) -> int | None:
 
 
 def preload() -> BlasStatus:
-    """Load the best system BLAS once, if on Linux and MLX is not imported yet."""
+    """Load the best system BLAS once, if on Linux and MLX is not imported
+    yet. A bad ``SPECCHAT_BLAS`` is a ``BadValue`` (and stays one: nothing
+    is remembered until the value is good)."""
     global _status, _lib
     if _status is not None:
         return _status
-    choice = os.environ.get("SPECCHAT_BLAS", "").strip()
+    choice = values.environment("SPECCHAT_BLAS") or ""
     if sys.platform == "darwin":
         _status = BlasStatus("accelerate", None, "MLX uses Accelerate/Metal on macOS")
     elif not sys.platform.startswith("linux") or choice == "bundled":

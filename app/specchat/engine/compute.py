@@ -4,22 +4,23 @@ On Apple GPUs decoding is bandwidth-bound and MLX's 4-bit kernels are fast,
 so weights are quantized to 4 bits. On CPU, MLX's bf16/quantized kernels are
 slow while float32 goes through BLAS (BLIS or OpenBLAS when present), so float32 is
 the fast path there. The choice is made at run time from what MLX reports;
-SPECCHAT_DTYPE (float32, float16, bfloat16, q4) overrides it for experiments.
+SPECCHAT_DTYPE (float32, float16, bfloat16, q4: ``specchat.values.CHOICES``)
+overrides it for experiments.
 """
 
 from __future__ import annotations
-
-import os
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-# The package's __init__ has already loaded the system BLAS before this MLX import.
+# The entry point (specchat.startup.prepare) has loaded the system BLAS before this MLX import.
+from specchat import values
 from specchat.engine import blas
 from specchat.engine.events import ComputeInfo
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+DTYPES = values.CHOICES["SPECCHAT_DTYPE"].words  # what ComputeInfo.dtype may be
 
 
 def gpu_available() -> bool:
@@ -30,14 +31,10 @@ def gpu_available() -> bool:
 
 
 def detect() -> ComputeInfo:
+    """The policy here. A bad SPECCHAT_DTYPE or SPECCHAT_BLAS is a
+    ``BadValue`` (a SpecChatError: the engine thread reports its one line)."""
     device = "gpu" if gpu_available() else "cpu"
-    override = os.environ.get("SPECCHAT_DTYPE", "").strip().lower()
-    if override:
-        if override not in (*_DTYPES, "q4"):
-            raise ValueError(f"SPECCHAT_DTYPE={override!r}: use float32, float16, bfloat16 or q4")
-        dtype = override
-    else:
-        dtype = "q4" if device == "gpu" else "float32"
+    dtype = values.environment("SPECCHAT_DTYPE") or ("q4" if device == "gpu" else "float32")
     st = blas.status()
     return ComputeInfo(device=device, dtype=dtype, blas=st.name, note=st.note)
 

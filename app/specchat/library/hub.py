@@ -55,9 +55,20 @@ from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
 from specchat.library.units import size_text
 
+# The JSON files loading reads: mlx-lm's load_config (config, generation and
+# ModelOpt quantization configs), its sharded loading (the weight index), and
+# transformers' tokenizer (its files, special and added tokens, a BPE
+# vocabulary, a chat template kept as JSON). Named one by one rather than
+# "*.json": a repo's other JSON files are the author's, not the model's (a
+# hostfile.json in a model folder once made loading it connect to the hosts
+# it named), and nothing else reads them.
+MODEL_JSON = ["config.json", "generation_config.json", "hf_quant_config.json",
+              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json", "vocab.json", "chat_template.json"]
 # What mlx-lm needs from a repo (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS without
-# *.py: SpecChat never runs repository code).
-ALLOW_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken",
+# *.py, since SpecChat never runs repository code, and with MODEL_JSON for
+# *.json). Folder imports copy the same files (importing.wanted_files).
+ALLOW_PATTERNS = [*MODEL_JSON, "model*.safetensors", "tokenizer.model", "*.tiktoken",
                   "tiktoken.model", "*.txt", "*.jinja"]
 # Read size when checking files on disk: how often progress is reported and
 # Cancel is noticed while hashing (downloads write bytes as they arrive).

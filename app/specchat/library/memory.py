@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from specchat import values
 from specchat.library.errors import LibraryError
 
 # 4-bit MLX quantization stores a float16 scale and bias per group of 64
@@ -30,17 +31,17 @@ from specchat.library.errors import LibraryError
 BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "q4": 4.5 / 8, "q8": 8.5 / 8}
 RUNTIME_FRACTION = 0.05
 RUNTIME_FIXED = 256 * 1024**2
-DTYPES = tuple(BYTES_PER_PARAM)
 
 
 def compute_dtype() -> str:
-    """The dtype the engine will use here: SPECCHAT_DTYPE, else q4 on Apple
-    Silicon (Metal) and float32 elsewhere (CPU)."""
-    override = os.environ.get("SPECCHAT_DTYPE", "").strip().lower()
+    """The dtype the engine will use here: SPECCHAT_DTYPE (checked as the
+    engine checks it, ``specchat.values``), else q4 on Apple Silicon (Metal)
+    and float32 elsewhere (CPU)."""
+    try:
+        override = values.environment("SPECCHAT_DTYPE")
+    except values.BadValue as exc:
+        raise LibraryError(str(exc)) from None
     if override:
-        if override not in DTYPES:
-            raise LibraryError(
-                f"SPECCHAT_DTYPE={override!r}: use float32, float16, bfloat16 or q4")
         return override
     if sys.platform == "darwin" and platform.machine() == "arm64":
         return "q4"

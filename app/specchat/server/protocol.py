@@ -163,16 +163,14 @@ def _sampling(body: dict) -> SamplingParams:
                           seed=get("seed", "seed", None))
 
 
-def _nonempty_text(what: str, value: object, param: str) -> str:
-    """A text value (specchat.values' rule for ``what``), not empty; refused
-    as a 400 naming ``param``."""
+def _text(what: str, value: object, param: str) -> str:
+    """A text value by specchat.values' rule for ``what`` (the CLI's, which
+    refuses an empty stop string or prompt too); refused as a 400 naming
+    ``param``."""
     try:
-        text = values.text(what, value)
+        return values.text(what, value)
     except values.BadValue as exc:
         raise bad_value(str(exc), param) from None
-    if not text:
-        raise bad_value(f"{what} must not be empty", param)
-    return text
 
 
 def _stop(stop: object) -> tuple[str, ...]:
@@ -181,7 +179,7 @@ def _stop(stop: object) -> tuple[str, ...]:
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list):
         raise bad_value("stop must be a string or a list of strings", "stop")
-    out = [_nonempty_text("a stop string", s, "stop") for s in items]
+    out = [_text("a stop string", s, "stop") for s in items]
     return tuple(out)
 
 
@@ -231,7 +229,7 @@ def _prompt(prompt: object) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return _nonempty_text("the prompt", prompt, "prompt"), None
+        return _text("the prompt", prompt, "prompt"), None
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
         return None, tuple(prompt)

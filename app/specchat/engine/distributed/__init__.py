@@ -9,9 +9,13 @@ carrying the token ids), so they run their layers in lockstep; see
 docs/engine.md "Past one machine".
 
 Modules: ``hostfile`` (the cluster folder and its mlx.launch hostfile; no
-MLX), ``stages`` (which layers a rank holds; llama's pipeline support),
-``protocol`` (the command a collective carries), ``control`` (the side
-channel: rendezvous, heartbeats, the watchdog), ``head`` (rank 0: the
-target object the engine uses), ``rank`` (ranks 1..N-1) and ``launch``
-(starting them). Importing this package imports no MLX.
+MLX), ``secret`` (the cluster's shared secret), ``stages`` (which layers a
+rank holds; llama's pipeline support), ``protocol`` (the command a
+collective carries), ``control`` (the side channel: rendezvous,
+heartbeats, the watchdog), ``wire`` and ``handshake`` (its checked
+messages, and the proof of the secret before a rank acts on any),
+``ringfile`` (the ring layout handed to MLX without a file), ``head``
+(rank 0: the target object the engine uses), ``rank`` (ranks 1..N-1) and
+``launch`` (starting them). Importing this package imports no MLX.
+Security: docs/engine.md, "Past one machine".
 """

@@ -1,5 +1,6 @@
 """The side channel beside MLX's ring: one TCP connection from rank 0 to
-each other rank, carrying JSON lines.
+each other rank, carrying JSON lines (wire.py), opened only after both ends
+proved the cluster's secret (handshake.py).
 
 MLX's ring cannot tell rank 0 much: ``init`` blocks until every rank has
 connected, a collective whose peer's process died fails (the kernel closes
@@ -16,12 +17,14 @@ waits forever. So the control channel does what the ring cannot:
   in MLX returns with an error instead of hanging the engine thread.
 
 TCP keepalive on every connection bounds how long a silently vanished host
-goes unnoticed. Nothing here calls MLX.
+goes unnoticed. A rank takes each connection on a thread of its own, with
+a deadline, so a stranger who connects and says nothing, or something
+that is not a message, or without the secret, loses that connection and
+holds up nobody. Nothing here calls MLX.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import select
@@ -32,12 +35,16 @@ import threading
 import time
 from collections.abc import Callable
 
+from specchat.engine.distributed import handshake, wire
 from specchat.engine.distributed.hostfile import ClusterSpec, Rank
+from specchat.engine.distributed.wire import Line, Message, ProtocolError
 from specchat.engine.errors import EngineError
 
 BEAT_S = 1.0
 SILENCE_S = 15.0  # no heartbeat for this long: the rank is lost
-CONNECT_S = 5.0
+CONNECT_S = 5.0  # a handshake's deadline, on both ends
+PENDING = 32  # connections a rank takes at once before rank 0 has joined
+RANK_SAYS = ("beat", "loaded", "failed", "error")  # what a joined rank may send
 
 
 def keepalive(sock: socket.socket, idle: int = 5, interval: int = 2, count: int = 3) -> None:
@@ -59,50 +66,12 @@ def keepalive(sock: socket.socket, idle: int = 5, interval: int = 2, count: int 
             pass
 
 
-class Line:
-    """JSON lines over one socket (sends from any thread)."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._buf = b""
-        self._lock = threading.Lock()
-
-    def send(self, message: dict) -> None:
-        data = (json.dumps(message) + "\n").encode()
-        with self._lock:
-            self.sock.sendall(data)
-
-    def feed(self, data: bytes) -> list[dict]:
-        """Messages completed by ``data``."""
-        self._buf += data
-        *lines, self._buf = self._buf.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def read_one(self, timeout: float) -> dict | None:
-        """The next message, or None on EOF or timeout (before any watcher runs)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                return json.loads(line)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(65536)
-            except (TimeoutError, OSError):
-                return None
-            if not data:
-                return None
-            self._buf += data
-
-
 class Peers:
     """Rank 0's connections to ranks 1..N-1, and the watchdog over them."""
 
-    def __init__(self, spec: ClusterSpec):
+    def __init__(self, spec: ClusterSpec, secret: bytes):
         self.spec = spec
+        self.secret = secret
         self.lines: dict[int, Line] = {}
         self.inbox: dict[int, queue.Queue] = {}
         self.lost: tuple[int, str] | None = None  # (rank, why), the first loss only
@@ -112,19 +81,32 @@ class Peers:
         self._lost_event = threading.Event()
 
     def connect(self) -> None:
-        """Reach every rank's control port and hand it the ring layout."""
-        for peer in self.spec.ranks[1:]:
+        """Reach every rank's control port, prove the secret, and hand the
+        rank the ring layout and the model (what it will agree to load)."""
+        spec = self.spec
+        for peer in spec.ranks[1:]:
             sock = self._dial(peer)
             keepalive(sock)
             line = Line(sock)
-            line.send({"join": {"cluster": self.spec.name, "rank": peer.rank,
-                                "size": self.spec.size, "ring": self.spec.ring_hostfile()}})
-            reply = line.read_one(CONNECT_S)
-            if reply is None or "error" in reply:
-                why = reply["error"] if reply else "it did not answer"
+            join = {"cluster": spec.name, "rank": peer.rank, "size": spec.size,
+                    "ring": spec.ring_hostfile(), "model": spec.model,
+                    "layers": list(spec.layers) if spec.layers else None}
+            where = f"Rank {peer.rank} of cluster {spec.name} ({peer.ip}:{peer.control_port})"
+            try:
+                reply = handshake.ask(line, self.secret, peer.rank, "join", join, CONNECT_S)
+            except handshake.NotOurs as exc:
+                line.close()
                 self.close()
-                raise EngineError(f"Rank {peer.rank} of cluster {self.spec.name} "
-                                  f"({peer.ip}) refused to join: {why}.")
+                raise EngineError(f"The process at {peer.ip}:{peer.control_port} {exc}: "
+                                  f"restart the ranks with `specchat cluster start {spec.name}`.") from None
+            except (ProtocolError, OSError) as exc:
+                line.close()
+                self.close()
+                raise EngineError(f"{where} did not answer as a SpecChat rank ({exc}).") from None
+            if reply.kind != "joined":
+                line.close()
+                self.close()
+                raise EngineError(f"{where} refused to join: {reply.body.get('text')}.")
             self.lines[peer.rank] = line
             self.inbox[peer.rank] = queue.Queue()
 
@@ -171,11 +153,16 @@ class Peers:
                     self._lose(r, "stopped (its connection closed)")
                     return
                 self._seen[r] = now
-                for msg in self.lines[r].feed(data):
-                    if "error" in msg:
-                        self._lose(r, f"failed: {msg['error']}")
+                try:
+                    messages = [wire.check(m, RANK_SAYS) for m in self.lines[r].feed(data)]
+                except ProtocolError as exc:
+                    self._lose(r, f"sent {exc}, which SpecChat does not understand")
+                    return
+                for msg in messages:
+                    if msg.kind == "error":
+                        self._lose(r, f"failed: {msg.body['text']}")
                         return
-                    if "beat" not in msg:
+                    if msg.kind != "beat":
                         self.inbox[r].put(msg)
             for r, seen in self._seen.items():
                 if now - seen > SILENCE_S:
@@ -202,15 +189,17 @@ class Peers:
         out = {}
         for r, q in self.inbox.items():
             while r not in out:
-                msg = q.get()
+                msg: Message | None = q.get()
                 if msg is None:
                     raise EngineError(self.describe_loss())
-                if key in msg and msg[key].get("seq") == seq:
-                    out[r] = msg[key]
-                elif "failed" in msg and msg["failed"].get("seq") == seq:
+                if msg.body.get("seq") != seq:
+                    continue
+                if msg.kind == key:
+                    out[r] = msg.body
+                elif msg.kind == "failed":
                     raise EngineError(f"Rank {r} of cluster {self.spec.name} "
                                       f"({self.spec.ranks[r].ip}) could not load its layers: "
-                                      f"{msg['failed']['error']}")
+                                      f"{msg.body['error']}")
         return out
 
     def describe_loss(self) -> str:
@@ -228,12 +217,13 @@ class Peers:
                 pass
 
 
-def probe(spec: ClusterSpec, timeout: float = 1.0) -> tuple[int, str] | None:
+def probe(spec: ClusterSpec, secret: bytes, timeout: float = 1.0) -> tuple[int, str] | None:
     """The first of ranks 1..N-1 that is not waiting for rank 0, with why in
     words; None when all of them are. A probe is a connection a rank answers
-    and closes without joining, so asking costs the ranks nothing (a rank
+    and closes without joining (after the handshake: "ready" comes from a
+    rank of this cluster), so asking costs the ranks nothing (a rank
     serving rank 0 has closed its port and counts as not waiting). Each rank
-    takes up to twice ``timeout`` (connecting, then the answer), plus the
+    takes up to twice ``timeout`` (connecting, then the answers), plus the
     resolver's time for a host given by name."""
     for peer in spec.ranks[1:]:
         try:
@@ -244,14 +234,15 @@ def probe(spec: ClusterSpec, timeout: float = 1.0) -> tuple[int, str] | None:
                                f"({why}): start it with `specchat cluster start {spec.name}`")
         line = Line(sock)
         try:
-            line.send({"probe": 1})
-            reply = line.read_one(timeout)
-        except (OSError, ValueError):  # ValueError: something else answered, not in JSON lines
+            reply = handshake.ask(line, secret, peer.rank, "probe", {}, timeout)
+        except handshake.NotOurs as exc:
+            return peer.rank, (f"the process at {peer.ip}:{peer.control_port} {exc}: restart "
+                               f"the ranks with `specchat cluster start {spec.name}`")
+        except (ProtocolError, OSError):
             reply = None
         finally:
-            sock.close()
-        ready = reply.get("ready") if isinstance(reply, dict) else None
-        if not isinstance(ready, dict) or ready.get("rank") != peer.rank:
+            line.close()
+        if reply is None or reply.kind != "ready" or reply.body["rank"] != peer.rank:
             return peer.rank, (f"rank {peer.rank} at {peer.ip}:{peer.control_port} did not answer "
                                "as a SpecChat rank")
     return None
@@ -303,42 +294,70 @@ def shut(socks: list[socket.socket]) -> None:
 
 
 class RankChannel:
-    """A non-zero rank's end: wait for rank 0, answer it, beat, and leave
-    the process when rank 0 goes away."""
+    """A non-zero rank's end: wait for rank 0 (the first connection that
+    proves the secret and asks to join), answer it, beat, and leave the
+    process when rank 0 goes away."""
 
-    def __init__(self, rank: int, host: str, port: int):
+    def __init__(self, rank: int, host: str, port: int, secret: bytes,
+                 say: Callable[[str], None] = lambda _m: None):
         self.rank = rank
+        self.secret = secret
+        self.say = say
         self.listener = socket.create_server((host, port), reuse_port=False)
         self.line: Line | None = None
+        self.join: dict | None = None
+        self._joined = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = threading.BoundedSemaphore(PENDING)
 
     def accept(self) -> dict:
-        """Block until rank 0 joins; its join message."""
-        while True:
-            conn, _ = self.listener.accept()
+        """Block until rank 0 joins; its join message (checked: wire.KINDS)."""
+        self.listener.settimeout(0.2)
+        while not self._joined.is_set():
+            try:
+                conn, addr = self.listener.accept()
+            except TimeoutError:
+                continue
+            if not self._pending.acquire(blocking=False):  # a crowd: not rank 0 alone
+                conn.close()
+                continue
+            threading.Thread(target=self._take, args=(conn, addr), daemon=True,
+                             name="specchat-rank-handshake").start()
+        self.listener.close()
+        threading.Thread(target=self._beat, name="specchat-rank-beat", daemon=True).start()
+        return self.join
+
+    def _take(self, conn: socket.socket, addr) -> None:
+        """One connection: the handshake, then a probe's answer or the join.
+        Anything else closes this connection only."""
+        line = Line(conn)
+        try:
             keepalive(conn)
-            line = Line(conn)
-            msg = line.read_one(CONNECT_S)
-            if (msg or {}).get("probe"):  # the pair picker asking whether we wait
-                try:
-                    line.send({"ready": {"rank": self.rank, "pid": os.getpid()}})
-                except OSError:
-                    pass
-                conn.close()
-                continue
-            join = (msg or {}).get("join")
-            if join is None:
-                conn.close()
-                continue
-            if join.get("rank") != self.rank:
-                line.send({"error": f"this process is rank {self.rank}, not {join.get('rank')}"})
-                conn.close()
-                continue
-            line.send({"hello": {"rank": self.rank, "pid": os.getpid()}})
-            self.listener.close()
-            conn.settimeout(None)
-            self.line = line
-            threading.Thread(target=self._beat, name="specchat-rank-beat", daemon=True).start()
-            return join
+            request = handshake.answer(line, self.secret, self.rank, CONNECT_S)
+            if request.kind == "probe":
+                line.send({"ready": {"rank": self.rank, "pid": os.getpid()}})
+            elif request.body["rank"] != self.rank:
+                line.send({"error": {"text": f"this process is rank {self.rank}, "
+                                             f"not {request.body['rank']}"}})
+            else:
+                with self._lock:
+                    if self._joined.is_set():
+                        line.send({"error": {"text": "another rank 0 joined first"}})
+                    else:
+                        line.send({"joined": {"rank": self.rank, "pid": os.getpid()}})
+                        conn.settimeout(None)
+                        self.line, self.join = line, request.body
+                        self._joined.set()
+                        return
+        except (ProtocolError, OSError) as exc:
+            self.say(f"refused a connection from {addr[0]}: {exc}")
+            try:
+                line.send({"error": {"text": f"refused: {exc}"}})
+            except OSError:
+                pass
+        finally:
+            self._pending.release()
+        line.close()
 
     def send(self, message: dict) -> None:
         try:
@@ -353,7 +372,7 @@ class RankChannel:
                 ready, _, _ = select.select([sock], [], [], BEAT_S)
                 if ready and not sock.recv(4096):
                     break
-                self.line.send({"beat": 1})
+                self.line.send({"beat": {}})
             except OSError:
                 break
         print(f"specchat cluster: rank {self.rank}: rank 0 left; exiting", flush=True)

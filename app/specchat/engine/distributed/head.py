@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import tempfile
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -35,8 +34,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from specchat.engine.distributed import control, hostfile, protocol, stages
+from specchat.engine.distributed import control, hostfile, protocol, secret, stages
 from specchat.engine.distributed.hostfile import ClusterSpec
+from specchat.engine.distributed.ringfile import ring_file
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo
 from specchat.engine.loading import LoadedModel, load_folder
@@ -218,11 +218,11 @@ def load_target(folder: str | os.PathLike, policy: ComputeInfo,
     """The target of the cluster folder ``folder``, loaded across its ranks."""
     folder = Path(folder)
     spec = hostfile.read(folder)
-    link = _join(spec, say)
+    link = _join(spec, secret.read(folder), say)
     return link.load(folder, policy, say)
 
 
-def _join(spec: ClusterSpec, say) -> Link:
+def _join(spec: ClusterSpec, key: bytes, say) -> Link:
     global _LINK
     if _LINK is not None:
         if _LINK.spec.ring_hostfile() != spec.ring_hostfile():
@@ -232,7 +232,7 @@ def _join(spec: ClusterSpec, say) -> Link:
         _LINK.check()
         return _LINK
     say(f"connecting to ranks 1-{spec.size - 1} of {spec.name}")
-    peers = control.Peers(spec)
+    peers = control.Peers(spec, key)
     peers.connect()
     peers.on_lost(lambda: control.shut(control.ring_sockets(spec, 0)))  # during init
     peers.watch()
@@ -248,15 +248,14 @@ def _join(spec: ClusterSpec, say) -> Link:
 
 def _init_ring(spec: ClusterSpec):
     """``mx.distributed.init`` with the ring backend as rank 0, configured
-    the way the ring reads it (MLX_RANK, MLX_HOSTFILE), which is undone
-    afterwards so that processes the app starts do not inherit it."""
-    fd, path = tempfile.mkstemp(prefix="specchat-ring-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(spec.ring_hostfile(), f)
+    the way the ring reads it (MLX_RANK, MLX_HOSTFILE: a pipe, see
+    ringfile.py), which is undone afterwards so that processes the app
+    starts do not inherit it."""
     saved = {k: os.environ.get(k) for k in ("MLX_RANK", "MLX_HOSTFILE")}
-    os.environ.update(MLX_RANK="0", MLX_HOSTFILE=path)
     try:
-        return mx.distributed.init(strict=True, backend="ring")
+        with ring_file(spec.ring_hostfile()) as path:
+            os.environ.update(MLX_RANK="0", MLX_HOSTFILE=path)
+            return mx.distributed.init(strict=True, backend="ring")
     except RuntimeError as exc:
         raise EngineError(f"Could not join the ring of cluster {spec.name}: {exc}") from None
     finally:
@@ -265,4 +264,3 @@ def _init_ring(spec: ClusterSpec):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        os.unlink(path)

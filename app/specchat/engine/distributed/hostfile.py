@@ -1,5 +1,6 @@
 """A cluster on disk: a folder that reads as the target's MLX folder (its
-files are links to the real ones) plus ``hostfile.json``.
+files are links to the real ones) plus ``hostfile.json`` and the cluster's
+``secret`` (secret.py).
 
 The hostfile is the JSON ``mlx.launch`` reads (``backend``, ``envs``,
 ``hosts`` with ``ssh`` and ``ips``), so the same file starts an MLX job by
@@ -8,21 +9,85 @@ ignores: the model folder (the same path on every host), each rank's ring
 and control ports, and the pipeline split. Because the folder holds the
 target's config, tokenizer and weights (as links), everything that reads a
 model folder (the compatibility check, the memory estimate, the tokenizer
-on rank 0) works on a cluster unchanged; only the engine looks for the
-hostfile. Imports no MLX: the library and the CLI read clusters too.
+on rank 0) works on a cluster unchanged; only the engine asks whether a
+folder is a cluster, and the answer is yes only for a folder ``specchat
+cluster create`` made in ``<home>/clusters``: a model folder or a Hub
+download that happens to hold a hostfile is a model like any other, so
+loading it never connects anywhere.
+
+Hosts, ports and layer splits are checked when a cluster is created and
+again when its hostfile is read (it may have been edited): an address
+that is not one machine's, a port past 65535, a host ssh would take for
+an option. Imports no MLX.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import values
+from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
+from specchat.engine.folders import read_config
+from specchat.home import home
 
 HOSTFILE = "hostfile.json"
 LOCAL_IPS = {"127.0.0.1", "::1", "localhost"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_RANKS = 64
+HIGHEST_PORT = 65535
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
+
+
+def clusters_dir() -> Path:
+    """Where ``specchat cluster create`` writes clusters: the only place a
+    folder is taken for one."""
+    return home() / "clusters"
+
+
+def check_host(host: str) -> str:
+    """``host`` if it names one machine: an IP address (not 0.0.0.0 or ::,
+    which mean every address of whichever machine reads them) or a host name
+    (letters, digits, '-' and '.', so never an option to ssh)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if ip.is_unspecified:
+            raise EngineError(f"{host} is not a host: it means any address of a machine; "
+                              "give each machine's own address.")
+        if ip.is_multicast:
+            raise EngineError(f"{host} is a multicast address, not a host.")
+        return host
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        raise EngineError(f"{host!r} is not an IP address or a host name.")
+    return host
+
+
+def check_ssh(target: str) -> str:
+    """mlx.launch's ``ssh`` field: a host, or ``user@host``."""
+    user, at, host = target.rpartition("@")
+    if at and not _SSH_USER.fullmatch(user):
+        raise EngineError(f"{target!r} is not a host or user@host.")
+    check_host(host)
+    return target
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets or not) as (host, port)."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= HIGHEST_PORT:
+        raise EngineError(f"{text!r} is not HOST:PORT with a port from 1 to {HIGHEST_PORT}.")
+    return check_host(host), int(port)
 
 
 @dataclass(frozen=True)
@@ -84,21 +149,54 @@ class ClusterSpec:
             own = data["specchat"]
             hosts = data["hosts"]
             ring, control = own["ring_ports"], own["control_ports"]
-            if not (len(hosts) == len(ring) == len(control)) or len(hosts) < 2:
+            if not (len(hosts) == len(ring) == len(control)) or not 2 <= len(hosts) <= MAX_RANKS:
                 raise ValueError("hosts, ring_ports and control_ports must list the same "
-                                 "2 or more ranks")
-            ranks = tuple(Rank(i, str(h["ssh"]), str(h["ips"][0]), int(ring[i]), int(control[i]))
+                                 f"2 to {MAX_RANKS} ranks")
+            ranks = tuple(Rank(i, check_ssh(_text(h["ssh"])), check_host(_text(h["ips"][0])),
+                               _port(ring[i]), _port(control[i]))
                           for i, h in enumerate(hosts))
             layers = own.get("layers")
-            return cls(name=str(own["name"]), model=str(own["model"]), ranks=ranks,
-                       layers=tuple(int(n) for n in layers) if layers else None,
-                       remote_command=str(own.get("remote_command") or "specchat"))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            name, model = _text(own["name"]), _text(own["model"])
+            if not NAME.fullmatch(name):
+                raise ValueError(f"the name {name!r} is not a cluster name")
+            spec = cls(name=name, model=model, ranks=ranks,
+                       layers=tuple(_count(n) for n in layers) if layers else None,
+                       remote_command=_text(own.get("remote_command") or "specchat"))
+            check_layers(spec.layers, spec.size, None)
+            return spec
+        except (KeyError, IndexError, TypeError, ValueError, EngineError) as exc:
             raise EngineError(f"{where} is not a SpecChat cluster hostfile ({exc}).") from None
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not text")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a whole number")
+    return value
+
+
+def _port(value: object) -> int:
+    if not 1 <= _count(value) <= HIGHEST_PORT:
+        raise ValueError(f"port {value} is not from 1 to {HIGHEST_PORT}")
+    return value
+
+
 def is_cluster_folder(path: str | os.PathLike) -> bool:
-    return (Path(path) / HOSTFILE).is_file()
+    """Whether ``path`` is a cluster ``specchat cluster create`` made: a
+    folder of ``clusters_dir()`` with a hostfile. Never because some other
+    folder holds a hostfile (see the module docstring)."""
+    try:
+        folder = Path(path).expanduser().resolve()
+        root = clusters_dir().resolve()
+    except (OSError, RuntimeError):
+        return False
+    return (folder.parent == root and bool(NAME.fullmatch(folder.name))
+            and (folder / HOSTFILE).is_file())
 
 
 def read(folder: str | os.PathLike) -> ClusterSpec:
@@ -118,26 +216,67 @@ def plan(name: str, model: str | os.PathLike, ips: list[str], port: int,
     n = len(ips)
     if n < 2:
         raise EngineError("A cluster needs 2 or more hosts (rank 0 is this machine).")
-    if layers is not None and len(layers) != n:
-        raise EngineError(f"--layers lists {len(layers)} counts for {n} ranks.")
+    if n > MAX_RANKS:
+        raise EngineError(f"A cluster has at most {MAX_RANKS} hosts; got {n}.")
+    ips = [check_host(ip) for ip in ips]
+    values.check("cluster port", port)
+    last = port + 2 * n - 1
+    if last > HIGHEST_PORT:
+        raise EngineError(f"--port {port} leaves no room for {n} ranks: they use ports {port} "
+                          f"to {last}, past {HIGHEST_PORT}; pick a port up to "
+                          f"{HIGHEST_PORT - 2 * n + 1}.")
+    folder = Path(model).expanduser().resolve()
+    check_layers(layers, n, _layer_count(folder))
     ranks = tuple(Rank(i, ip, ip, port + i, port + n + i) for i, ip in enumerate(ips))
-    return ClusterSpec(name, str(Path(model).expanduser().resolve()), ranks,
-                       tuple(layers) if layers else None, remote_command)
+    return ClusterSpec(name, str(folder), ranks, tuple(layers) if layers else None,
+                       remote_command)
+
+
+def check_layers(layers: list[int] | tuple[int, ...] | None, ranks: int,
+                 total: int | None) -> None:
+    """Whether a split of ``total`` layers (None: unknown) over ``ranks``
+    ranks is one mlx-lm can make: a positive count per rank adding up to
+    the model's layers."""
+    if layers is None:
+        if total is not None and total < ranks:
+            raise EngineError(f"The model has {total} layers, fewer than the {ranks} ranks: "
+                              "each rank needs one or more.")
+        return
+    if len(layers) != ranks:
+        raise EngineError(f"--layers lists {len(layers)} counts for {ranks} ranks.")
+    if any(n < 1 for n in layers):
+        raise EngineError("--layers gives each rank 1 or more layers; got "
+                          f"{','.join(map(str, layers))}.")
+    if total is not None and sum(layers) != total:
+        raise EngineError(f"--layers adds up to {sum(layers)} layers, but the model has "
+                          f"{total}.")
+
+
+def _layer_count(model: Path) -> int | None:
+    """The model's layer count from its config.json (None when it does not say)."""
+    config = read_config(model)
+    for cfg in (config, config.get("text_config")):
+        n = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
 
 
 def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
-    """Write the cluster folder: the hostfile and a link to each file of
-    the model folder (replacing links from an earlier version)."""
+    """Write the cluster folder: the hostfile, a link to each file of the
+    model folder (replacing links from an earlier version), and the
+    cluster's secret unless it has one."""
     folder = Path(folder)
     model = Path(spec.model)
-    if not (model / "config.json").is_file():
-        raise EngineError(f"{model} is not an MLX model folder (no config.json).")
+    read_config(model)
     folder.mkdir(parents=True, exist_ok=True)
+    secret.ensure(folder)
     for old in folder.iterdir():
         if old.is_symlink():
             old.unlink()
+    own = {HOSTFILE, HOSTFILE + ".tmp", secret.SECRET, secret.SECRET + ".tmp"}
     for f in sorted(model.iterdir()):
-        if f.is_file() and f.name != HOSTFILE:
+        if f.is_file() and f.name not in own:
             (folder / f.name).symlink_to(f.resolve())
     tmp = folder / (HOSTFILE + ".tmp")
     tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")

@@ -6,11 +6,19 @@ hostfile's ``ssh`` names). A rank serves one session of rank 0 (MLX joins a
 process to a ring once), so when it exits (rank 0 closed the app, or the
 rank failed) the supervisor starts a fresh one, and gives up on a rank that
 keeps failing at once. Rank 0 is not started here: it is the app (or
-``specchat generate``) loading the cluster as its target. Imports no MLX.
+``specchat generate``) loading the cluster as its target.
+
+Each rank gets the cluster's secret as one line on its standard input (the
+pipe of the local process, or the ssh session's stdin, which ssh carries
+encrypted): never in its arguments or environment, which ``ps`` shows.
+ssh gets ``--`` before the host, and hosts are checked when the cluster is
+created (hostfile.check_host), so a host is never read as an option.
+Imports no MLX.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -19,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from specchat.engine.distributed import secret
 from specchat.engine.distributed.hostfile import ClusterSpec, Rank
 from specchat.engine.errors import EngineError
 
@@ -33,7 +42,7 @@ def rank_command(spec: ClusterSpec, rank: Rank) -> list[str]:
     if rank.local:
         return [sys.executable, "-m", "specchat", *args]
     remote = " ".join([spec.remote_command, *map(shlex.quote, args)])
-    return ["ssh", "-o", "BatchMode=yes", rank.ssh, remote]
+    return ["ssh", "-o", "BatchMode=yes", "--", rank.ssh, remote]
 
 
 def rank_environment() -> dict[str, str]:
@@ -50,8 +59,10 @@ def rank_environment() -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, spec: ClusterSpec, say: Callable[[str], None] = print, once: bool = False):
+    def __init__(self, spec: ClusterSpec, key: bytes, say: Callable[[str], None] = print,
+                 once: bool = False):
         self.spec = spec
+        self.key = key
         self.say = say
         self.once = once
         self.procs: dict[int, subprocess.Popen] = {}
@@ -60,7 +71,14 @@ class Supervisor:
         self._stop = False
 
     def start(self, rank: Rank) -> None:
-        proc = subprocess.Popen(rank_command(self.spec, rank), env=rank_environment())
+        proc = subprocess.Popen(rank_command(self.spec, rank), env=rank_environment(),
+                                stdin=subprocess.PIPE)
+        # A rank that exited at once (ssh could not connect) closed the
+        # pipe: the supervisor's loop reports its exit in words.
+        with contextlib.suppress(OSError):
+            proc.stdin.write(secret.text(self.key).encode())
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
         self.procs[rank.rank] = proc
         self.started[rank.rank] = time.monotonic()
         where = "here" if rank.local else f"on {rank.ssh}"

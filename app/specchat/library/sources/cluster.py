@@ -4,7 +4,8 @@ cluster create``, whose layers run on several machines.
 It resolves to the cluster's folder, which reads as the target's own MLX
 folder (its files are links) plus the hostfile the engine looks for, so the
 compatibility check and the memory estimate read the target's facts
-unchanged.
+unchanged. Only the folders of ``<home>/clusters`` are clusters
+(hostfile.is_cluster_folder): a model folder holding a hostfile is not.
 """
 
 from __future__ import annotations
@@ -13,18 +14,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.engine.distributed import control, hostfile
-from specchat.engine.distributed.hostfile import is_cluster_folder
+from specchat.engine.distributed import control, hostfile, secret
+from specchat.engine.distributed.hostfile import clusters_dir, is_cluster_folder
 from specchat.engine.errors import EngineError
-from specchat.home import home
 from specchat.library.errors import LibraryError
 from specchat.library.sources.base import Source
 
 PREFIX = "cluster:"
-
-
-def clusters_dir() -> Path:
-    return home() / "clusters"
 
 
 def defined() -> list[str]:
@@ -57,8 +53,9 @@ def states(timeout: float = 0.5) -> list[ClusterState]:
     out = []
     for name in defined():
         try:
-            spec = hostfile.read(clusters_dir() / name)
-            missing = control.probe(spec, timeout)
+            folder = clusters_dir() / name
+            spec = hostfile.read(folder)
+            missing = control.probe(spec, secret.read(folder), timeout)
         except (EngineError, OSError) as exc:
             out.append(ClusterState(name, "?", 0, str(exc)))
             continue
