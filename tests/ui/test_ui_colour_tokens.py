@@ -139,8 +139,8 @@ def test_colour_tokens_keeps_the_markdown_and_tints_each_source(view):
     doc, at = _find(tinted, "Stable")
     assert doc.findBlock(at).textList() is not None
     assert _fmt_at(doc, at).background().style().name == "NoBrush"
-    doc, at = _find(tinted, "casefold")
-    assert _fmt_at(doc, at).background().style().name == "NoBrush"
+    doc, at = _find(tinted, "casefold")  # inline code: its own background, untinted
+    assert _fmt_at(doc, at).background() == _fmt_at(_find(plain, "casefold")[0], at).background()
 
     # Every tinted character carries the colour of the token it shows.
     spans = origin_spans(msg.runs)
@@ -160,7 +160,7 @@ def test_colour_tokens_keeps_the_markdown_and_tints_each_source(view):
             assert raw[pos] == c.text[s] or (raw[pos] in "\u2029\u2028" and c.text[s] == "\n")
             if raw[pos] in "\u2029\u2028":
                 continue  # a line break: nothing on screen to tint
-            want = theme.theme.origin_color(colors, origin_at[s]) if origin_at[s] else None
+            want = theme.origin_color(colors, origin_at[s]) if origin_at[s] else None
             got = _fmt_at(chunk.doc, pos).background()
             if want is None:
                 assert got.style().name == "NoBrush" or got.color() in (colors.code_bg,)
