@@ -270,6 +270,7 @@ def test_the_policy_reads_a_drafters_declared_cost(registries):
 
 
 def test_modes_name_their_drafters():
+    assert DraftSettings().mode == modes.HYBRID.name  # events.py names it without importing modes
     assert modes.get("hybrid").without_draft_model() is modes.get("suffix")
     assert modes.get("draft").without_draft_model() is None
     assert modes.get("hybrid").needs_draft_model and not modes.get("suffix").needs_draft_model

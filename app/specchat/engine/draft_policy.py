@@ -188,7 +188,7 @@ class DraftPolicy:
         if self.fixed_k is not None:
             return self.fixed_k
         spec = drafter_kinds.get(kind)
-        k = best_k(self.stats(kind, key).accept, spec.token_cost(self.cost), self.cost, spec.cap)
+        k = best_k(self.stats(kind, key).accept, spec.token_cost(self.cost.draft), self.cost, spec.cap)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:
@@ -222,7 +222,7 @@ class DraftPolicy:
         self._units += self.cost.verify(proposal.k + 1)
         self._tokens += n + 1
         for part in proposal.parts:
-            self._units += part.k * drafter_kinds.get(part.source).token_cost(self.cost)
+            self._units += part.k * drafter_kinds.get(part.source).token_cost(self.cost.draft)
         for part, got in proposal.judged(n):
             if part.k:
                 self.stats(part.source, part.key).observe(part.k, got)

@@ -18,14 +18,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from specchat import origins
 from specchat.engine import registry
-
-if TYPE_CHECKING:
-    from specchat.engine.draft_policy import CostModel
-    from specchat.engine.drafters import Drafter
 
 
 @dataclass(frozen=True)
@@ -33,14 +29,14 @@ class DrafterKind:
     name: str
     # Builds a drafter (once per loaded target; it keeps its own state).
     # None: the engine's loaded draft model is the drafter.
-    make: Callable[[], Drafter] | None
+    make: Callable[[], Any] | None
     prior: float  # per-token acceptance before any is measured
     cap: int  # longest block
     calibrated: bool = False  # confidences are probabilities: stop blocks by them
     cost: float = 0.0  # per drafted token, in target forwards (a draft model's: the pair's)
     # For a kind that uses the draft model (make is None): builds its drafter
     # around the engine's ModelDrafter (ssd.py); None: the draft model drafts.
-    around: Callable[[Drafter], Drafter] | None = None
+    around: Callable[[Any], Any] | None = None
     # The prior for a finer statistics key (e.g. the suffix drafter's match
     # length), when it differs from ``prior``.
     key_prior: Callable[[str], float] | None = None
@@ -65,13 +61,14 @@ class DrafterKind:
     def uses_draft_model(self) -> bool:
         return self.make is None
 
-    def token_cost(self, costs: CostModel) -> float:
+    def token_cost(self, draft_model: float) -> float:
         """One drafted token, in one-token target forwards: for the draft
-        model the pair's measured ratio, otherwise what the kind declares."""
-        return costs.draft if self.uses_draft_model else self.cost
+        model ``draft_model`` (the pair's ratio), otherwise what the kind
+        declares."""
+        return draft_model if self.uses_draft_model else self.cost
 
 
-def _lazy(module: str, name: str) -> Callable[..., Drafter]:
+def _lazy(module: str, name: str) -> Callable[..., Any]:
     """A constructor imported when first called, so the registry imports no MLX."""
     return lambda *args: getattr(importlib.import_module(module), name)(*args)
 

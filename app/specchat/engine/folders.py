@@ -1,16 +1,44 @@
-"""What makes a folder an MLX model folder SpecChat will load.
+"""What makes a folder an MLX model folder SpecChat will load, or a cluster.
 
 Pure file checks (no MLX), shared by the engine before loading and by the
 model library before importing or listing, so both refuse the same folders
-with the same words.
+with the same words. The cluster check is here rather than in
+``distributed/`` so that asking it imports none of that optional subsystem.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
+from specchat.home import home
+
+HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a cluster's name
+
+
+def clusters_dir() -> Path:
+    """Where ``specchat cluster create`` writes clusters: the only place a
+    folder is taken for one."""
+    return home() / "clusters"
+
+
+def is_cluster_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a cluster ``specchat cluster create`` made: a
+    folder of ``clusters_dir()`` with a hostfile. Never because some other
+    folder holds a hostfile (a model folder or a Hub download that happens
+    to hold one is a model like any other, so loading it never connects
+    anywhere)."""
+    try:
+        folder = Path(path).expanduser().resolve()
+        root = clusters_dir().resolve()
+    except (OSError, RuntimeError):
+        return False
+    return (folder.parent == root and bool(NAME.fullmatch(folder.name))
+            and (folder / HOSTFILE).is_file())
 
 
 def weight_files(folder: Path) -> list[Path]:

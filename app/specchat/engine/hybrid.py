@@ -120,7 +120,7 @@ class HybridDrafter(Drafter):
         cost = policy.cost
         a_s = policy.stats(SUFFIX.name, s.key).accept
         a_m = policy.stats(self.kind.name).accept
-        c = self.kind.token_cost(cost)
+        c = self.kind.token_cost(cost.draft)
         k_m = max(1, best_k(a_m, c, cost, self.kind.cap))
         origin_bucket = key_parts(s.key)
         if origin_bucket is not None and origin_bucket[0] == CONVERSATION \

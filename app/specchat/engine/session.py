@@ -18,7 +18,6 @@ from specchat.engine import chat, compute, drafter_kinds, modes, request_check, 
 from specchat.engine import suffix as suffix_drafting
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
-from specchat.engine.distributed.hostfile import is_cluster_folder
 from specchat.engine.draft_model import ModelDrafter
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
@@ -31,6 +30,7 @@ from specchat.engine.events import (
     LoadedPair,
     StepEvent,
 )
+from specchat.engine.folders import is_cluster_folder
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
