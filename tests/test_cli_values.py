@@ -244,7 +244,7 @@ SHARED = {
 # length is the server's (``specchat serve --k``), the context is ``models
 # check``'s, the hub timeout an environment variable's; the API's system
 # prompt is a message like any other.
-CLI_ONLY = {"K", "context", "hub timeout", "the system prompt"}
+CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port"}  # the last: cluster create's
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 
