@@ -116,7 +116,7 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
         src = mx.load(str(grow_from / "model.safetensors"))
         base_layers = json.loads((grow_from / "config.json").read_text())["num_hidden_layers"]
         for k, v in params.items():
-            layer = int(k.split(".")[2]) if k.startswith("model.layers.") else None
+            layer = int(k.split("layers.")[1].split(".")[0]) if ".layers." in f".{k}" else None
             if layer is None or layer < base_layers:
                 params[k] = src[k]
             elif k.endswith(("o_proj.weight", "down_proj.weight")):
@@ -128,8 +128,9 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
             std = mx.std(v) if v.size > 1 else mx.array(0.0)
             params[k] = v + noise * std * mx.random.normal(v.shape)
     else:
-        head = "lm_head.weight" if "lm_head.weight" in params else "model.embed_tokens.weight"
-        params[head] = params[head] * logit_scale
+        heads = [k for k in params if k.endswith("lm_head.weight")] or \
+            [k for k in params if k.endswith("embed_tokens.weight")]
+        params[heads[0]] = params[heads[0]] * logit_scale
     model.update(tree_unflatten(list(params.items())))
     mx.eval(model.parameters())
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))

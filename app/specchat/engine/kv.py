@@ -40,39 +40,61 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class CacheSlot:
+    """A model's cache and how far it reaches: ``length`` positions, of
+    which the last ``pending`` are not fed yet (see ``rewind``)."""
+
     def __init__(self, runner: Runner):
         self.runner = runner
         self.reset()
 
     def reset(self) -> None:
-        self.cache = make_prompt_cache(self.runner.model)
-        self.length = 0  # positions in the cache
+        self.cache = rollback.prepare(make_prompt_cache(self.runner.model))
+        self.length = 0  # positions the cache stands for, pending ones included
         self.ids: list[int] = []  # their ids, as of the last settle (for prefix reuse)
+        self._pending: list[Tokens] = []  # kept after a rewind, fed with the next forward
+        self.pending = 0  # how many tokens _pending holds
         self._mark: rollback.Checkpoint | None = None
-        self._fed: list[Tokens] = []  # what was fed since the checkpoint, in order
+        self._tail: list[Tokens] = []  # every token past the checkpoint, in order
         self._plain = rollback.always_trimmable(self.cache)  # checkpoints are lengths
 
+    @property
+    def fed(self) -> int:
+        """Positions really in the cache (``length`` less the pending ones)."""
+        return self.length - self.pending
+
     # -- feeding -----------------------------------------------------------------------
-    def _fed_now(self, tokens: Tokens) -> int:
-        n = int(tokens.size) if isinstance(tokens, mx.array) else len(tokens)
-        self.length += n
+    def _take_pending(self, tokens: Tokens) -> tuple[Tokens, int]:
+        """``tokens`` with the pending ones before them, and how many those were."""
+        n = self.pending
+        if not n:
+            return tokens, 0
+        joined = _first([*self._pending, tokens], n + _count(tokens))
+        self._pending, self.pending = [], 0
+        return joined, n
+
+    def _fed_now(self, tokens: Tokens) -> None:
+        self.length += _count(tokens)
         if self._mark is not None and not self._plain:
-            self._fed.append(tokens)
-        return n
+            self._tail.append(tokens)
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Feed tokens without computing logits, in chunks to bound memory."""
+        tokens = list(tokens)
         for start in range(0, len(tokens), PREFILL_CHUNK):
             threads.governor().tick()
-            chunk = list(tokens[start : start + PREFILL_CHUNK])
-            out = self.runner(chunk, self.cache, "none")
+            chunk = tokens[start : start + PREFILL_CHUNK]
+            x, _ = self._take_pending(chunk)
+            out = self.runner(x, self.cache, "none")
             mx.eval(out, rollback.state_arrays(self.cache))
             self._fed_now(chunk)
 
     def feed(self, tokens: Tokens, which: str = "all"):
         """Feed tokens (host ids, or a device array of them) and return
-        logits (lazy)."""
-        out = self.runner(tokens, self.cache, which)
+        logits (lazy): for "all" one row per token of ``tokens``."""
+        x, before = self._take_pending(tokens)
+        out = self.runner(x, self.cache, which)
+        if which == "all" and before:
+            out = out[before:]
         self._fed_now(tokens)
         return out
 
@@ -80,7 +102,8 @@ class CacheSlot:
         """Take over a cache built elsewhere (ssd.py's branches) holding
         ``length`` positions of the context."""
         self.cache, self.length = cache, length
-        self._mark, self._fed = None, []
+        self._pending, self.pending = [], 0
+        self._mark, self._tail = None, []
         self._plain = rollback.always_trimmable(cache)
 
     # -- going back --------------------------------------------------------------------
@@ -89,41 +112,53 @@ class CacheSlot:
         entry cannot drop positions. Free for trimmable entries (a length);
         references to the recurrent states otherwise (MLX arrays are not
         written in place by those layers)."""
-        self._mark = (rollback.Checkpoint(self.length, []) if self._plain
-                      else rollback.checkpoint(self.cache, self.length))
-        self._fed = []
+        if self._plain:
+            self._mark = rollback.Checkpoint(self.fed, [])
+        else:
+            self._mark = rollback.checkpoint(self.cache, self.fed)
+            self._tail = list(self._pending)
 
     def rewind(self, keep: int) -> None:
-        """Keep the first ``keep`` positions: drop what was fed past them."""
+        """Keep the first ``keep`` positions: drop what was fed past them.
+
+        Where every cache entry can drop positions, they are dropped. Where
+        one cannot, the cache goes back to the checkpoint and the kept
+        tokens past it become pending: they are fed with the next forward
+        (the next verify, or the draft's next block), which costs a few
+        more positions in a forward that runs anyway instead of a forward
+        of its own."""
         drop = self.length - keep
         if drop <= 0:
             return
-        if rollback.drop(self.cache, drop):
-            self.length = keep
-        elif self._mark is not None and self._mark.complete and keep >= self._mark.length:
-            refeed = _first(self._fed, keep - self._mark.length)
-            rollback.restore(self.cache, self._mark)
-            self.length = self._mark.length
-            self._fed = []
-            if refeed is not None:
-                out = self.runner(refeed, self.cache, "none")
-                mx.eval(out, rollback.state_arrays(self.cache))
-                self._fed_now(refeed)
+        mark = self._mark
+        if keep >= self.fed:  # only pending tokens go: nothing to undo
+            self._pending = [_first(self._pending, keep - self.fed)] if keep > self.fed else []
+            self.pending = keep - self.fed
+        elif rollback.drop(self.cache, self.fed - keep):
+            self._pending, self.pending = [], 0
+        elif mark is not None and mark.complete and keep >= mark.length:
+            rollback.restore(self.cache, mark)
+            kept = keep - mark.length
+            self._pending = [_first(self._tail, kept)] if kept else []
+            self.pending = kept
         else:  # nothing to go back to: start again (prefix reuse lost)
             self.reset()
             return
+        self.length = keep
+        if mark is not None and not self._plain:
+            self._tail = [_first(self._tail, keep - mark.length)] if keep > mark.length else []
         rollback.done(self.cache)
 
     def sync_to(self, context: Sequence[int], keep_last: bool = True) -> list[int]:
         """At a request's start: rewind to the longest reusable prefix of
         ``context`` and return the ids still to feed. With keep_last, at
         least one token is left to feed, since the next logits come from
-        feeding it. A cache that cannot drop positions is reused only when
-        it ends exactly on a prefix of ``context``."""
+        feeding it. A cache that cannot drop positions is reused only as
+        far as it ends on a prefix of ``context``."""
         n = common_prefix(self.ids, context)
         if keep_last and n == len(context):
             n -= 1
-        self._mark = None
+        self._mark, self._tail = None, []
         self.rewind(n)
         if self.length != n:  # a cache that cannot go back was reset
             n = 0
@@ -135,7 +170,7 @@ class CacheSlot:
         was fed past the committed tokens is dropped), recorded for the next
         request's prefix reuse."""
         self.rewind(min(self.length, len(context)))
-        self._mark, self._fed = None, []
+        self._mark, self._tail = None, []
         self.ids = list(context[:self.length])
 
     @property
@@ -143,13 +178,15 @@ class CacheSlot:
         return sum(getattr(c, "nbytes", 0) for c in self.cache)
 
 
-def _first(fed: list[Tokens], n: int) -> Tokens | None:
-    """The first n tokens fed since the checkpoint, as one feed."""
-    if n <= 0:
-        return None
-    if all(not isinstance(t, mx.array) for t in fed):
-        flat = [int(t) for chunk in fed for t in chunk]
-        return flat[:n]
+def _count(tokens: Tokens) -> int:
+    return int(tokens.size) if isinstance(tokens, mx.array) else len(tokens)
+
+
+def _first(chunks: list[Tokens], n: int) -> Tokens:
+    """The first n tokens of ``chunks``, as one feed: host ids, or a device
+    array when any chunk is one (a pipelined step's token)."""
+    if all(not isinstance(t, mx.array) for t in chunks):
+        return [int(t) for chunk in chunks for t in chunk][:n]
     parts = [t.reshape(-1).astype(mx.uint32) if isinstance(t, mx.array)
-             else mx.array(list(t), dtype=mx.uint32) for t in fed]
+             else mx.array(list(t), dtype=mx.uint32) for t in chunks if _count(t)]
     return mx.concatenate(parts)[:n]

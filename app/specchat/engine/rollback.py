@@ -5,13 +5,16 @@ layer): can every entry drop its last n positions (``drop``), and if not,
 return to the checkpoint taken before the speculative feed (``checkpoint``,
 ``restore``), after which the slot feeds the kept tokens again.
 
-- mlx-lm's trimmable entries (``KVCache``, a ``RotatingKVCache`` that has
-  not wrapped, ``QuantizedKVCache``, ``ChunkedKVCache``) drop positions:
-  ``trim``.
-- ``ArraysCache`` (recurrent and convolution state: Mamba, Gated DeltaNet)
-  has no positions to drop; its layers assign new arrays to it rather than
-  writing into the old ones, so a checkpoint is a list of references, free
-  to take, and restoring it is assigning them back.
+- mlx-lm's trimmable entries (``KVCache``, ``QuantizedKVCache``,
+  ``ChunkedKVCache``) drop positions: ``trim``.
+- A sliding window: ``prepare`` replaces each ``RotatingKVCache`` a model
+  makes with a ``WindowKVCache`` (window_kv.py), which keeps ``SLACK``
+  positions past the window so that it can drop them after it has filled.
+- ``ArraysCache`` (recurrent and convolution state: Gated DeltaNet, Mamba,
+  short convolutions) has no positions to drop; its layers assign new
+  arrays to it rather than writing into the old ones, so a checkpoint is a
+  list of references, free to take, and restoring it is assigning them
+  back; the slot then feeds the kept tokens again (kv.py).
 - ``CacheList`` is its entries, each by its own rule.
 
 An entry of any other kind cannot go back: the slot starts again.
@@ -30,7 +33,10 @@ from mlx_lm.models.cache import (
     ConcatenateKVCache,
     KVCache,
     QuantizedKVCache,
+    RotatingKVCache,
 )
+
+from specchat.engine.window_kv import WindowKVCache
 
 # Kinds that can always drop positions: a checkpoint of them is a length.
 ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ChunkedKVCache, ConcatenateKVCache)
@@ -47,9 +53,25 @@ class _Unmarked(Exception):
     """An entry of a kind that cannot go back to a checkpoint."""
 
 
+def _swap(c):
+    if isinstance(c, CacheList):
+        c.caches = tuple(_swap(e) for e in c.caches)
+        return c
+    if type(c) is RotatingKVCache and c.keep == 0 and c.offset == 0:
+        return WindowKVCache(c.max_size)
+    return c
+
+
+def prepare(cache: list) -> list:
+    """A model's new cache, with every sliding window one that can go back."""
+    return [_swap(c) for c in cache]
+
+
 def _can_drop(c, n: int) -> bool:
     if isinstance(c, CacheList):
         return all(_can_drop(e, n) for e in c.caches)
+    if isinstance(c, WindowKVCache):
+        return c.can_trim(n)
     return c.is_trimmable()
 
 
@@ -76,8 +98,8 @@ def _mark(c) -> Any:
         return [_mark(e) for e in c.caches]
     if isinstance(c, ArraysCache):
         return list(c.cache)
-    if type(c) in ALWAYS_TRIMMABLE:
-        return c.size()
+    if type(c) in ALWAYS_TRIMMABLE or isinstance(c, WindowKVCache):
+        return c.offset
     raise _Unmarked(type(c).__name__)
 
 
@@ -86,6 +108,18 @@ def checkpoint(cache: list, length: int) -> Checkpoint:
         return Checkpoint(length, [_mark(c) for c in cache])
     except _Unmarked:
         return Checkpoint(length, [], complete=False)
+
+
+def unsupported(cache: list) -> list[str]:
+    """The kinds of entries in a (prepared) cache that cannot go back at
+    all; speculation needs every entry to."""
+    def bad(c):
+        if isinstance(c, CacheList):
+            for e in c.caches:
+                yield from bad(e)
+        elif not (type(c) in ALWAYS_TRIMMABLE or isinstance(c, (WindowKVCache, ArraysCache))):
+            yield type(c).__name__
+    return sorted({name for c in cache for name in bad(c)})
 
 
 def always_trimmable(cache: list) -> bool:
@@ -105,7 +139,7 @@ def _restore(c, mark: Any) -> None:
     elif isinstance(c, ArraysCache):
         c.cache = list(mark)
     else:
-        extra = c.size() - mark
+        extra = c.offset - mark
         if extra > 0:
             c.trim(extra)
 

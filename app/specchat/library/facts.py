@@ -19,13 +19,6 @@ from pathlib import Path
 from specchat.engine import folders
 from specchat.library.errors import LibraryError
 
-# The engine's words (engine/loading.py:untrimmable_reason), so the library's
-# verdict and the engine's refusal read the same.
-SLIDING_REASON = ("it uses sliding-window attention, whose cache drops old tokens and "
-                  "cannot be rewound after rejected draft tokens")
-RECURRENT_REASON = ("it has recurrent or linear-attention layers, whose state cannot be "
-                    "rewound after rejected draft tokens")
-
 # mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
 # at least some layers.
 RECURRENT_TYPES = frozenset({
@@ -120,8 +113,11 @@ def text_config(config: dict) -> dict:
 
 
 def cache_kind(config: dict) -> tuple[str, str | None]:
-    """("full" | "sliding" | "recurrent", reason or None), predicted from
-    config.json the way mlx-lm will build the model's cache.
+    """("full" | "sliding" | "recurrent", why it cannot be speculated on or
+    None), predicted from config.json the way mlx-lm will build the model's
+    cache. Every kind here can be (the engine rolls back sliding windows and
+    recurrent state: engine/rollback.py), so the reason is always None; it
+    stays for a kind that could not.
 
     ``use_sliding_window: false`` (Qwen2.5, Qwen3) means full attention even
     when ``sliding_window`` is set; ``layer_types`` names each layer's kind.
@@ -131,16 +127,16 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     layer_types = [str(t).lower() for t in (cfg.get("layer_types") or []) if t is not None]
     if model_type in RECURRENT_TYPES or any(
             w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
-        return "recurrent", RECURRENT_REASON
+        return "recurrent", None
     if any("sliding" in t or "local" in t for t in layer_types):
-        return "sliding", SLIDING_REASON
+        return "sliding", None
     if model_type in SLIDING_TYPES:
-        return "sliding", SLIDING_REASON
+        return "sliding", None
     if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
         window = cfg.get("sliding_window")
         longest = cfg.get("max_position_embeddings")
         if not (isinstance(window, int) and isinstance(longest, int) and window >= longest):
-            return "sliding", SLIDING_REASON
+            return "sliding", None
     return "full", None
 
 
