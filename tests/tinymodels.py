@@ -74,14 +74,17 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int | None = None,
                 seed: int = 0, logit_scale: float = 3.0, noise_from: Path | None = None,
                 noise: float = 0.0, grow_from: Path | None = None,
-                extra_config: dict | None = None) -> Path:
+                extra_config: dict | None = None, amplify: dict[str, float] | None = None) -> Path:
     """A random model.
 
     With ``noise_from``, copy that model's weights and add relative Gaussian
     noise (a draft that agrees with its target often). With ``grow_from``,
     copy that model into the first layers and make the remaining layers
     nearly transparent (small output projections): a bigger model that
-    computes almost the same function, i.e. a target for that draft."""
+    computes almost the same function, i.e. a target for that draft.
+    ``amplify`` scales the weights whose names end with a key (a model with a
+    tied head whose layers barely move the residual only repeats its input
+    token)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
@@ -131,6 +134,10 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
         heads = [k for k in params if k.endswith("lm_head.weight")] or \
             [k for k in params if k.endswith("embed_tokens.weight")]
         params[heads[0]] = params[heads[0]] * logit_scale
+        for k in params:
+            for suffix, factor in (amplify or {}).items():
+                if k.endswith(suffix):
+                    params[k] = params[k] * factor
     model.update(tree_unflatten(list(params.items())))
     mx.eval(model.parameters())
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
@@ -189,3 +196,44 @@ def build_python_renderer_tokenizer(folder: Path, renderer: str = "deepseek_v32"
     config["chat_template_type"] = renderer
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+# Tiny configs of the architectures people run now, for mlx-lm's own model
+# classes: hybrids with recurrent state (Gated DeltaNet, Mamba 2, short
+# convolutions) and a sliding window shorter than the tests' contexts.
+ARCHS: dict[str, dict] = {
+    "qwen3_5": dict(model_type="qwen3_5", layers=4, extra_config=dict(
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        head_dim=16)),
+    "qwen3_next": dict(model_type="qwen3_next", layers=4, extra_config=dict(
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        head_dim=16, num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1,
+        shared_expert_intermediate_size=0, moe_intermediate_size=0, mlp_only_layers=[],
+        norm_topk_prob=True, partial_rotary_factor=0.25)),
+    "gemma3_text": dict(model_type="gemma3_text", layers=4, extra_config=dict(
+        sliding_window=8, sliding_window_pattern=2, head_dim=16, query_pre_attn_scalar=16)),
+    "falcon_h1": dict(model_type="falcon_h1", layers=2, extra_config=dict(
+        mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
+        mamba_d_conv=4, mamba_expand=1, head_dim=16)),
+    "nemotron_h": dict(model_type="nemotron_h", layers=4, extra_config=dict(
+        hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8,
+        n_groups=1, conv_kernel=4, head_dim=16, mamba_hidden_act="silu", mlp_hidden_act="relu2",
+        attention_bias=False, mlp_bias=False, use_conv_bias=True, mamba_proj_bias=False,
+        use_bias=False, layer_norm_epsilon=1e-5, residual_in_fp32=False, chunk_size=16,
+        time_step_limit=[0.0, 100.0], time_step_min=0.001, time_step_max=0.1,
+        time_step_floor=1e-4)),
+    "lfm2": dict(model_type="lfm2", layers=4, extra_config=dict(
+        conv_L_cache=3, conv_bias=False, full_attn_idxs=[1, 3], block_dim=64, block_ff_dim=128,
+        block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        norm_eps=1e-5), amplify={"w2.weight": 8.0, "out_proj.weight": 8.0}),
+}
+
+
+def build_arch(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 5,
+               noise_from: Path | None = None, noise: float = 0.0) -> Path:
+    """A random model of one of ``ARCHS`` (a draft of it: ``noise_from``
+    its target, with relative noise)."""
+    return build_model(folder, tokenizer_dir, seed=seed, noise_from=noise_from, noise=noise,
+                       **ARCHS[arch])

@@ -141,6 +141,7 @@ def start(d: Decoding) -> Progress:
     stream = TextStream(d.tokenizer, d.request.stop_strings)
     pending = d.slot.sync_to(d.prompt_ids)
     d.slot.prefill(pending[:-1])
+    d.slot.mark_prompt()
     if d.drafter is not None:
         d.drafter.prepare(d.prompt_ids)
     d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)

@@ -277,6 +277,7 @@ class ModelDrafter(Drafter):
             self.head.restart(prompt)
         pending = self.slot.sync_to(prompt)
         self._pending(pending, feed_max=1)
+        self.slot.mark_prompt()
 
     def catch_up(self, context: Sequence[int]) -> None:
         self._pending(context[self.slot.length:], feed_max=1)

@@ -55,6 +55,7 @@ class CacheSlot:
         self.pending = 0  # how many tokens _pending holds
         self._mark: rollback.Checkpoint | None = None
         self._tail: list[Tokens] = []  # every token past the checkpoint, in order
+        self._prompt: rollback.Checkpoint | None = None  # where the last prompt ended
         self._plain = rollback.always_trimmable(self.cache)  # checkpoints are lengths
 
     @property
@@ -118,6 +119,13 @@ class CacheSlot:
             self._mark = rollback.checkpoint(self.cache, self.fed)
             self._tail = list(self._pending)
 
+    def mark_prompt(self) -> None:
+        """After a request's prefill: a checkpoint the next request can go
+        back to when its prompt shares this one's (a regenerated reply), for
+        caches that cannot drop positions. Free, as ``checkpoint`` is."""
+        if not self._plain and not self.pending:
+            self._prompt = rollback.checkpoint(self.cache, self.fed)
+
     def rewind(self, keep: int) -> None:
         """Keep the first ``keep`` positions: drop what was fed past them.
 
@@ -130,13 +138,15 @@ class CacheSlot:
         drop = self.length - keep
         if drop <= 0:
             return
+        if self._prompt is not None and keep < self._prompt.length:
+            self._prompt = None  # positions it stands on are going
         mark = self._mark
         if keep >= self.fed:  # only pending tokens go: nothing to undo
             self._pending = [_first(self._pending, keep - self.fed)] if keep > self.fed else []
             self.pending = keep - self.fed
         elif rollback.drop(self.cache, self.fed - keep):
             self._pending, self.pending = [], 0
-        elif mark is not None and mark.complete and keep >= mark.length:
+        elif mark is not None and keep >= mark.length and rollback.restorable(self.cache, mark):
             rollback.restore(self.cache, mark)
             kept = keep - mark.length
             self._pending = [_first(self._tail, kept)] if kept else []
@@ -159,7 +169,17 @@ class CacheSlot:
         if keep_last and n == len(context):
             n -= 1
         self._mark, self._tail = None, []
-        self.rewind(n)
+        prompt = self._prompt
+        if (prompt is not None and prompt.length <= n < self.fed
+                and not rollback.can_drop(self.cache, self.fed - n)
+                and rollback.restorable(self.cache, prompt)):
+            # Back to where the last prompt ended; the rest of the shared
+            # prefix is fed with this request's prefill.
+            rollback.restore(self.cache, prompt)
+            self._pending, self.pending = [list(context[prompt.length:n])], n - prompt.length
+            self.length = n
+        else:
+            self.rewind(n)
         if self.length != n:  # a cache that cannot go back was reset
             n = 0
         self.ids = list(context[:n])

@@ -15,6 +15,9 @@ return to the checkpoint taken before the speculative feed (``checkpoint``,
   arrays to it rather than writing into the old ones, so a checkpoint is a
   list of references, free to take, and restoring it is assigning them
   back; the slot then feeds the kept tokens again (kv.py).
+- DeepSeek-V4's ``LayerCache`` (a window, compressed groups, an open
+  group) also assigns new arrays to its attributes and never writes into
+  them: a checkpoint is a copy of its attributes.
 - ``CacheList`` is its entries, each by its own rule.
 
 An entry of any other kind cannot go back: the slot starts again.
@@ -40,6 +43,9 @@ from specchat.engine.window_kv import WindowKVCache
 
 # Kinds that can always drop positions: a checkpoint of them is a length.
 ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ChunkedKVCache, ConcatenateKVCache)
+# Kinds (by class name; they live in their model's module) whose updates only
+# assign new arrays to attributes: a checkpoint is a copy of the attributes.
+REBOUND = frozenset({"LayerCache"})
 
 
 @dataclass
@@ -83,10 +89,14 @@ def _drop(c, n: int) -> None:
         c.trim(n)
 
 
+def can_drop(cache: list, n: int) -> bool:
+    return all(_can_drop(c, n) for c in cache)
+
+
 def drop(cache: list, n: int) -> bool:
     """Drop the last n positions of every entry, if every entry can (else
     change nothing and return False)."""
-    if not all(_can_drop(c, n) for c in cache):
+    if not can_drop(cache, n):
         return False
     for c in cache:
         _drop(c, n)
@@ -100,6 +110,8 @@ def _mark(c) -> Any:
         return list(c.cache)
     if type(c) in ALWAYS_TRIMMABLE or isinstance(c, WindowKVCache):
         return c.offset
+    if type(c).__name__ in REBOUND:
+        return dict(vars(c))
     raise _Unmarked(type(c).__name__)
 
 
@@ -117,7 +129,8 @@ def unsupported(cache: list) -> list[str]:
         if isinstance(c, CacheList):
             for e in c.caches:
                 yield from bad(e)
-        elif not (type(c) in ALWAYS_TRIMMABLE or isinstance(c, (WindowKVCache, ArraysCache))):
+        elif not (type(c) in ALWAYS_TRIMMABLE or isinstance(c, (WindowKVCache, ArraysCache))
+                  or type(c).__name__ in REBOUND):
             yield type(c).__name__
     return sorted({name for c in cache for name in bad(c)})
 
@@ -138,10 +151,28 @@ def _restore(c, mark: Any) -> None:
             _restore(e, m)
     elif isinstance(c, ArraysCache):
         c.cache = list(mark)
+    elif isinstance(mark, dict):  # REBOUND
+        vars(c).clear()
+        vars(c).update(mark)
     else:
         extra = c.offset - mark
         if extra > 0:
             c.trim(extra)
+
+
+def _restorable(c, mark: Any) -> bool:
+    if isinstance(c, CacheList):
+        return all(_restorable(e, m) for e, m in zip(c.caches, mark, strict=True))
+    if isinstance(c, WindowKVCache):
+        return c.can_trim(c.offset - mark)
+    return True
+
+
+def restorable(cache: list, mark: Checkpoint) -> bool:
+    """Whether ``cache`` can go back to ``mark`` (a window cannot go back
+    further than its slack)."""
+    return mark.complete and all(_restorable(c, m) for c, m in zip(cache, mark.entries,
+                                                                    strict=True))
 
 
 def restore(cache: list, mark: Checkpoint) -> None:

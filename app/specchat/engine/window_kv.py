@@ -11,8 +11,8 @@ window of every later query is still there. Attention is limited to the
 window by the mask (``make_mask``), as the rotating cache's own mask does
 when its buffer is larger than the window.
 
-Memory: ``slack`` positions (plus up to one growth step) more than the
-window, per sliding layer. ``rollback.prepare`` puts one in place of each
+Memory: ``slack`` positions, plus up to one growth step (at most 256, at
+most the window), more than the window, per sliding layer. ``rollback.prepare`` puts one in place of each
 ``RotatingKVCache`` a model makes (all of mlx-lm's sliding-window models
 make them with ``keep=0``, no attention sink).
 """
@@ -27,11 +27,10 @@ SLACK = 32  # positions past the window: more than the longest verify block (24 
 
 
 class WindowKVCache(_BaseCache):
-    step = 256
-
     def __init__(self, window: int, slack: int = SLACK):
         self.window = window
         self.slack = slack
+        self.step = max(16, min(256, window))  # growth: at most a window more memory
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0  # positions seen (what RoPE reads)
@@ -41,13 +40,20 @@ class WindowKVCache(_BaseCache):
     def stored(self) -> int:
         return self.offset - self.start
 
+    def _forgets(self, n: int) -> int | None:
+        """How many of the oldest positions feeding n more will forget (the
+        buffer grows then, and keeps window + slack of what it held), or
+        None if it has room. The mask, made before the feed, needs it too."""
+        prev = self.stored
+        if self.keys is not None and prev + n <= self.keys.shape[2]:
+            return None
+        return max(0, prev - (self.window + self.slack))
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         n = keys.shape[2]
         prev = self.stored
-        if self.keys is None or prev + n > self.keys.shape[2]:
-            # Before growing, forget positions no query can see again, even
-            # after dropping ``slack`` positions: keep window + slack.
-            old = max(0, prev - (self.window + self.slack))
+        old = self._forgets(n)
+        if old is not None:
             size = ((prev - old + n + self.step - 1) // self.step) * self.step
             B, heads, _, kd = keys.shape
             new_k = mx.zeros((B, heads, size, kd), keys.dtype)
@@ -67,7 +73,7 @@ class WindowKVCache(_BaseCache):
         """Each query sees the keys of its window, which may be fewer than
         the cache holds (the slack)."""
         window = min(window_size or self.window, self.window)
-        prev = self.stored
+        prev = self.stored - (self._forgets(N) or 0)
         if prev + N <= window and not return_array:
             return None if N == 1 else "causal"
         return create_causal_mask(N, prev, window_size=window)
