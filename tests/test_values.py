@@ -77,3 +77,13 @@ def test_text_that_is_not_utf8_is_refused_without_repeating_it(text, where):
     assert message.startswith("the prompt is not valid UTF-8 text") and where in message
     message.encode("utf-8")
     assert values.text("the prompt", "café 🙂") == "café 🙂"
+
+
+def test_a_prompt_is_bounded_in_characters():
+    bound = int(values.LIMITS["prompt"].high)
+    assert bound == 1_000_000
+    values.prompt_size(bound)
+    with pytest.raises(values.BadValue) as caught:
+        values.prompt_size(bound + 1)
+    assert str(caught.value) == ("the prompt is 1,000,001 characters, more than SpecChat reads "
+                                 "at once (1,000,000); shorten it")

@@ -63,6 +63,12 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("context", int, 16, 1_048_576, "tokens"),
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
+    # Counted before the chat template and the tokenizer see the text: a
+    # tokenizer takes about 2 s per million characters, on the one engine
+    # thread every other request waits for. A million characters is some
+    # 250,000 tokens of prose or code, past the context of the models
+    # SpecChat runs on a laptop.
+    Limit("prompt", int, 0, 1_000_000, "characters"),
 )}
 
 
@@ -134,6 +140,16 @@ def text(name: str, value: object) -> str:
         raise BadValue(f"{name} is not valid UTF-8 text: {what} at character "
                        f"{exc.start + 1}; save or type it as UTF-8") from None
     return value
+
+
+def prompt_size(chars: int) -> None:
+    """``BadValue`` if a prompt of ``chars`` characters (every message
+    together) is longer than the table's bound, checked before it is
+    tokenized."""
+    bound = int(LIMITS["prompt"].high)
+    if chars > bound:
+        raise BadValue(f"the prompt is {chars:,} characters, more than SpecChat reads at once "
+                       f"({bound:,}); shorten it")
 
 
 def _shown(value: object) -> str:
