@@ -10,6 +10,7 @@ This module imports nothing but ``specchat.errors``, so every layer may use it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from specchat.errors import SpecChatError
@@ -150,6 +151,36 @@ def prompt_size(chars: int) -> None:
     if chars > bound:
         raise BadValue(f"the prompt is {chars:,} characters, more than SpecChat reads at once "
                        f"({bound:,}); shorten it")
+
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+_ORIGIN_HOST = re.compile(r"[a-z0-9._~-]+|\[[0-9a-f:.]+\]")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(value: object) -> str:
+    """A web origin a user allows to call the local API (CORS), as a browser
+    sends it in its ``Origin`` header: ``scheme://host[:port]``, lower case,
+    without the scheme's default port; else ``BadValue``. No wildcard and no
+    ``null``: each allowed page is named."""
+    typed = value.strip() if isinstance(value, str) else value
+    bad = BadValue("an allowed origin must be scheme://host[:port] with no path, as a browser "
+                   f"sends it (http://localhost:5173); got {_shown(typed)}")
+    if not isinstance(typed, str):
+        raise bad
+    scheme, sep, rest = typed.lower().partition("://")
+    rest = rest[:-1] if rest.endswith("/") else rest
+    host, port = rest, None
+    if ":" in rest and not rest.endswith("]"):
+        host, _, digits = rest.rpartition(":")
+        if not digits.isdigit() or not 0 < int(digits) <= 65535:
+            raise bad
+        port = int(digits)
+    if not (sep and _SCHEME.fullmatch(scheme) and _ORIGIN_HOST.fullmatch(host)):
+        raise bad
+    if port is None or port == _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _shown(value: object) -> str:
