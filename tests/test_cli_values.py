@@ -245,6 +245,9 @@ SHARED = {
 # check``'s, the hub timeout an environment variable's; the API's system
 # prompt is a message like any other.
 CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port"}  # the last: cluster create's
+# Checked by the engine for every caller alike, on what a request carries:
+# the prompt's length in characters (request_check.py).
+ENGINE = {"prompt"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 
@@ -266,7 +269,7 @@ def test_every_value_of_the_table_is_either_shared_or_the_cli_s_own():
 
     typed = _generate_types()
     assert {name: typed[name] for name in SHARED} == {n: o for n, (o, _) in SHARED.items()}
-    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY
+    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY | ENGINE
 
 
 def _bad(name: str) -> list:

@@ -139,3 +139,36 @@ def test_a_library_file_named_without_a_slash_is_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECCHAT_BLAS", "libcblas.so")
     assert values.environment("SPECCHAT_BLAS") == "libcblas.so"
+@pytest.mark.parametrize("typed,kept", [
+    ("http://localhost:5173", "http://localhost:5173"),
+    (" HTTPS://App.Example/ ", "https://app.example"),
+    ("http://app.example:80", "http://app.example"),  # as a browser sends it
+    ("https://app.example:443", "https://app.example"),
+    ("http://[::1]:3000", "http://[::1]:3000"),
+    ("vscode-webview://abc123", "vscode-webview://abc123"),
+])
+def test_an_origin_is_kept_as_a_browser_sends_it(typed, kept):
+    assert values.origin(typed) == kept
+
+
+@pytest.mark.parametrize("typed", ["app.example", "null", "*", "http://*.example", "http://",
+                                   "http://app.example/path", "http://app.example?q",
+                                   "http://user@app.example", "http://app.example:99999",
+                                   "http://app example", "ftp:/x", ""])
+def test_a_bad_origin_is_one_line(typed):
+    with pytest.raises(values.BadValue) as caught:
+        values.origin(typed)
+    message = str(caught.value)
+    assert message.startswith("an allowed origin must be scheme://host[:port] with no path, "
+                              "as a browser sends it (http://localhost:5173); got ")
+    assert "\n" not in message
+
+
+def test_a_prompt_is_bounded_in_characters():
+    bound = int(values.LIMITS["prompt"].high)
+    assert bound == 1_000_000
+    values.prompt_size(bound)
+    with pytest.raises(values.BadValue) as caught:
+        values.prompt_size(bound + 1)
+    assert str(caught.value) == ("the prompt is 1,000,001 characters, more than SpecChat reads "
+                                 "at once (1,000,000); shorten it")

@@ -242,9 +242,31 @@ def _add_serve(sub) -> None:
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     s.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other machines can reach (needs an API key)")
-    s.add_argument("--api-key", help=f"bearer token every request must send (or {KEY_VARIABLE})")
+    s.add_argument("--api-key-file", type=_readable_file, metavar="FILE",
+                   help=f"a file holding the bearer token every request must send (or set "
+                        f"{KEY_VARIABLE}; never on the command line, where ps shows it)")
+    s.add_argument("--api-key", type=_key_refused, help=argparse.SUPPRESS)
+    s.add_argument("--cors-origin", action="append", default=[], type=_origin, metavar="ORIGIN",
+                   help="a web page origin (scheme://host[:port]) allowed to call the API from "
+                        "a browser (repeatable; none by default)")
     s.add_argument("--max-tokens-cap", type=_value("max tokens"), default=None, metavar="N",
                    help="most new tokens a request may ask for (default: the context's room)")
+
+
+def _key_refused(_text: str) -> str:
+    """``--api-key KEY`` is refused: every user of the machine sees a
+    process's arguments (``ps``)."""
+    from specchat.server.listener import KEY_VARIABLE
+
+    raise argparse.ArgumentTypeError(f"a key on the command line shows in ps: set {KEY_VARIABLE} "
+                                     "or pass --api-key-file FILE")
+
+
+def _origin(text: str) -> str:
+    """An argparse ``type`` for a CORS origin, as the Settings field takes it."""
+    from specchat import values
+
+    return _refusing(lambda _name, t: values.origin(t), "origin")(text)
 
 
 def _port(text: str) -> int:
@@ -437,7 +459,7 @@ def cmd_serve(args) -> int:
     from specchat.server.protocol import MAX_TOKENS_CAP
     from specchat.server.service import ApiService, Served
 
-    key = api_key_from(args.api_key)
+    key = api_key_from(args.api_key_file)
     check_bind(args.host, args.allow_remote, key)  # before minutes of loading
     target, draft = serve_pair(args)
 
@@ -461,7 +483,8 @@ def cmd_serve(args) -> int:
         mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),
                              args.max_tokens_cap or MAX_TOKENS_CAP, on_activity=activity)
-        server = LocalServer(service, args.host, args.port, key, args.allow_remote)
+        server = LocalServer(service, args.host, args.port, key, args.allow_remote,
+                             cors_origins=args.cors_origin)
         print(f"SpecChat API on {server.url}: model {service.served.model!r}, {mode.label}"
               f"{', API key required' if key else ''}. Ctrl+C stops it.", file=sys.stderr)
         server.serve_forever()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 
 from specchat.errors import SpecChatError
@@ -68,6 +69,12 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
     Limit("cluster port", int, 1, 65535, "a cluster's first port"),
+    # Counted before the chat template and the tokenizer see the text: a
+    # tokenizer takes about 2 s per million characters, on the one engine
+    # thread every other request waits for. A million characters is some
+    # 250,000 tokens of prose or code, past the context of the models
+    # SpecChat runs on a laptop.
+    Limit("prompt", int, 0, 1_000_000, "characters"),
 )}
 
 
@@ -199,6 +206,46 @@ def text(name: str, value: object) -> str:
     if not value and name in NOT_EMPTY:
         raise BadValue(f"{name} must not be empty")
     return value
+
+
+def prompt_size(chars: int) -> None:
+    """``BadValue`` if a prompt of ``chars`` characters (every message
+    together) is longer than the table's bound, checked before it is
+    tokenized."""
+    bound = int(LIMITS["prompt"].high)
+    if chars > bound:
+        raise BadValue(f"the prompt is {chars:,} characters, more than SpecChat reads at once "
+                       f"({bound:,}); shorten it")
+
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+_ORIGIN_HOST = re.compile(r"[a-z0-9._~-]+|\[[0-9a-f:.]+\]")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(value: object) -> str:
+    """A web origin a user allows to call the local API (CORS), as a browser
+    sends it in its ``Origin`` header: ``scheme://host[:port]``, lower case,
+    without the scheme's default port; else ``BadValue``. No wildcard and no
+    ``null``: each allowed page is named."""
+    typed = value.strip() if isinstance(value, str) else value
+    bad = BadValue("an allowed origin must be scheme://host[:port] with no path, as a browser "
+                   f"sends it (http://localhost:5173); got {_shown(typed)}")
+    if not isinstance(typed, str):
+        raise bad
+    scheme, sep, rest = typed.lower().partition("://")
+    rest = rest[:-1] if rest.endswith("/") else rest
+    host, port = rest, None
+    if ":" in rest and not rest.endswith("]"):
+        host, _, digits = rest.rpartition(":")
+        if not digits.isdigit() or not 0 < int(digits) <= 65535:
+            raise bad
+        port = int(digits)
+    if not (sep and _SCHEME.fullmatch(scheme) and _ORIGIN_HOST.fullmatch(host)):
+        raise bad
+    if port is None or port == _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _shown(value: object) -> str:

@@ -44,6 +44,12 @@ BAD = {
                               "a stop string is not valid UTF-8"),
     "stop string empty": (replace(BASE, stop_strings=("ok", "")),
                           "a stop string must not be empty"),
+    # Counted in characters before the template and the tokenizer see it
+    # (tokenizing megabytes held the engine for seconds).
+    "prompt past the bound": (replace(BASE, messages=(Message("system", "x" * 600_000),
+                                                      Message("user", "y" * 400_001))),
+                              "the prompt is 1,000,001 characters, more than SpecChat reads "
+                              "at once (1,000,000); shorten it"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }

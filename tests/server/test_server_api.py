@@ -141,8 +141,9 @@ def test_a_client_that_goes_away_before_a_whole_reply_cancels_it(live, tiny_targ
     body = json.dumps({"model": tiny_target.name, "prompt": IDS, "max_tokens": 1500,
                        "temperature": 0}).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (server.port, len(body), body))
 
     def running():
         return next((a for a in recorder.seen[before:]

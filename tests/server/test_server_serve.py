@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from specchat.server.errors import ServerError
@@ -53,11 +56,35 @@ def test_a_port_in_use_is_one_line(tiny_client):
         first.stop()
 
 
-def test_the_key_comes_from_the_flag_or_the_environment(monkeypatch):
+def test_the_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_path):
+    """Never from the command line, where ``ps`` shows it to every user."""
     monkeypatch.setenv(KEY_VARIABLE, "from-env")
-    assert api_key_from(None) == "from-env" and api_key_from("given") == "given"
+    given = tmp_path / "key"
+    given.write_text("from-file\n")
+    assert api_key_from(None) == "from-env" and api_key_from(given) == "from-file"
     monkeypatch.setenv(KEY_VARIABLE, "  ")
     assert api_key_from(None) is None
+    for bad, words in ((tmp_path / "missing", "Cannot read the API key file"),
+                       (tmp_path, "Cannot read the API key file")):
+        with pytest.raises(ServerError) as e:
+            api_key_from(bad)
+        assert str(e.value).startswith(words) and "\n" not in str(e.value)
+    given.write_text(" \n")
+    with pytest.raises(ServerError) as e:
+        api_key_from(given)
+    assert str(e.value) == f"The API key file {given} is empty."
+
+
+def test_serve_takes_no_key_on_the_command_line(capsys, tmp_path):
+    from specchat import cli
+
+    with pytest.raises(SystemExit) as e:  # refused before anything would load
+        cli.main(["serve", "--api-key", "s3cret", "--target", str(tmp_path / "none")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("specchat serve: error: argument --api-key: a key on the command line shows "
+                   f"in ps: set {KEY_VARIABLE} or pass --api-key-file FILE (see specchat serve "
+                   "--help)")
 
 
 def test_serve_refuses_a_remote_host_in_one_line(home, capsys):
@@ -115,3 +142,125 @@ def test_specchat_serve_runs_until_ctrl_c(tiny_target, tiny_draft, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class Serving:
+    """``specchat serve`` in a process of its own, as a person runs it; its
+    stderr is read as it comes (``lines``)."""
+
+    def __init__(self, args: list[str], home, env: dict | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "specchat", "serve", *args],
+                                     env={**os.environ, "SPECCHAT_HOME": str(home), **(env or {})},
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.url = None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            found = re.search(r"SpecChat API on (http://\S+/v1)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        assert self.url, "".join(self.lines)
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr),
+                                        daemon=True)
+        self._reader.start()
+
+    def stop(self) -> str:
+        """Ctrl+C; everything it wrote to stderr."""
+        self.proc.send_signal(signal.SIGINT)
+        assert self.proc.wait(60) == 0, "".join(self.lines)
+        self._reader.join(10)
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_serve_reads_its_key_from_a_file_and_lists_cors_origins(tiny_target, tmp_path):
+    """The key is in a file (not in ``ps``): requests without it get 401;
+    a listed origin gets CORS answers."""
+    import http.client
+
+    import openai
+    from openai import OpenAI
+
+    keyfile = tmp_path / "key"
+    keyfile.write_text("s3cret-key\n")
+    served = Serving(["--target", str(tiny_target), "--port", "0", "--plain",
+                      "--api-key-file", str(keyfile), "--cors-origin", "http://app.example:5173",
+                      "--cors-origin", "vscode-webview://abc"], tmp_path)
+    try:
+        with open(f"/proc/{served.proc.pid}/cmdline", "rb") as f:
+            assert b"s3cret-key" not in f.read()
+        with OpenAI(base_url=served.url, api_key="wrong", max_retries=0, timeout=60) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                bad.models.list()
+        with OpenAI(base_url=served.url, api_key="s3cret-key", max_retries=0, timeout=60) as good:
+            assert good.models.list().data[0].id == tiny_target.name
+        for origin in ("http://app.example:5173", "vscode-webview://abc"):
+            conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+            conn.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type"})
+            r = conn.getresponse()
+            assert r.status == 200 and r.getheader("access-control-allow-origin") == origin
+            conn.close()
+        assert "API key required" in "".join(served.lines)
+        served.stop()
+    finally:
+        served.kill()
+
+
+def test_a_client_gone_mid_body_leaves_no_traceback(tiny_target, tmp_path):
+    """A client that closes (or resets) its connection halfway through its
+    body: at most one quiet line each in the server's log, no traceback,
+    and the server goes on answering."""
+    import socket
+
+    from openai import OpenAI
+
+    served = Serving(["--target", str(tiny_target), "--port", "0", "--plain"], tmp_path)
+    try:
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+                '{"model": "x", "messages": [').encode()
+        for reset in (False, True):
+            sock = socket.create_connection(("127.0.0.1", served.port))
+            sock.sendall(head)
+            time.sleep(0.5)  # the server is reading the body by now
+            if reset:  # an RST rather than a FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        time.sleep(0.5)
+        with OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60) as api:
+            r = api.chat.completions.create(model=tiny_target.name, max_tokens=2,
+                                            messages=[{"role": "user", "content": "Hello"}])
+        assert r.usage.completion_tokens <= 2
+        log = served.stop()
+    finally:
+        served.kill()
+    assert "Traceback" not in log and "Exception" not in log, log
+    gone = [line for line in log.splitlines() if "disconnected" in line]
+    assert len(gone) <= 2, log
+    assert all(line.endswith("a client disconnected before sending its whole request")
+               for line in gone), log
+
+
+@pytest.mark.parametrize("host", ["[::1]", "::1"])
+def test_serve_listens_on_ipv6_loopback(tiny_target, tmp_path, host):
+    from openai import OpenAI
+
+    served = Serving(["--target", str(tiny_target), "--port", "0", "--plain", "--host", host],
+                     tmp_path)
+    try:
+        assert served.url == f"http://[::1]:{served.port}/v1"
+        with OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60) as api:
+            r = api.chat.completions.create(model=tiny_target.name, max_tokens=2,
+                                            messages=[{"role": "user", "content": "Hello"}])
+        assert r.usage.completion_tokens <= 2
+        served.stop()
+    finally:
+        served.kill()

@@ -130,3 +130,41 @@ def test_a_request_waits_for_the_chat_reply_and_for_compare(qtbot, window, tiny_
 def wait_for(out: dict) -> dict:
     wait_until(lambda: bool(out))
     return out
+
+
+def test_the_window_server_answers_only_its_own_and_listed_origins(qtbot, window, tiny_target):
+    """Settings' allowed origins reach the running server (it restarts with
+    them); a page of another origin and a foreign Host are refused."""
+    import http.client
+
+    load(qtbot, window, tiny_target)
+    serve(window)
+    api = window.session.api
+
+    def preflight(origin: str, host: str | None = None) -> tuple[int, str | None]:
+        conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30)
+        conn.request("OPTIONS", "/v1/chat/completions", headers={
+            "Host": host or f"127.0.0.1:{api.port}", "Origin": origin,
+            "Access-Control-Request-Method": "POST"})
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        return r.status, r.getheader("access-control-allow-origin")
+
+    assert preflight("http://app.example:5173") == (403, None)
+    dlg = SettingsDialog(window.session.settings, window)
+    qtbot.addWidget(dlg)
+    assert dlg.cors_origins.text() == ""
+    dlg.cors_origins.setText("http://app.example:5173  https://Other.example/")
+    assert dlg.problem() == ""
+    window.session.update_settings(**dlg.edited())
+    assert window.session.settings.server_cors_origins == ("http://app.example:5173",
+                                                           "https://other.example")
+    assert api.running
+    assert preflight("http://app.example:5173") == (200, "http://app.example:5173")
+    assert preflight("https://other.example") == (200, "https://other.example")
+    assert preflight("http://evil.example") == (403, None)
+    assert preflight("http://app.example:5173", host=f"evil.example:{api.port}")[0] == 421
+    dlg.cors_origins.setText("app.example")
+    assert dlg.problem().startswith("an allowed origin must be scheme://host[:port]")
+    assert not dlg.buttons.button(dlg.buttons.StandardButton.Ok).isEnabled()

@@ -58,3 +58,17 @@ def test_stored_port_is_checked():
     assert bad == ["local server", "port"]
     good, refused = checked_changes({"server_port": -1})
     assert good == {} and refused[0].startswith("port must be a whole number from 0 to 65535")
+
+
+def test_stored_cors_origins_are_checked():
+    from specchat.store.settings import checked_changes, from_stored
+
+    assert AppSettings().server_cors_origins == ()  # CORS off until the user lists an origin
+    settings, bad = from_stored({"server_cors_origins": ["http://App.example:5173/"]})
+    assert settings.server_cors_origins == ("http://app.example:5173",) and bad == []
+    for stored in (["*"], "http://app.example", [1], ["http://a.example", "null"]):
+        settings, bad = from_stored({"server_cors_origins": stored, "top_k": 3})
+        assert settings.server_cors_origins == () and settings.top_k == 3
+        assert bad == ["allowed origins"]
+    good, refused = checked_changes({"server_cors_origins": ("http://a.example", "b")})
+    assert good == {} and refused[0].startswith("an allowed origin must be")

@@ -45,9 +45,14 @@ def checked(request: GenerateRequest) -> GenerateRequest:
         raise EngineError(f"auto_off must be true or false; got {d.auto_off!r}")
     draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance,
                           auto_off=d.auto_off)
+    messages = tuple(_message(m) for m in request.messages)
+    # In characters, before the template and the tokenizer: tokenizing
+    # megabytes would hold the engine thread for seconds, only to find the
+    # prompt longer than the model reads.
+    values.prompt_size(sum(len(m.content) for m in messages))
     return replace(
         request,
-        messages=tuple(_message(m) for m in request.messages),
+        messages=messages,
         prompt_ids=None if request.prompt_ids is None else _ids("prompt token", request.prompt_ids),
         max_tokens=values.check("max tokens", request.max_tokens),
         sampling=sampling,

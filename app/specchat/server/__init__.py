@@ -5,6 +5,9 @@ Layer: it may import the engine (through ``EngineClient``: it never touches
 MLX itself), the library, ``specchat.values`` and ``specchat.errors``;
 never the store or the window. ``protocol`` maps OpenAI's bodies to engine
 requests and back, ``service`` queues requests onto the engine thread,
-``app`` is the HTTP side (Starlette), ``listener`` binds and runs it
-(uvicorn). docs/api.md says how to use it.
+``app`` is the HTTP side (Starlette), ``guard`` keeps web pages out (Host
+and Origin), ``body`` reads a request's JSON within its bounds,
+``listener`` binds and runs it (uvicorn, with ``connections``' deadline for
+headers). docs/api.md says how to use it, and its Security section what is
+checked.
 """

@@ -6,7 +6,13 @@ going away, and it needs no request models: the bodies are checked by
 ``protocol.py`` against ``specchat.values``, the table every other part of
 SpecChat checks against, rather than by a second set of pydantic rules.
 
-A request is read (at most ``max_body`` bytes), checked, and run as a task
+Before a request reaches the endpoints, ``guard.LocalOnly`` refuses a
+foreign Host or Origin, and Starlette's CORS middleware answers the origins
+the user listed (none by default). A client that goes away while sending
+its body is one quiet log line, not an error.
+
+A request is read (``body.read_json``: JSON only, bounded in size, time
+and nesting), checked, and run as a task
 (``ApiService.run``); a watcher cancels that task when the client
 disconnects, which cancels its engine job. A streamed reply sends its
 headers only once the first step is in, so an error before it (a prompt
@@ -21,29 +27,36 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Collection
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.events import GenerationResult, StepEvent
 from specchat.server import protocol
+from specchat.server.body import MAX_BODY, read_json
 from specchat.server.errors import ApiError
+from specchat.server.guard import LocalOnly
 from specchat.server.service import ApiService
 
 log = logging.getLogger("specchat.server")
 
-MAX_BODY = 8 * 1024 * 1024  # bytes; a long file pasted into a prompt fits easily
 _GONE = object()  # the client went away
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def build_app(service: ApiService, api_key: str | None = None,
-              max_body: int = MAX_BODY) -> Starlette:
+def build_app(service: ApiService, api_key: str | None = None, max_body: int = MAX_BODY,
+              cors_origins: Collection[str] = (), check_host: bool = True) -> Starlette:
     """The ASGI app over ``service``; with ``api_key``, every request must
-    carry ``Authorization: Bearer <api_key>``."""
+    carry ``Authorization: Bearer <api_key>``. ``cors_origins``: the web
+    origins (``values.origin``'s form) allowed to call it from a browser;
+    ``check_host``: refuse a Host that is not this computer (off only when
+    listening for other machines, behind a key)."""
     started = int(time.time())
 
     def authorize(request: Request) -> None:
@@ -71,7 +84,7 @@ def build_app(service: ApiService, api_key: str | None = None,
 
     async def _complete(request: Request, kind: protocol.Kind) -> Response:
         authorize(request)
-        body = await _read_json(request, max_body)
+        body = await read_json(request, max_body)
         req = protocol.parse(kind, body, service.max_tokens_cap)
         service.model(req.model)  # 404 or 503 now, before the request waits its turn
         return await _answer(request, service, req)
@@ -80,26 +93,18 @@ def build_app(service: ApiService, api_key: str | None = None,
         routes=[Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", chat, methods=["POST"]),
                 Route("/v1/completions", completions, methods=["POST"])],
+        middleware=[
+            Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
+            # Only listed origins reach this with an Origin other than the
+            # server's own; any header they ask for (OpenAI's SDKs send their
+            # own), no cookies, and Chrome's private network access for a
+            # listed public site.
+            Middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                       allow_methods=["GET", "POST"], allow_headers=["*"],
+                       allow_private_network=True)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
-                            Exception: _internal_error},
+                            ClientDisconnect: _client_gone, Exception: _internal_error},
     )
-
-
-async def _read_json(request: Request, limit: int) -> object:
-    too_large = ApiError(413, f"The request body is larger than this server takes "
-                              f"({limit:,} bytes).", code="request_too_large")
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise ApiError(400, "The request body is not valid JSON.") from None
 
 
 async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest) -> Response:
@@ -195,6 +200,13 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
                "GET /v1/models, POST /v1/chat/completions and POST /v1/completions."
                if exc.status_code in (404, 405) else str(exc.detail))
     return _api_error(request, ApiError(exc.status_code, message))
+
+
+def _client_gone(_request: Request, _exc: ClientDisconnect) -> Response:
+    """The client closed its connection before its whole body arrived: no
+    one reads an answer, and nothing went wrong here."""
+    log.info("a client disconnected before sending its whole request")
+    return Response(status_code=499)
 
 
 def _internal_error(request: Request, exc: Exception) -> Response:

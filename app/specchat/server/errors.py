@@ -16,9 +16,13 @@ from specchat.errors import SpecChatError
 _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     500: "server_error",
     503: "server_error",
 }

@@ -1,11 +1,13 @@
 """Where the server listens, who may connect, and the uvicorn server itself.
 
 By default the API listens on 127.0.0.1: only programs on this computer
-can reach it, as with LM Studio or ``mlx_lm.server``. Listening anywhere
-else lets other machines use the models, so it takes two deliberate acts:
-``allow_remote`` (``--allow-remote``) and an API key (``--api-key`` or
-``SPECCHAT_API_KEY``) that every request must carry; without both the
-server does not start, and says why in one line.
+can reach it, as with LM Studio or ``mlx_lm.server``; ``guard.py`` keeps
+the web pages of this computer's browser out too. Listening anywhere else
+lets other machines use the models, so it takes two deliberate acts:
+``allow_remote`` (``--allow-remote``) and an API key that every request
+must carry, read from ``SPECCHAT_API_KEY`` or a file (``--api-key-file``),
+never from the command line, where ``ps`` shows it to every user of the
+machine; without both the server does not start, and says why in one line.
 
 The socket is bound here, before uvicorn runs, so a port in use is a
 ``ServerError`` at once (uvicorn would log it and exit the process), and
@@ -13,21 +15,27 @@ port 0 picks a free port (``LocalServer.port`` says which). The server
 runs on a thread of its own with its own asyncio loop (``start``), so
 neither the window's loop nor its lag slows HTTP, nor HTTP the window; or
 in the calling thread (``serve_forever``), as ``specchat serve`` does.
+Its connections are uvicorn's, with a deadline for each request's headers
+(``connections.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import os
 import socket
 import threading
+from collections.abc import Collection
+from pathlib import Path
 
 import uvicorn
 
-from specchat.server.app import MAX_BODY, build_app
+from specchat.server.app import build_app
+from specchat.server.body import MAX_BODY
+from specchat.server.connections import DeadlineH11Protocol
 from specchat.server.errors import ServerError
+from specchat.server.guard import is_loopback
 from specchat.server.service import ApiService
 
 DEFAULT_HOST = "127.0.0.1"
@@ -35,21 +43,21 @@ DEFAULT_PORT = 8321
 KEY_VARIABLE = "SPECCHAT_API_KEY"
 
 
-def is_loopback(host: str) -> bool:
-    """Only this computer can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
-    if host.strip().lower() == "localhost":
-        return True
+def api_key_from(path: Path | None) -> str | None:
+    """The key in the file at ``path`` (its text, stripped), else
+    ``SPECCHAT_API_KEY``, else none (blank counts as none there);
+    ``ServerError`` if the file cannot be read or is empty."""
+    if path is None:
+        key = os.environ.get(KEY_VARIABLE, "").strip()
+        return key or None
     try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
-def api_key_from(given: str | None) -> str | None:
-    """The key given on the command line, else ``SPECCHAT_API_KEY``, else
-    none (blank counts as none)."""
-    key = given if given is not None else os.environ.get(KEY_VARIABLE)
-    return key.strip() if key and key.strip() else None
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise ServerError(f"Cannot read the API key file {path}: {reason}.") from None
+    if not key:
+        raise ServerError(f"The API key file {path} is empty.")
+    return key
 
 
 def check_bind(host: str, allow_remote: bool, api_key: str | None) -> None:
@@ -59,15 +67,23 @@ def check_bind(host: str, allow_remote: bool, api_key: str | None) -> None:
         return
     if not allow_remote:
         raise ServerError(f"Refusing to listen on {host}: other machines could use the models. "
-                          "Pass --allow-remote and an API key (--api-key or "
-                          f"{KEY_VARIABLE}) to allow it.")
+                          f"Pass --allow-remote and an API key ({KEY_VARIABLE} or "
+                          "--api-key-file) to allow it.")
     if api_key is None:
-        raise ServerError(f"Refusing to listen on {host} without an API key: pass --api-key "
-                          f"or set {KEY_VARIABLE}, and send it as a bearer token.")
+        raise ServerError(f"Refusing to listen on {host} without an API key: set {KEY_VARIABLE} "
+                          "or pass --api-key-file, and send it as a bearer token.")
+
+
+def bare(host: str) -> str:
+    """``host`` as the socket functions take it: an IPv6 address without
+    the brackets a URL puts around it (``[::1]`` is ``::1``)."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` (0: any free port)."""
+    host = bare(host)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -94,13 +110,18 @@ class LocalServer:
 
     def __init__(self, service: ApiService, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, api_key: str | None = None,
-                 allow_remote: bool = False, max_body: int = MAX_BODY):
+                 allow_remote: bool = False, max_body: int = MAX_BODY,
+                 cors_origins: Collection[str] = ()):
+        """``cors_origins``: web origins (``values.origin``'s form) whose pages
+        may call the API from a browser; none by default."""
         check_bind(host, allow_remote, api_key)
         self.service = service
-        self.host = host
+        self.host = bare(host)
         self._sock = bind(host, port)
-        config = uvicorn.Config(build_app(service, api_key, max_body), log_config=None,
-                                access_log=False, lifespan="off", ws="none", http="h11",
+        app = build_app(service, api_key, max_body, cors_origins,
+                        check_host=is_loopback(self.host))
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                ws="none", http=DeadlineH11Protocol,
                                 timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -95,9 +95,23 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
                   include_usage=include_usage, max_tokens=_max_tokens(kind, body, cap),
                   sampling=_sampling(body), stop=_stop(body.get("stop")))
     if kind == "chat":
-        return ApiRequest(messages=_messages(body.get("messages")), **fields)
+        messages = _messages(body.get("messages"))
+        _bounded(sum(len(m.content) for m in messages), "messages")
+        return ApiRequest(messages=messages, **fields)
     text, ids = _prompt(body.get("prompt"))
+    if text is not None:
+        _bounded(len(text), "prompt")
     return ApiRequest(prompt=text, prompt_ids=ids, **fields)
+
+
+def _bounded(chars: int, param: str) -> None:
+    """The engine's bound on a prompt's characters, checked here too so that
+    a prompt past it is refused before it waits for its turn (and a text
+    completion prompt before the engine tokenizes it)."""
+    try:
+        values.prompt_size(chars)
+    except values.BadValue as exc:
+        raise bad_value(str(exc), param) from None
 
 
 def _refuse_unsupported(kind: Kind, body: dict) -> None:

@@ -33,6 +33,8 @@ class AppSettings:
     # The local OpenAI-compatible API inside the app (127.0.0.1 only).
     local_server: bool = False
     server_port: int = 8321  # specchat serve's default too (server/listener.py)
+    # Web origins whose pages may call it from a browser (CORS); none: no page may.
+    server_cors_origins: tuple[str, ...] = ()
 
 
 # The presets change sampling only; the system prompt and speculation stay.
@@ -72,6 +74,7 @@ _CHECKS: dict[str, str | tuple[type, ...]] = {
     "last_draft": (str, type(None)),
     "local_server": (bool,),
     "server_port": "port",
+    "server_cors_origins": "allowed origins",
 }
 
 
@@ -83,8 +86,16 @@ def _port(value: object) -> int:
     return value
 
 
+def _origins(value: object) -> tuple[str, ...]:
+    """Web origins, each as ``values.origin`` keeps it (stored as a JSON list)."""
+    if not isinstance(value, list | tuple):
+        raise values.BadValue(f"allowed origins must be a list of origins; got "
+                              f"{type(value).__name__}")
+    return tuple(dict.fromkeys(values.origin(v) for v in value))
+
+
 # Checks that are not in specchat.values' table (no engine or CLI value shares them).
-_OWN_CHECKS = {"port": _port}
+_OWN_CHECKS = {"port": _port, "allowed origins": _origins}
 
 
 def _checked(name: str, value: object) -> object:

@@ -1,7 +1,8 @@
 """The local API inside the app: Settings' "Local server" switch.
 
 When the switch is on and a pair is loaded, the OpenAI-compatible server
-(``specchat.server``) listens on 127.0.0.1 at the chosen port, on a thread
+(``specchat.server``) listens on 127.0.0.1 at the chosen port (answering
+the web pages of the origins listed in Settings, and no other), on a thread
 and asyncio loop of its own, and submits its requests to the window's own
 ``EngineClient``: one set of loaded models, one engine thread running jobs
 in order. So a request from an editor while a chat reply is generating
@@ -46,6 +47,7 @@ class LocalApi(QObject):
         self._server = None
         self._service = None
         self._port: int | None = None  # the port the switch asked for
+        self._origins: tuple[str, ...] = ()  # the web origins it allows (CORS)
         self.text = ""
         self._reported.connect(self._show)  # queued: delivered on the GUI thread
         engine = session.engine
@@ -73,9 +75,10 @@ class LocalApi(QObject):
         settings: AppSettings = self.session.settings
         engine = self.session.engine
         wanted = settings.local_server and (engine.pair is not None or self.running)
-        if self.running and (not settings.local_server or settings.server_port != self._port):
+        if self.running and (not settings.local_server or settings.server_port != self._port
+                             or settings.server_cors_origins != self._origins):
             self.stop()
-        if wanted and not self.running and not self._start(settings.server_port):
+        if wanted and not self.running and not self._start(settings):
             return
         if self._service is None:
             return
@@ -94,15 +97,15 @@ class LocalApi(QObject):
         return Served.of(engine.pair, self.session.next_mode().name, self.session.settings.k,
                          engine.target_ref)
 
-    def _start(self, port: int) -> bool:
+    def _start(self, settings: AppSettings) -> bool:
         from specchat.server.listener import LocalServer
         from specchat.server.service import ApiService
 
-        self._port = port
+        self._port, self._origins = settings.server_port, settings.server_cors_origins
         service = ApiService(self.session.engine.client, self._served(),
                              on_activity=self._reported.emit)
         try:
-            server = LocalServer(service, port=port)
+            server = LocalServer(service, port=self._port, cors_origins=self._origins)
         except SpecChatError as exc:
             self.failed.emit(f"The local server did not start: {exc}")
             self.session.update_settings(local_server=False)  # the switch says what runs

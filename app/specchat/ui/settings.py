@@ -1,6 +1,6 @@
 """The settings dialog: system prompt, sampling and presets, speculation
 auto-off, and the local server (an OpenAI-compatible API on this computer,
-docs/api.md).
+docs/api.md) with the web origins allowed to call it.
 
 Every number is a ``ValueEdit`` checked against ``specchat.values``: a value
 out of range shows its one line under the form and the dialog cannot be
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QSpinBox,
     QVBoxLayout,
@@ -73,8 +74,15 @@ class SettingsDialog(QDialog):
         self.port.setValue(settings.server_port)
         self.port.setToolTip("Clients use http://127.0.0.1:<port>/v1; only programs on this "
                              "computer can connect")
+        self.cors_origins = QLineEdit(" ".join(settings.server_cors_origins))
+        self.cors_origins.setPlaceholderText("none: no web page may call it")
+        self.cors_origins.setToolTip(
+            "Web pages (origins such as http://localhost:5173) allowed to call the local "
+            "server from a browser, separated by spaces. Programs that are not browsers need "
+            "none; any other page is refused.")
         form.addRow("Local server", self.local_server)
         form.addRow("Port", self.port)
+        form.addRow("Allowed web origins", self.cors_origins)
         self.error = QLabel()  # the first bad value's one line
         self.error.setObjectName("ErrorBanner")
         self.error.setWordWrap(True)
@@ -91,6 +99,7 @@ class SettingsDialog(QDialog):
         self.preset.activated.connect(self._preset_chosen)
         for w in self.numbers:
             w.valueChanged.connect(self._edited)
+        self.cors_origins.textChanged.connect(self._edited)
         self._edited()
 
     def _show(self, s: AppSettings) -> None:
@@ -103,7 +112,20 @@ class SettingsDialog(QDialog):
 
     def problem(self) -> str:
         """The first bad value's message, or "" when every value is good."""
-        return next((p for p in (w.problem() for w in self.numbers) if p), "")
+        found = next((p for p in (w.problem() for w in self.numbers) if p), "")
+        if found:
+            return found
+        try:
+            self.origins()
+        except values.BadValue as exc:
+            return str(exc)
+        return ""
+
+    def origins(self) -> tuple[str, ...]:
+        """The allowed web origins typed (spaces or commas between them), as
+        ``values.origin`` keeps them; ``values.BadValue`` for the first bad one."""
+        typed = self.cors_origins.text().replace(",", " ").split()
+        return tuple(dict.fromkeys(values.origin(t) for t in typed))
 
     def _edited(self) -> None:
         problem = self.problem()
@@ -140,7 +162,7 @@ class SettingsDialog(QDialog):
                     top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
                     seed=self.seed.value(), auto_off=self.auto_off.isChecked(),
                     local_server=self.local_server.isChecked(),
-                    server_port=self.port.value())
+                    server_port=self.port.value(), server_cors_origins=self.origins())
 
     def values(self) -> AppSettings:
         return replace(self._base, **self.edited())

@@ -1,0 +1,339 @@
+"""The local API accepts only what a local client sends, over real HTTP
+as browsers and attackers send it: a Host of this computer with the
+server's port (DNS rebinding sends another), no Origin of another page
+(a cross-site form or fetch sends one), JSON bodies only (a "simple"
+cross-site POST is text/plain or a form), CORS only for origins the user
+listed; bodies, nesting and prompts bounded before any work; connections
+that never finish their headers closed."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+PROMPT = "Hello, world! How are you today?"
+
+
+def call(port: int, method: str, path: str, body: bytes | None = None,
+         headers: dict | None = None, host: str = "127.0.0.1") -> tuple[int, dict, str]:
+    """One raw request to ``/v1<path>`` with exactly these headers over
+    the defaults (a loopback Host with the port, a JSON body); a header
+    given as None is not sent. (status, lower-cased headers, body text)."""
+    defaults = {"Host": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"}
+    if body is not None:
+        defaults["Content-Type"] = "application/json"
+    sent = {k: v for k, v in {**defaults, **(headers or {})}.items() if v is not None}
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request(method, "/v1" + path, body, sent)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
+    finally:
+        conn.close()
+
+
+def chat_body(model: str, content: str = PROMPT, **extra) -> bytes:
+    return json.dumps({"model": model, "max_tokens": 2, "temperature": 0,
+                       "messages": [{"role": "user", "content": content}], **extra}).encode()
+
+
+def error(text: str) -> dict:
+    return json.loads(text)["error"]
+
+
+@pytest.fixture
+def quiet(live):
+    """The server's activity count before a test: a refused request must
+    leave it as it was (nothing queued, nothing tokenized)."""
+    server, recorder = live
+    return server, recorder, len(recorder.seen)
+
+
+def test_a_foreign_host_is_refused_before_any_work(quiet, tiny_target):
+    """DNS rebinding: the attacker's name now points at 127.0.0.1, so the
+    browser sends Host: attacker.example (and the page is same-origin to
+    itself, so it could read the reply). Anything but a loopback name or
+    address with this server's port is refused with 421."""
+    server, recorder, before = quiet
+    port = server.port
+    for host in ("attacker.example", f"attacker.example:{port}", f"localhost.evil.example:{port}",
+                 f"127.0.0.1.nip.io:{port}", "127.0.0.1", "localhost", f"127.0.0.1:{port + 1}",
+                 f"0.0.0.0:{port}", f"10.0.0.1:{port}", f"[::2]:{port}", f"127.0.0.1:{port}x"):
+        status, headers, text = call(port, "GET", "/models", headers={"Host": host})
+        assert status == 421, (host, text)
+        assert error(text)["code"] == "host_not_allowed"
+        assert "access-control-allow-origin" not in headers
+        status, _, text = call(port, "POST", "/chat/completions", chat_body(tiny_target.name),
+                               {"Host": host, "Origin": f"http://{host}"})
+        assert status == 421 and error(text)["code"] == "host_not_allowed", (host, text)
+    assert len(recorder.seen) == before  # nothing was queued
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}",
+                 f"127.3.2.1:{port}", f"[::1]:{port}"):
+        status, _, text = call(port, "GET", "/models", headers={"Host": host})
+        assert status == 200 and json.loads(text)["data"][0]["id"] == tiny_target.name, host
+
+
+def test_a_page_of_another_origin_is_refused(quiet, tiny_target):
+    """A cross-site page's request carries its Origin (a sandboxed frame or
+    a file sends "null"); refused with 403 whatever it asks. The server's
+    own loopback origin passes."""
+    server, recorder, before = quiet
+    port = server.port
+    body = chat_body(tiny_target.name)
+    for origin in ("http://evil.example", "null", f"http://localhost:{port + 1}",
+                   f"https://127.0.0.1:{port}", f"http://127.0.0.1:{port}.evil.example",
+                   "http://127.0.0.1", f"http://attacker.example:{port}"):
+        for ctype in ("text/plain;charset=UTF-8", "application/json"):
+            status, headers, text = call(port, "POST", "/chat/completions", body,
+                                         {"Origin": origin, "Content-Type": ctype})
+            assert status == 403, (origin, ctype, text)
+            assert error(text)["code"] == "origin_not_allowed"
+            assert "access-control-allow-origin" not in headers
+        status, _, text = call(port, "GET", "/models", headers={"Origin": origin})
+        assert status == 403 and error(text)["code"] == "origin_not_allowed"
+    assert len(recorder.seen) == before
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+        status, headers, text = call(port, "POST", "/chat/completions", body, {"Origin": origin})
+        assert status == 200 and json.loads(text)["usage"]["completion_tokens"] <= 2
+        assert "access-control-allow-origin" not in headers  # same origin: no CORS needed
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "text/plain;charset=UTF-8",
+                                   "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x", "text/json",
+                                   "application/jsonx", "application/json-patch+json"])
+def test_a_post_that_is_not_json_is_refused(quiet, tiny_target, ctype):
+    """Only a JSON body is read: a browser must preflight it, so a page of
+    another site cannot send one without CORS (a form, a text/plain fetch
+    and a Blob without a type need no preflight)."""
+    server, recorder, before = quiet
+    status, _, text = call(server.port, "POST", "/chat/completions", chat_body(tiny_target.name),
+                           {"Content-Type": ctype})
+    assert status == 415, text
+    e = error(text)
+    assert e["code"] == "unsupported_media_type"
+    assert e["message"] == ("Send the request body as JSON, with the header "
+                            "'Content-Type: application/json'.")
+    assert len(recorder.seen) == before
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/json; charset=utf-8",
+                                   "Application/JSON;charset=UTF-8"])
+def test_json_in_any_spelling_is_read(live, tiny_target, ctype):
+    server, _ = live
+    status, _, text = call(server.port, "POST", "/chat/completions", chat_body(tiny_target.name),
+                           {"Content-Type": ctype})
+    assert status == 200, text
+
+
+def preflight(port: int, origin: str) -> tuple[int, dict, str]:
+    """What a browser sends before a cross-origin JSON POST."""
+    return call(port, "OPTIONS", "/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+
+
+def test_cors_is_off_unless_origins_are_listed(live):
+    server, _ = live
+    status, headers, text = preflight(server.port, "http://app.example:5173")
+    assert status == 403 and error(text)["code"] == "origin_not_allowed"
+    assert not any(h.startswith("access-control-") for h in headers)
+
+
+def test_listed_origins_get_cors_and_others_none(tiny_client, tiny_target):
+    from specchat.server.listener import LocalServer
+    from specchat.server.service import ApiService, Served
+
+    client, pair = tiny_client
+    listed = "http://app.example:5173"
+    server = LocalServer(ApiService(client, Served.of(pair, "plain")), port=0,
+                         cors_origins=(listed,))
+    server.start()
+    try:
+        port = server.port
+        status, headers, _ = preflight(port, listed)
+        assert status == 200
+        assert headers["access-control-allow-origin"] == listed
+        assert {"GET", "POST"} <= set(headers["access-control-allow-methods"].split(", "))
+        assert headers["access-control-allow-headers"] == "authorization,content-type"
+        assert "Origin" in headers["vary"]
+        assert "access-control-allow-credentials" not in headers
+        body = chat_body(tiny_target.name)
+        status, headers, text = call(port, "POST", "/chat/completions", body, {"Origin": listed})
+        assert status == 200 and headers["access-control-allow-origin"] == listed
+        # The listed page reads the server's errors too.
+        status, headers, text = call(port, "POST", "/chat/completions", body,
+                                     {"Origin": listed, "Content-Type": "text/plain"})
+        assert status == 415 and headers["access-control-allow-origin"] == listed
+        for other in ("http://app.example:5174", "https://app.example:5173", "null"):
+            status, headers, text = preflight(port, other)
+            assert status == 403 and not any(h.startswith("access-control-") for h in headers)
+            status, headers, _ = call(port, "POST", "/chat/completions", body, {"Origin": other})
+            assert status == 403 and "access-control-allow-origin" not in headers
+        # The Host is still checked for a listed origin (rebinding).
+        status, _, _ = call(port, "POST", "/chat/completions", body,
+                            {"Origin": listed, "Host": f"app.example:{port}"})
+        assert status == 421
+    finally:
+        server.stop()
+
+
+def test_deep_json_is_refused_before_it_is_parsed(quiet, tiny_target):
+    """Nesting is counted before ``json.loads`` (whose recursion a deep
+    enough body exhausts): a 400 that says so, not an internal error.
+    Brackets inside strings do not count."""
+    server, recorder, before = quiet
+    deep = (b'{"model": "%s", "tools": ' % tiny_target.name.encode()
+            + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    status, _, text = call(server.port, "POST", "/chat/completions", deep)
+    assert status == 400, text
+    assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
+    assert len(recorder.seen) == before
+    nested: object = 1
+    for _ in range(62):  # 63 levels with the body's own object: under the bound
+        nested = {"a": nested}
+    status, _, text = call(server.port, "POST", "/chat/completions",
+                           chat_body(tiny_target.name, "[[[[{{{{ \\\" ]]" * 50, tools=nested))
+    assert status == 200, text
+
+
+def test_a_prompt_past_the_bound_is_refused_before_it_is_tokenized(quiet, tiny_target):
+    """Characters are counted before the prompt reaches the engine (where
+    tokenizing megabytes held it for seconds while other requests waited)."""
+    from specchat import values
+
+    server, recorder, before = quiet
+    bound = int(values.LIMITS["prompt"].high)
+    huge = "word " * (bound // 5 + 1)
+    for path, body, param in (
+            ("/completions", json.dumps({"model": tiny_target.name, "prompt": huge,
+                                         "max_tokens": 2}), "prompt"),
+            ("/chat/completions", json.dumps({"model": tiny_target.name, "max_tokens": 2,
+                                              "messages": [
+                                                  {"role": "system", "content": huge[:bound]},
+                                                  {"role": "user", "content": "hi there"}]}),
+             "messages")):
+        started = time.monotonic()
+        status, _, text = call(server.port, "POST", path, body.encode())
+        e = error(text)
+        assert status == 400 and e["param"] == param, text
+        size = len(huge) if param == "prompt" else bound + len("hi there")
+        assert e["message"] == (f"the prompt is {size:,} characters, more than SpecChat "
+                                f"reads at once ({bound:,}); shorten it")
+        assert time.monotonic() - started < 10
+    assert len(recorder.seen) == before  # never queued for the engine
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(live, tiny_target):
+    """Slowloris: a silent connection, one that drips a header a byte at a
+    time, and a kept-alive one that starts a second request and stops, are
+    all closed once HEADER_SECONDS have passed without complete headers."""
+    from specchat.server.connections import HEADER_SECONDS
+
+    server, _ = live
+    port = server.port
+    start = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+    silent = socket.create_connection(("127.0.0.1", port))
+    dripping = socket.create_connection(("127.0.0.1", port))
+    kept = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    kept.request("GET", "/v1/models", headers={"Host": f"127.0.0.1:{port}"})
+    assert kept.getresponse().read()
+    kept.sock.sendall(start)  # a second request on the same connection, never finished
+    opened = time.monotonic()
+    stop = threading.Event()
+
+    def drip() -> None:
+        for byte in (start + b"X-Padding: " + b"a" * 100):
+            if stop.is_set():
+                return
+            try:
+                dripping.sendall(bytes([byte]))
+            except OSError:
+                return  # closed by the server
+            time.sleep(0.2)
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
+    try:
+        for sock in (silent, dripping, kept.sock):
+            sock.settimeout(HEADER_SECONDS + 10)
+            try:
+                assert sock.recv(1024) == b""  # the server closed it
+            except ConnectionResetError:
+                pass
+        assert HEADER_SECONDS - 0.5 <= time.monotonic() - opened < HEADER_SECONDS + 5
+    finally:
+        stop.set()
+        dripper.join(10)
+        silent.close()
+        dripping.close()
+        kept.close()
+    # The server still answers.
+    status, _, _ = call(port, "GET", "/models")
+    assert status == 200
+
+
+def test_a_body_that_stops_coming_is_answered_408(tiny_client, tiny_target, monkeypatch):
+    """Headers in time, then a body that never finishes: the request ends
+    once BODY_SECONDS have passed, with a 408 in OpenAI's shape."""
+    from specchat.server import body as request_body
+    from specchat.server.listener import LocalServer
+    from specchat.server.service import ApiService, Served
+
+    monkeypatch.setattr(request_body, "BODY_SECONDS", 0.5)
+    client, pair = tiny_client
+    server = LocalServer(ApiService(client, Served.of(pair, "plain")), port=0)
+    server.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.settimeout(30)
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                     '{"model": '.encode())
+        started = time.monotonic()
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        text = reply.read().decode()
+        sock.close()
+        assert 0.4 <= time.monotonic() - started < 10
+        assert reply.status == 408
+        assert error(text) == {"message": "The request body did not arrive within 0.5 seconds.",
+                               "type": "invalid_request_error", "param": None,
+                               "code": "request_timeout"}
+    finally:
+        server.stop()
+
+
+def test_nesting_is_counted_outside_strings_only():
+    """check_nesting against the depth of random JSON whose strings hold
+    brackets, quotes and backslashes (escaped as json.dumps escapes them)."""
+    import random
+
+    from specchat.server.body import check_nesting
+    from specchat.server.errors import ApiError
+
+    rng = random.Random(7)
+    nasty = ['[', ']', '{', '}', '"', '\\', '\\"', '\\\\', '"]', '\\[', 'é', '\u2028', 'x']
+
+    def build(depth: int) -> tuple[object, int]:
+        if depth == 0 or rng.random() < 0.2:
+            return "".join(rng.choice(nasty) for _ in range(rng.randint(0, 6))), 0
+        children = [build(depth - 1) for _ in range(rng.randint(1, 3))]
+        deepest = 1 + max(d for _, d in children)
+        if rng.random() < 0.5:
+            return [c for c, _ in children], deepest
+        return {"".join(rng.choice(nasty) for _ in range(3)) + str(i): c
+                for i, (c, _) in enumerate(children)}, deepest
+
+    for _ in range(300):
+        value, depth = build(rng.randint(1, 12))
+        body = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        check_nesting(body, limit=depth)
+        if depth:
+            with pytest.raises(ApiError, match=f"deeper than {depth - 1} levels"):
+                check_nesting(body, limit=depth - 1)
