@@ -46,6 +46,7 @@ DRAFT_MODEL = register(Origin("draft", "draft", "draft model", ("#c8f0cf", "#245
 CONVERSATION = register(Origin("conversation", "conversation", "this conversation",
                                ("#cfe0ff", "#24406e"))).name
 HISTORY = register(Origin("history", "history", "your history", ("#f7dcae", "#5e4216"))).name
+MTP = register(Origin("mtp", "MTP", "the model's own MTP head", ("#f3d1ea", "#5c2a4f"))).name
 
 
 def drafted(tokens_by_origin: dict[str, int]) -> list[str]:

@@ -143,7 +143,7 @@ def start(d: Decoding) -> Progress:
     d.slot.prefill(pending[:-1])
     d.slot.mark_prompt()
     if d.drafter is not None:
-        d.drafter.prepare(d.prompt_ids)
+        d.drafter.prepare(d.prompt_ids, d.request)
     d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)
     prefill_s = time.perf_counter() - t_start
     run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,

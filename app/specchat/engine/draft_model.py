@@ -272,7 +272,7 @@ class ModelDrafter(Drafter):
             total -= self.head.weight.nbytes - self.head.nbytes
         return total
 
-    def prepare(self, prompt: Sequence[int]) -> None:
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
         if self.head is not None:
             self.head.restart(prompt)
         pending = self.slot.sync_to(prompt)

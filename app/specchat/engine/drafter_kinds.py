@@ -27,16 +27,22 @@ from specchat.engine import registry
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    # Builds a drafter (once per loaded target; it keeps its own state).
-    # None: the engine's loaded draft model is the drafter.
-    make: Callable[[], Any] | None
+    # Builds a drafter from what the engine has loaded (drafters.Parts), once
+    # per loaded target (or draft model) and kept with its state.
+    make: Callable[[Any], Any]
     prior: float  # per-token acceptance before any is measured
     cap: int  # longest block
     calibrated: bool = False  # confidences are probabilities: stop blocks by them
-    cost: float = 0.0  # per drafted token, in target forwards (a draft model's: the pair's)
-    # For a kind that uses the draft model (make is None): builds its drafter
-    # around the engine's ModelDrafter (ssd.py); None: the draft model drafts.
-    around: Callable[[Any], Any] | None = None
+    # Per drafted token, in target forwards. A kind that needs a draft model
+    # or the target's MTP head costs what the engine measures for the pair.
+    cost: float = 0.0
+    # What it needs loaded besides the target: "" nothing, "draft" a draft
+    # model, "mtp" the target's own MTP head (events.LoadedPair.mtp).
+    needs: str = ""
+    # It reads the target's hidden states, so it cannot draft on past tokens
+    # the target has not computed yet (hybrid.py never chains it after a
+    # suffix draft).
+    reads_target: bool = False
     # The prior for a finer statistics key (e.g. the suffix drafter's match
     # length), when it differs from ``prior``.
     key_prior: Callable[[str], float] | None = None
@@ -59,13 +65,7 @@ class DrafterKind:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.make is None
-
-    def token_cost(self, draft_model: float) -> float:
-        """One drafted token, in one-token target forwards: for the draft
-        model ``draft_model`` (the pair's ratio), otherwise what the kind
-        declares."""
-        return draft_model if self.uses_draft_model else self.cost
+        return self.needs == "draft"
 
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
@@ -73,9 +73,13 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
     return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
+def _draft_model(parts: Any) -> Any:
+    return parts.draft_model
+
+
 # The draft model's block length is the early stop's call, up to 12.
-DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True,
-                          origin=origins.DRAFT_MODEL)
+DRAFT_MODEL = DrafterKind("draft", _draft_model, prior=0.7, cap=12, calibrated=True,
+                          needs="draft", origin=origins.DRAFT_MODEL)
 # Suffix matches over the conversation and the history: free too, and
 # scored by how many occurrences agree (suffix.py).
 # Longer matches continue correctly far more often: the prior of a statistics
@@ -130,6 +134,12 @@ def get(name: str) -> DrafterKind:
 
 # Speculative speculative decoding: the draft model drafts the next block on
 # its own thread while the target verifies this one (ssd.py).
-SSD = register(DrafterKind("ssd", None, prior=0.7, cap=12, calibrated=True,
-                           around=_lazy("specchat.engine.ssd", "for_model"),
-                           origin=origins.DRAFT_MODEL))
+SSD = register(DrafterKind("ssd", _lazy("specchat.engine.ssd", "build"), prior=0.7, cap=12,
+                           calibrated=True, needs="draft", origin=origins.DRAFT_MODEL))
+
+# The target's own multi-token-prediction head (mtp.py): one layer and the
+# target's output layer per drafted token; its acceptance measured elsewhere
+# runs 0.6 to 0.8 per token, and the policy learns the pair's quickly.
+MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0.7, cap=8,
+                           calibrated=True, needs="mtp", reads_target=True,
+                           origin=origins.MTP))

@@ -76,6 +76,17 @@ NO_DRAFT = Proposal(tokens=[], source="")
 
 
 @dataclass
+class Parts:
+    """What the engine has loaded, for building drafters: a kind's ``make``
+    (drafter_kinds.py) takes what it needs from here."""
+
+    target: Any = None  # kv.CacheSlot: the target's cache (its runner can tap hidden states)
+    draft_model: Any = None  # draft_model.ModelDrafter, when a draft model is loaded
+    mtp_head: Any = None  # mtp.MTPModule, when the target ships one
+    history: Any = None  # history.History: the user's earlier conversations
+
+
+@dataclass
 class DraftControl:
     """What the loop tells a drafter for one step."""
 
@@ -99,15 +110,19 @@ class DraftControl:
 
 class Drafter:
     """What the loop asks of a drafter. Only ``propose`` is required; the
-    rest have do-nothing defaults for drafters that keep no state."""
+    rest have do-nothing defaults for drafters that keep no state. Its kind
+    builds it with the engine's ``Parts``, which it may ignore."""
 
     name: str  # its kind in drafter_kinds.py
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        """A request starts: called during prefill, so that a drafter's own
-        prompt processing counts as prefill (time to first token), not as a
-        decoding step. State from an earlier request may be reused where it
-        is a prefix of ``prompt``."""
+    def __init__(self, parts: Parts | None = None):
+        pass
+
+    def prepare(self, prompt: Sequence[int], request: Any = None) -> None:
+        """A request (events.GenerateRequest) starts: called during prefill,
+        so that a drafter's own prompt processing counts as prefill (time to
+        first token), not as a decoding step. State from an earlier request
+        may be reused where it is a prefix of ``prompt``."""
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         raise NotImplementedError

@@ -204,6 +204,7 @@ class LoadedPair:
     compute: ComputeInfo
     speculative_ok: bool
     reason: str | None  # why speculative decoding with the draft is unavailable
+    mtp: bool = False  # the target ships an MTP head that can draft for it (modes.MTP)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
@@ -44,6 +45,34 @@ def is_cluster_folder(path: str | os.PathLike) -> bool:
 def weight_files(folder: Path) -> list[Path]:
     """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
     return sorted(folder.glob("model*.safetensors"))
+
+
+HEADER_MAX = 100_000_000  # bytes of a safetensors header (its JSON) read at most
+
+
+def safetensors_header(path: Path, error: type[EngineError] = EngineError) -> dict:
+    """The JSON header of a safetensors file (an 8-byte length, then JSON):
+    tensor name -> {"dtype", "shape", "data_offsets"}, with ``__metadata__``
+    left out. Its length is bounded before it is read."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ValueError(f"only {len(raw)} bytes")
+            (n,) = struct.unpack("<Q", raw)
+            if n > HEADER_MAX:
+                raise ValueError(f"its header length, {n:,} bytes, is implausible")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        raise error(f"{path.name} is not a valid safetensors file ({exc})") from exc
+    if not isinstance(header, dict):
+        raise error(f"{path.name} is not a valid safetensors file (its header is not a table)")
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_names(path: Path) -> list[str]:
+    return list(safetensors_header(path))
 
 
 def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:

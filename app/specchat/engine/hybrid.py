@@ -68,9 +68,9 @@ class HybridDrafter(Drafter):
         self.choices = {"suffix": 0, "model": 0, "chained": 0}
         self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        self.suffix.prepare(prompt)
-        self.model.prepare(prompt)
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
+        self.suffix.prepare(prompt, request)
+        self.model.prepare(prompt, request)
 
     def kept(self, length: int) -> None:
         self.suffix.kept(length)
@@ -120,7 +120,7 @@ class HybridDrafter(Drafter):
         cost = policy.cost
         a_s = policy.stats(SUFFIX.name, s.key).accept
         a_m = policy.stats(self.kind.name).accept
-        c = self.kind.token_cost(cost.draft)
+        c = cost.token(self.kind)
         k_m = max(1, best_k(a_m, c, cost, self.kind.cap))
         origin_bucket = key_parts(s.key)
         if origin_bucket is not None and origin_bucket[0] == CONVERSATION \
@@ -134,7 +134,9 @@ class HybridDrafter(Drafter):
             "chained": (e_s + a_s ** s.k * e_m + 1.0)
             / (k_m * c + c * cost.slope * s.k + cost.verify(s.k + k_m + 1)),
         }
-        if c <= 0:  # no draft cost known: never chain blindly
+        if c <= 0 or self.kind.reads_target:
+            # No draft cost known: never chain blindly. A drafter that reads
+            # the target's hidden states has none for the suffix's tokens.
             rates.pop("chained")
         best = max(rates, key=lambda r: rates[r])
         return best, k_m

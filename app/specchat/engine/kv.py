@@ -18,7 +18,7 @@ two it does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -45,11 +45,16 @@ class CacheSlot:
 
     def __init__(self, runner: Runner):
         self.runner = runner
+        # Called with (first position, [L, H] final hidden states) after every
+        # forward, for a drafter that reads the target (mtp.py); the runner
+        # keeps them only while this is set.
+        self.on_hidden: Callable[[int, mx.array], None] | None = None
         self.reset()
 
     def reset(self) -> None:
         self.cache = rollback.prepare(make_prompt_cache(self.runner.model))
         self.length = 0  # positions the cache stands for, pending ones included
+        self.reused = 0  # positions the last sync_to kept
         self.ids: list[int] = []  # their ids, as of the last settle (for prefix reuse)
         self._pending: list[Tokens] = []  # kept after a rewind, fed with the next forward
         self.pending = 0  # how many tokens _pending holds
@@ -84,19 +89,31 @@ class CacheSlot:
         for start in range(0, len(tokens), PREFILL_CHUNK):
             threads.governor().tick()
             chunk = tokens[start : start + PREFILL_CHUNK]
+            start = self.fed
             x, _ = self._take_pending(chunk)
-            out = self.runner(x, self.cache, "none")
+            out = self._run(x, "none", start)
             mx.eval(out, rollback.state_arrays(self.cache))
             self._fed_now(chunk)
 
     def feed(self, tokens: Tokens, which: str = "all"):
         """Feed tokens (host ids, or a device array of them) and return
         logits (lazy): for "all" one row per token of ``tokens``."""
+        start = self.fed
         x, before = self._take_pending(tokens)
-        out = self.runner(x, self.cache, which)
+        out = self._run(x, which, start)
         if which == "all" and before:
             out = out[before:]
         self._fed_now(tokens)
+        return out
+
+    def _run(self, x: Tokens, which: str, start: int):
+        """One forward of what is physically fed (pending tokens first, from
+        position ``start``), handing its hidden states to ``on_hidden``."""
+        self.runner.tap = self.on_hidden is not None
+        out = self.runner(x, self.cache, which)
+        if self.on_hidden is not None and self.runner.tapped is not None:
+            self.on_hidden(start, self.runner.tapped)
+        self.runner.tapped = None
         return out
 
     def adopt(self, cache: list, length: int) -> None:
@@ -183,6 +200,7 @@ class CacheSlot:
         if self.length != n:  # a cache that cannot go back was reset
             n = 0
         self.ids = list(context[:n])
+        self.reused = n
         return list(context[n:])
 
     def settle(self, context: Sequence[int]) -> None:

@@ -29,17 +29,28 @@ class Mode:
         return bool(self.drafters)
 
     @property
-    def needs_draft_model(self) -> bool:
-        return any(drafter_kinds.get(d).uses_draft_model for d in self.drafters)
+    def needs(self) -> set[str]:
+        """What its drafters need loaded besides the target ("draft", "mtp")."""
+        return {drafter_kinds.get(d).needs for d in self.drafters} - {""}
 
-    def without_draft_model(self) -> Mode | None:
-        """What this mode runs as when no draft model is loaded: its other
-        drafters (hybrid runs as suffix matching), or None when it has none."""
-        rest = tuple(d for d in self.drafters if not drafter_kinds.get(d).uses_draft_model)
+    @property
+    def needs_draft_model(self) -> bool:
+        return "draft" in self.needs
+
+    def runs_with(self, have: set[str]) -> Mode | None:
+        """What this mode runs as when only ``have`` is loaded: the drafters
+        whose needs are met (hybrid without a draft model runs as suffix
+        matching), or None when none are."""
+        rest = tuple(d for d in self.drafters if drafter_kinds.get(d).needs in {"", *have})
+        if rest == self.drafters:
+            return self
         if not rest:
             return None
         return next((m for m in MODES.values() if m.drafters == rest),
                     Mode(self.name, self.label, rest))
+
+    def without_draft_model(self) -> Mode | None:
+        return self.runs_with({"mtp"})
 
 
 PLAIN = Mode("plain", "plain decoding")
@@ -62,16 +73,25 @@ def get(name: str) -> Mode:
 
 
 def for_pair(speculative: bool, has_draft: bool, speculative_ok: bool = True,
-             lookup: bool = True) -> Mode:
+             lookup: bool = True, mtp: bool = False) -> Mode:
     """The mode a reply runs in: plain when speculation is off or cannot run
-    on this pair; suffix matching without a draft model; the draft model
-    (with suffix matching unless ``lookup`` is False) with one."""
+    on this pair; the draft model (with suffix matching unless ``lookup`` is
+    False) with one; without one the target's own MTP head where it was
+    chosen (``mtp``), else suffix matching."""
     if not speculative or not speculative_ok:
         return PLAIN
-    if not has_draft:
-        return SUFFIX
-    return HYBRID if lookup else DRAFT
+    if has_draft:
+        return HYBRID if lookup else DRAFT
+    if mtp:
+        return MTP_HYBRID if lookup else MTP
+    return SUFFIX
 
+
+MTP = register(Mode("mtp", "the model's own MTP head", ("mtp",),
+                    description="The target's own multi-token-prediction head (Qwen3.5, "
+                    "Qwen3.6, Qwen3-Next) drafts: one layer, no second model."))
+MTP_HYBRID = register(Mode("mtp+suffix", "the model's own MTP head + suffix match",
+                           ("suffix", "mtp")))
 
 SSD = register(Mode(
     "ssd", "draft model, drafting ahead while the target verifies (SSD)", ("ssd",),

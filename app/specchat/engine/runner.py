@@ -19,7 +19,11 @@ from mlx.utils import tree_flatten
 
 # model_type values whose Model.__call__ is `head(self.model(inputs, cache))`
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
-_SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
+_SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3", "qwen3_next", "qwen3_5",
+               "qwen3_5_moe"}
+# model_type values whose Model wraps the language model it runs
+# (``Model.language_model``): its trunk and head are that one's.
+_WRAPPED = {"qwen3_5", "qwen3_5_moe"}
 
 Which = Literal["none", "last", "all", "hidden"]
 
@@ -41,12 +45,17 @@ class Runner:
         self.model = model
         self.trunk = None
         self.head = None
-        if model_type in _SPLIT_SAFE and hasattr(model, "model"):
-            args = getattr(model, "args", None)
+        # While set, each forward keeps its final hidden states [L, H] in
+        # ``tapped`` (kv.CacheSlot hands them to a drafter that reads them).
+        self.tap = False
+        self.tapped: mx.array | None = None
+        lm = model.language_model if model_type in _WRAPPED else model
+        if model_type in _SPLIT_SAFE and hasattr(lm, "model"):
+            args = getattr(lm, "args", None)
             if getattr(args, "tie_word_embeddings", False):
-                self.trunk, self.head = model.model, model.model.embed_tokens.as_linear
-            elif hasattr(model, "lm_head"):
-                self.trunk, self.head = model.model, model.lm_head
+                self.trunk, self.head = lm.model, lm.model.embed_tokens.as_linear
+            elif hasattr(lm, "lm_head"):
+                self.trunk, self.head = lm.model, lm.lm_head
         # An embedding lookup does not check its ids: one past the table reads
         # whatever memory follows. A draft can be handed such ids when the
         # target's padded vocabulary is wider than the draft's (or the other
@@ -78,6 +87,8 @@ class Runner:
             logits = self.model(x, cache=cache)[0]
             return logits if which == "all" else logits[-1:]
         h = self.trunk(x, cache)[0]
+        if self.tap:
+            self.tapped = h
         if which in ("none", "hidden"):
             return h[-1:]
         if which == "last":
@@ -100,13 +111,19 @@ class Runner:
             total -= sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
         return total
 
+    def head_bytes(self) -> int:
+        """Weight bytes of the output layer (what a drafter reading it out,
+        the MTP head, pays per token)."""
+        if not self.split:
+            return 0
+        owner = self.head.__self__ if hasattr(self.head, "__self__") else self.head
+        return sum(v.nbytes for _, v in tree_flatten(owner.parameters()))
+
     def head_weight(self) -> mx.array | None:
         """The [V, H] projection matrix, if the head is a plain (unquantized) one."""
         if not self.split:
             return None
-        args = getattr(self.model, "args", None)
-        if getattr(args, "tie_word_embeddings", False):
-            emb = self.model.model.embed_tokens
-            return emb.weight if isinstance(emb, nn.Embedding) else None
-        head = self.model.lm_head
-        return head.weight if isinstance(head, nn.Linear) else None
+        if isinstance(self.head, nn.Linear):
+            return self.head.weight
+        emb = self.trunk.embed_tokens  # a tied head: the embedding's as_linear
+        return emb.weight if isinstance(emb, nn.Embedding) else None

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specchat.engine import chat, compute, drafter_kinds, modes, request_check, threads
-from specchat.engine import suffix as suffix_drafting
+from specchat.engine import chat, compute, drafter_kinds, modes, mtp, request_check, threads
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_model import ModelDrafter
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
-from specchat.engine.drafters import Drafter
+from specchat.engine.drafters import Drafter, Parts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     ComputeInfo,
@@ -47,8 +46,10 @@ class Engine:
         self._eos: set[int] = set()
         self._vocab = 0
         self._model_drafter: ModelDrafter | None = None
-        # Drafters other than the draft model, built on first use and kept
-        # (with their state: an n-gram index) while the target stays loaded.
+        self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
+        # Drafters other than the draft model's, built on first use and kept
+        # (with their state: a suffix index, the MTP head's cache) while the
+        # target stays loaded.
         self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
@@ -82,6 +83,9 @@ class Engine:
                 self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
                 runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
             self._slot = CacheSlot(runner)
+            self._mtp_head = mtp.load_head(Path(target_path), self.target.model, self.compute)
+            if self._mtp_head is not None:
+                say("target", f"{self.target.info.name} has an MTP head: it can draft for itself")
             self._eos = chat.end_token_ids(self.target.tokenizer)
             self.history = History()  # ids of another tokenizer mean nothing
             w = runner.head_weight()
@@ -105,10 +109,14 @@ class Engine:
             self.draft = loaded
             special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
             self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+        head_bytes = {}
+        if self._mtp_head is not None:  # a layer, and the target's output layer
+            head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
+                                                  + self._slot.runner.head_bytes())
         self._cost = CostModel.for_pair(
             self._slot.runner.bytes_per_token(),
             self._model_drafter.bytes_per_token() if self._model_drafter else None,
-            self.compute.device)
+            self.compute.device, head_bytes)
         reason = None
         if not self.target.info.trimmable:
             reason = (f"Speculative decoding is not available for {self.target.info.name}: "
@@ -122,6 +130,7 @@ class Engine:
             compute=self.compute,
             speculative_ok=reason is None,
             reason=reason,
+            mtp=self._mtp_head is not None,
         )
         return self._pair
 
@@ -129,6 +138,7 @@ class Engine:
         self._drop_draft()
         self.target = None
         self._slot = None
+        self._mtp_head = None
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
@@ -225,27 +235,26 @@ class Engine:
         if not self._pair.speculative_ok and (
                 not self.target.info.trimmable or mode.needs_draft_model):
             raise EngineError(self._pair.reason)
-        if mode.needs_draft_model and self._model_drafter is None:
-            mode = mode.without_draft_model()
-            if mode is None:
-                raise EngineError("No draft model is loaded: choose a draft, or draft from the "
-                                  "conversation (suffix matching).")
+        have = {n for n, part in (("draft", self._model_drafter), ("mtp", self._mtp_head))
+                if part is not None}
+        wanted = mode
+        mode = mode.runs_with(have)
+        if mode is None:
+            missing = "the target's own MTP head" if "mtp" in wanted.needs else "a draft model"
+            raise EngineError(f"This mode needs {missing}, which is not loaded: choose a "
+                              "draft, or draft from the conversation (suffix matching).")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
         if len(chain) == 1:
             return chain[0], mode
         return HybridDrafter(*chain), mode
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
-        if kind.uses_draft_model:
-            if kind.around is not None:  # a drafter built around the draft model (ssd.py)
-                return kind.around(self._model_drafter)
-            return self._model_drafter
+        parts = Parts(target=self._slot, draft_model=self._model_drafter,
+                      mtp_head=self._mtp_head, history=self.history)
+        if kind.uses_draft_model:  # built around the draft model, and kept with it
+            return kind.make(parts)
         if kind.name not in self._drafters:
-            drafter = kind.make()
-            attach = getattr(drafter, "attach_history", None)
-            if attach is not None:  # drafters that read the user's history get it
-                attach(self.history)
-            self._drafters[kind.name] = drafter
+            self._drafters[kind.name] = kind.make(parts)
         return self._drafters[kind.name]
 
     # -- the user's history (suffix drafting) ----------------------------------
@@ -294,10 +303,6 @@ class Engine:
         drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
-        suffix = self._drafters.get(drafter_kinds.SUFFIX.name)
-        if suffix is not None:
-            suffix.history_key = request.history_key
-            suffix.use_history = suffix_drafting.history_applies(request.sampling)
         result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
                                  policy, mode.name, self._vocab, cancelled), on_step)
         if request.history_key and result.token_ids:

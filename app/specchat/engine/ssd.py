@@ -476,13 +476,13 @@ class SpeculativeDrafter(Drafter):
     def _settings(self) -> Settings:
         return self.settings or DEFAULTS
 
-    def prepare(self, prompt: Sequence[int]) -> None:
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
         """A request starts: its counts from zero, the draft synced to ``prompt``."""
         self._drop_job()
         self.counts = Stats()
         self._last = None
         self._base = None
-        self.model.prepare(prompt)
+        self.model.prepare(prompt, request)
 
     def reset(self) -> None:
         self._drop_job()
@@ -667,9 +667,14 @@ _by_model: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def for_model(model: ModelDrafter) -> SpeculativeDrafter:
-    """The engine's `ssd` drafter around its draft model (drafter_kinds.SSD):
-    one per draft model, so its timings carry over between requests."""
+    """The engine's `ssd` drafter around its draft model: one per draft
+    model, so its timings carry over between requests."""
     drafter = _by_model.get(model)
     if drafter is None:
         drafter = _by_model[model] = SpeculativeDrafter(model)
     return drafter
+
+
+def build(parts) -> SpeculativeDrafter:
+    """drafter_kinds.SSD's maker."""
+    return for_model(parts.draft_model)
