@@ -81,9 +81,9 @@ def check(name: str, value: object) -> int | float | None:
     if limit.kind is int and name == "seed":
         return int(number) % SEED_MODULUS
     if limit.low is not None and (number < limit.low or (limit.low_open and number == limit.low)):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     if limit.high is not None and number > limit.high:
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     return number
 
 
@@ -93,26 +93,26 @@ def _parse(limit: Limit, value: object) -> int | float:
     try:
         return _number(limit, value)
     except OverflowError:
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}") from None
+        raise BadValue(f"{limit.describe()}; got {shown(value)}") from None
 
 
 def _number(limit: Limit, value: object) -> int | float:
     if isinstance(value, bool):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     if isinstance(value, str):
         text = value.strip()
         try:
             value = int(text) if limit.kind is int else float(text)
         except ValueError:
-            raise BadValue(f"{limit.describe()}; got {_shown(text)}") from None
+            raise BadValue(f"{limit.describe()}; got {shown(text)}") from None
     if limit.kind is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+            raise BadValue(f"{limit.describe()}; got {shown(value)}")
         return value
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     return float(value)
 
 
@@ -136,7 +136,7 @@ def text(name: str, value: object) -> str:
     return value
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     """What was typed, short and on one line: control characters and bytes
     that are not text are escaped, so the message prints anywhere."""
     try:
