@@ -64,13 +64,14 @@ def read_file(path: str | os.PathLike, limit: int) -> bytes:
 
 def _check_regular(st: os.stat_result, limit: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise BadRecord(f"it is {_kind(st.st_mode)}, not a regular file")
+        raise BadRecord(f"it is {file_kind(st.st_mode)}, not a regular file")
     if st.st_size > limit:
         raise BadRecord(f"it is {_size(st.st_size)}, larger than the {_size(limit)} such a "
                         "file can be")
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words ("a FIFO (named pipe)")."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
