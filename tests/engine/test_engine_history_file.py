@@ -213,3 +213,29 @@ def test_other_members_or_a_gzip_file_are_refused(tmp_path):
     rep = History().sync("tok", CONVS, _render, path)
     assert rep.rendered == 3 and rep.file_note.startswith(
         "saved index refused (it is not a zip file): rebuilt")
+
+
+def test_ids_outside_the_vocabulary_never_enter_the_index(engine, tmp_path):
+    """A saved file of the right tokenizer, validly signed, whose ids for one
+    conversation lie outside the model's vocabulary (or are negative, the
+    separator's value): drafting would feed them to the target's embedding.
+    That conversation is rendered again, the others reused."""
+    from specchat.engine.events import Message
+
+    convs = [(k, f"s{k}", (Message("user", f"Question number {k}?"),)) for k in "123"]
+    engine.sync_history(convs, tmp_path)
+    path = next(tmp_path.glob("history-*.npz"))
+    meta, tokens = _contents(path)
+    sizes = [size for _key, _stamp, size in meta["docs"]]
+    forged = tokens.copy()
+    forged[sizes[0]] = 10**6  # in conversation 2
+    forged[sizes[0] + sizes[1] + 1] = -1  # in conversation 3
+    _rewrite(path, meta, forged)
+    rep = engine.sync_history(convs, tmp_path)
+    assert (rep.reused, rep.rendered) == (1, 2)
+    assert rep.file_note.startswith("reused saved index (1 conversations; 2 damaged records "
+                                    "skipped)")
+    held = np.concatenate([engine.history.index.buf[slice(*engine.history.span(k))]
+                           for k in "123"])
+    assert held.min() >= 0 and held.max() < engine._vocab
+    assert held.tolist() == tokens.tolist()

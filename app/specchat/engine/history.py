@@ -153,12 +153,14 @@ class History:
 
     # -- loading from the store ---------------------------------------------
     def sync(self, fingerprint: str, conversations: Iterable[tuple[str, str, object]],
-             render: Callable[[object], list[int]], path: Path | None) -> SyncReport:
+             render: Callable[[object], list[int]], path: Path | None,
+             vocab: int | None = None) -> SyncReport:
         """Rebuild from the store's conversations: (key, stamp, messages).
-        Ids saved in ``path`` are reused for unchanged stamps; the rest are
-        rendered with ``render``. The file is then rewritten."""
+        Ids saved in ``path`` are reused for unchanged stamps (and only if
+        they are below ``vocab``, the model's vocabulary, when given); the
+        rest are rendered with ``render``. The file is then rewritten."""
         t0 = time.perf_counter()
-        saved, note = _read(path, fingerprint) if path is not None else ({}, "no file")
+        saved, note = _read(path, fingerprint, vocab) if path is not None else ({}, "no file")
         ids: dict[str, np.ndarray] = {}
         stamps: dict[str, str] = {}
         reused = rendered = failed = 0
@@ -215,10 +217,12 @@ def _digest(meta: str, tokens: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _read(path: Path, fingerprint: str) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
+def _read(path: Path, fingerprint: str, vocab: int | None = None
+          ) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
     """The saved ids by key, or nothing (and why) when the file is missing,
     not a regular file, too big, damaged, of another format or of another
-    tokenizer. A record whose key or stamp is garbage is left out alone."""
+    tokenizer. A record whose key or stamp is garbage, or whose ids are
+    negative (the separator's value) or not below ``vocab``, is left out alone."""
     try:
         blob = records.read_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
@@ -226,7 +230,7 @@ def _read(path: Path, fingerprint: str) -> tuple[dict[str, tuple[str, np.ndarray
     except (OSError, records.BadRecord) as e:
         return {}, f"saved index refused ({e}): rebuilt"
     try:
-        return _docs(_arrays(blob), fingerprint)
+        return _docs(_arrays(blob), fingerprint, vocab)
     except records.BadRecord as e:
         return {}, f"saved index refused ({e}): rebuilt"
     except Exception as e:  # any other damage at all: the file is a cache
@@ -275,7 +279,7 @@ def _npy(name: str, data: bytes) -> np.ndarray:
         shape, order="F" if fortran else "C")
 
 
-def _docs(arrays: dict[str, np.ndarray], fingerprint: str
+def _docs(arrays: dict[str, np.ndarray], fingerprint: str, vocab: int | None
           ) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
     meta_array, tokens, digest_array = arrays["meta"], arrays["tokens"], arrays["digest"]
     if meta_array.dtype.kind != "U" or digest_array.dtype.kind != "U" or tokens.ndim != 1 \
@@ -300,8 +304,9 @@ def _docs(arrays: dict[str, np.ndarray], fingerprint: str
         key, stamp, size = doc
         if not records.conforms(size, int) or not 0 <= size <= tokens.size - at:
             return {}, "saved index damaged (sizes): rebuilt"
-        if isinstance(key, str) and isinstance(stamp, str):
-            out[key] = (stamp, tokens[at:at + size])
+        ids = tokens[at:at + size]
+        if isinstance(key, str) and isinstance(stamp, str) and _in_vocab(ids, vocab):
+            out[key] = (stamp, ids)
         else:
             skipped += 1  # its conversation is rendered again
         at += size
@@ -309,3 +314,9 @@ def _docs(arrays: dict[str, np.ndarray], fingerprint: str
         return {}, "saved index damaged (sizes): rebuilt"
     damaged = f"; {skipped} damaged record{'s' if skipped != 1 else ''} skipped" if skipped else ""
     return out, f"reused saved index ({len(out)} conversations{damaged})"
+
+
+def _in_vocab(ids: np.ndarray, vocab: int | None) -> bool:
+    """Ids a drafter may propose: a forged one beyond the vocabulary would
+    reach the target's embedding, a negative one would match as the separator."""
+    return not ids.size or (int(ids.min()) >= 0 and (vocab is None or int(ids.max()) < vocab))
