@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shutil
 import stat
 import threading
@@ -350,22 +351,28 @@ def _scan_tree(root: Path, app: str, depth: int) -> list[LocalCandidate]:
 
 
 def _ollama(models: Path) -> list[LocalCandidate]:
-    import json
+    """GGUF blobs named by Ollama's manifests. A manifest is another
+    program's record, read as one (``jsonfile.read_record``): anything in it
+    that is not what Ollama writes is passed over, and a digest is only ever
+    a name in ``blobs/`` (never a path out of it)."""
+    from specchat.library import jsonfile
 
     out: list[LocalCandidate] = []
     manifests = models / "manifests"
     if not manifests.is_dir():
         return out
     for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        for layer in data.get("layers", []) if isinstance(data, dict) else []:
-            if layer.get("mediaType") == "application/vnd.ollama.image.model":
-                blob = models / "blobs" / str(layer.get("digest", "")).replace(":", "-")
-                if blob.is_file():
-                    label = f"{manifest.parent.name}:{manifest.name}"
-                    out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
-                                              blob.stat().st_size))
+        layers = jsonfile.read_record(manifest).get("layers")
+        for layer in layers if isinstance(layers, list) else []:
+            if not isinstance(layer, dict) or \
+                    layer.get("mediaType") != "application/vnd.ollama.image.model":
+                continue
+            digest = layer.get("digest")
+            if not isinstance(digest, str) or not re.fullmatch(r"\w+:[0-9a-fA-F]+", digest):
+                continue
+            blob = models / "blobs" / digest.replace(":", "-")
+            if blob.is_file():
+                label = f"{manifest.parent.name}:{manifest.name}"
+                out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
+                                          blob.stat().st_size))
     return out
