@@ -13,7 +13,6 @@ written to by a second connection as another program would.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import subprocess
@@ -28,18 +27,6 @@ from specchat.store.summary import ReplySummary
 GOOD_SUMMARY = ReplySummary(mode="hybrid", finish_reason="stop", new_tokens=12, drafted=8,
                             accepted=6, acceptance_rate=0.75, tokens_per_step=2.0,
                             tokens_per_s=20.0, ttft_s=0.5)
-
-
-@pytest.fixture
-def said():
-    """What the store logs (the app sends it to stderr and specchat.log)."""
-    got: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: got.append(record.getMessage())
-    logger = logging.getLogger("specchat.store")
-    logger.addHandler(handler)
-    yield got
-    logger.removeHandler(handler)
 
 
 def _history(path) -> tuple[ConversationStore, int, int]:
@@ -71,7 +58,7 @@ def _insert(cid: int, pos: int, role, content, runs=None, summary=None, error=No
             (cid, pos, role, content, runs, summary, error, complete))
 
 
-def test_garbage_message_rows_are_skipped_and_the_rest_export_and_index(tmp_path, said):
+def test_garbage_message_rows_are_skipped_and_the_rest_export_and_index(tmp_path, records):
     path = tmp_path / "h.sqlite3"
     store, good, other = _history(path)
     clean_export = store.export_markdown(good)
@@ -112,7 +99,7 @@ def test_garbage_message_rows_are_skipped_and_the_rest_export_and_index(tmp_path
     assert "for i in range(3)" in store.export_markdown(good)
     store.export_markdown(other)
     store.messages(other)  # read again: said once
-    assert sorted(said) == sorted([
+    assert sorted(records) == sorted([
         f"The history's message {bad[5]} was skipped: its content is b'\\xff\\x00 not text' "
         "(bytes), not text.",
         f"The history's message {bad[6]} was skipped: its role is b'user' (bytes), not text.",
@@ -131,7 +118,7 @@ def test_garbage_message_rows_are_skipped_and_the_rest_export_and_index(tmp_path
     ])
 
 
-def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, said):
+def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, records):
     path = tmp_path / "h.sqlite3"
     store, good, other = _history(path)
     _edit(path, ("UPDATE conversations SET updated_at='yesterday' WHERE id=?", (other,)),
@@ -142,7 +129,7 @@ def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, said)
     assert [c.title for c in store.list("loop")] == ["Good chat"]
     assert store.get(other) is None and store.get(good).draft == "d"
     assert [cid for cid, _stamp, _msgs in store.corpus()] == [good, other]
-    assert sorted(said) == sorted([
+    assert sorted(records) == sorted([
         f"The history's conversation {other} was skipped: updated_at is 'yesterday' (str), "
         "not float.",
         f"The history's conversation {other + 1} was skipped: title is b'\\x89PNG' (bytes), "
