@@ -99,21 +99,22 @@ def test_garbage_message_rows_are_skipped_and_the_rest_export_and_index(tmp_path
     assert "for i in range(3)" in store.export_markdown(good)
     store.export_markdown(other)
     store.messages(other)  # read again: said once
+    where = f"The history {path}"
     assert sorted(records) == sorted([
-        f"The history's message {bad[5]} was skipped: its content is b'\\xff\\x00 not text' "
+        f"{where}: message {bad[5]} was skipped: its content is b'\\xff\\x00 not text' "
         "(bytes), not text.",
-        f"The history's message {bad[6]} was skipped: its role is b'user' (bytes), not text.",
-        f"The history's message {ids[5]}: its runs was dropped (it is not valid JSON "
+        f"{where}: message {bad[6]} was skipped: its role is b'user' (bytes), not text.",
+        f"{where}: message {ids[5]}: its runs was dropped (it is not valid JSON "
         "(Expecting value: line 1 column 1 (char 0))).",
-        f"The history's message {ids[6]}: its summary was dropped (tokens_per_s is 'fast' "
+        f"{where}: message {ids[6]}: its summary was dropped (tokens_per_s is 'fast' "
         "(str), not float).",
-        f"The history's message {ids[7]}: its error was dropped (it is b'\\x00' (bytes), "
+        f"{where}: message {ids[7]}: its error was dropped (it is b'\\x00' (bytes), "
         "not text).",
-        f"The history's message {ids[8]}: its runs was dropped (it is a list of 1, not "
+        f"{where}: message {ids[8]}: its runs was dropped (it is a list of 1, not "
         "(origin, text) pairs).",
-        f"The history's message {ids[9]}: its summary was dropped (it is a list of 1, "
+        f"{where}: message {ids[9]}: its summary was dropped (it is a list of 1, "
         "not a summary).",
-        f"The history's message {ids[9]}: its complete was dropped (it is 'yes' (str), "
+        f"{where}: message {ids[9]}: its complete was dropped (it is 'yes' (str), "
         "not 0 or 1).",
     ])
 
@@ -129,10 +130,11 @@ def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, recor
     assert [c.title for c in store.list("loop")] == ["Good chat"]
     assert store.get(other) is None and store.get(good).draft == "d"
     assert [cid for cid, _stamp, _msgs in store.corpus()] == [good, other]
+    where = f"The history {path}"
     assert sorted(records) == sorted([
-        f"The history's conversation {other} was skipped: updated_at is 'yesterday' (str), "
+        f"{where}: conversation {other} was skipped: updated_at is 'yesterday' (str), "
         "not float.",
-        f"The history's conversation {other + 1} was skipped: title is b'\\x89PNG' (bytes), "
+        f"{where}: conversation {other + 1} was skipped: title is b'\\x89PNG' (bytes), "
         "not str."])
 
 

@@ -62,27 +62,33 @@ class StoredMessage(MessageContent):
 log = logging.getLogger("specchat.store")
 
 
-def _conversation(row: sqlite3.Row) -> Conversation | None:
+def _history_name(conn: sqlite3.Connection) -> str:
+    """How the log names this history: its file (a read-only copy and the
+    app's own history are different files)."""
+    file = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+    return f"The history {file}" if file else "The history"
+
+
+def _conversation(row: sqlite3.Row, where: str) -> Conversation | None:
     try:
         return Conversation(**records.fields_of(Conversation, dict(row)))
     except records.BadRecord as exc:
-        records.report(log, f"The history's conversation {row['id']} was skipped: {exc}.")
+        records.report(log, f"{where}: conversation {row['id']} was skipped: {exc}.")
         return None
 
 
-def _conversations(rows: list[sqlite3.Row]) -> list[Conversation]:
-    return [c for c in map(_conversation, rows) if c is not None]
-
-
-def _text_fields(row: sqlite3.Row) -> bool:
+def _text_fields(row: sqlite3.Row, where: str) -> bool:
     """Whether a message row's role and text are text (else it is skipped, and said)."""
     for name in ("role", "content"):
         if not isinstance(row[name], str):
-            records.report(log, f"The history's message {row['id']} was skipped: its {name} is "
+            records.report(log, f"{where}: message {row['id']} was skipped: its {name} is "
                                 f"{records.described(row[name])}, not text.")
             return False
     return True
 
+
+# A message's parts beyond its text, each read from its column; one that is
+# not what it must be is dropped (read as an empty column), the message kept.
 
 def _runs(value: object) -> list[tuple[str, str]]:
     if not value:
@@ -107,34 +113,36 @@ def _error(value: object) -> str | None:
 
 
 def _complete(value: object) -> bool:
+    if value is None:  # the column's default
+        return True
     if value not in (0, 1) or isinstance(value, float):
         raise records.BadRecord(f"it is {records.described(value)}, not 0 or 1")
     return bool(value)
 
 
-# A message's parts beyond its text: one that is not what it must be is
-# dropped (this default), and the message kept.
-_PARTS = {"runs": (_runs, []), "summary": (_summary, None), "error": (_error, None),
-          "complete": (_complete, True)}
+_PARTS = {"runs": _runs, "summary": _summary, "error": _error, "complete": _complete}
 
 
-def _message(row: sqlite3.Row) -> StoredMessage | None:
-    if not _text_fields(row):
+def _message(row: sqlite3.Row, where: str) -> StoredMessage | None:
+    if not _text_fields(row, where):
         return None
     parts = {}
-    for name, (read, default) in _PARTS.items():
+    for name, read in _PARTS.items():
         try:
             parts[name] = read(row[name])
         except records.BadRecord as exc:
-            records.report(log, f"The history's message {row['id']}: its {name} was dropped "
-                                f"({exc}).")
-            parts[name] = default
+            records.report(log, f"{where}: message {row['id']}: its {name} was dropped ({exc}).")
+            parts[name] = read(None)
     return StoredMessage(row["role"], row["content"], id=row["id"], **parts)
 
 
 class ConversationStore:
     def __init__(self, conn: sqlite3.Connection):
         self._db = conn
+        self._where = _history_name(conn)
+
+    def _conversations(self, rows: list[sqlite3.Row]) -> list[Conversation]:
+        return [c for c in (_conversation(r, self._where) for r in rows) if c is not None]
 
     # -- conversations ---------------------------------------------------
     def create(self, title: str = "New chat", target: str | None = None,
@@ -148,7 +156,7 @@ class ConversationStore:
     def get(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id=?",
                                (conversation_id,)).fetchone()
-        return _conversation(row) if row else None
+        return _conversation(row, self._where) if row else None
 
     def list(self, search: str = "") -> list[Conversation]:
         """Newest first; ``search`` matches titles and message text."""
@@ -163,7 +171,7 @@ class ConversationStore:
         else:
             rows = self._db.execute(
                 "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
-        return _conversations(rows)
+        return self._conversations(rows)
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?",
@@ -192,7 +200,7 @@ class ConversationStore:
             "ON c.id = m.conversation_id ORDER BY m.conversation_id, m.position, m.id")
         current: int | None = None
         for r in rows:
-            if not _text_fields(r):
+            if not _text_fields(r, self._where):
                 continue
             if r["cid"] != current:
                 current = r["cid"]
@@ -205,7 +213,7 @@ class ConversationStore:
         rows = self._db.execute(
             "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, id",
             (conversation_id,)).fetchall()
-        return [m for m in map(_message, rows) if m is not None]
+        return [m for m in (_message(r, self._where) for r in rows) if m is not None]
 
     def add_message(self, conversation_id: int, role: str, content: str, *,
                     complete: bool = True) -> int:
