@@ -111,7 +111,7 @@ def choice(name: str, value: str | None) -> str | None:
         return text.lower()
     if entry.paths and ("/" in text or os.sep in text or os.path.isfile(text)):
         return text
-    raise BadValue(f"{entry.describe()}; got {_shown(text)}")
+    raise BadValue(f"{entry.describe()}; got {shown(text)}")
 
 
 def environment(name: str) -> str | None:
@@ -135,9 +135,9 @@ def check(name: str, value: object) -> int | float | None:
     if limit.kind is int and name == "seed":
         return int(number) % SEED_MODULUS
     if limit.low is not None and (number < limit.low or (limit.low_open and number == limit.low)):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     if limit.high is not None and number > limit.high:
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     return number
 
 
@@ -147,27 +147,27 @@ def _parse(limit: Limit, value: object) -> int | float:
     try:
         return _number(limit, value)
     except OverflowError:
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}") from None
+        raise BadValue(f"{limit.describe()}; got {shown(value)}") from None
 
 
 def _number(limit: Limit, value: object) -> int | float:
     typed = value  # what the message shows: the text as typed, not its parse
     if isinstance(value, bool):
-        raise BadValue(f"{limit.describe()}; got {_shown(value)}")
+        raise BadValue(f"{limit.describe()}; got {shown(value)}")
     if isinstance(value, str):
         typed = value.strip()
         try:
             value = _whole(typed) if limit.kind is int else float(typed)
         except ValueError:
-            raise BadValue(f"{limit.describe()}; got {_shown(typed)}") from None
+            raise BadValue(f"{limit.describe()}; got {shown(typed)}") from None
     if limit.kind is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
+            raise BadValue(f"{limit.describe()}; got {shown(typed)}")
         return value
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue(f"{limit.describe()}; got {_shown(typed)}")
+        raise BadValue(f"{limit.describe()}; got {shown(typed)}")
     return float(value)
 
 
@@ -230,7 +230,7 @@ def origin(value: object) -> str:
     ``null``: each allowed page is named."""
     typed = value.strip() if isinstance(value, str) else value
     bad = BadValue("an allowed origin must be scheme://host[:port] with no path, as a browser "
-                   f"sends it (http://localhost:5173); got {_shown(typed)}")
+                   f"sends it (http://localhost:5173); got {shown(typed)}")
     if not isinstance(typed, str):
         raise bad
     scheme, sep, rest = typed.lower().partition("://")
@@ -248,7 +248,7 @@ def origin(value: object) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     """What was typed, short and on one line: control characters and bytes
     that are not text are escaped, so the message prints anywhere."""
     try:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from specchat.engine.client import EngineClient
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, LoadProgress, Message, StepEvent
 from specchat.engine.session import Engine
-from specchat.engine.worker import JobDone, JobFailed
+from specchat.engine.worker import EngineThread, JobDone, JobFailed
 from tinymodels import build_model
 
 PROMPT = tuple(range(40, 80))
@@ -259,6 +263,53 @@ def test_damaged_model_folders_give_clear_errors(tmp_path, tiny_target, damage):
         expect = "pickled PyTorch weights"
     with pytest.raises(EngineError, match=expect):
         Engine().load(bad)
+
+
+def test_a_failed_jobs_frames_are_freed_before_its_caller_hears():
+    """What a failed job's traceback holds (a failed load's model, its
+    tokenizer's objects) is freed on the engine thread before the caller is
+    told: a caller that then exits must not find the thread still freeing."""
+    freed = threading.Event()
+
+    class SlowToFree:
+        def __del__(self):
+            time.sleep(0.3)
+            freed.set()
+
+    def work(job):
+        held = SlowToFree()  # noqa: F841 - a local of the failing frame
+        raise EngineError("the tokenizer could not be loaded")
+
+    job = EngineThread().submit(work)
+    with pytest.raises(EngineError, match="^the tokenizer could not be loaded$"):
+        job.wait(10)
+    assert freed.is_set()
+
+
+def test_a_large_tokenizer_the_library_rejects_ends_the_cli_with_its_error(tmp_path,
+                                                                           tiny_target):
+    """A 26 MB tokenizer.json that the tokenizers library refuses: the CLI
+    printed the error and then aborted (exit 134, "terminate called without
+    an active exception"), because the engine thread was still freeing the
+    failed load when the interpreter finalized and, on taking the GIL back,
+    exited inside MLX's thread-exit handler. Now the one line and exit 1."""
+    bad = tmp_path / "big-tokenizer"
+    shutil.copytree(tiny_target, bad)
+    data = json.loads((bad / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab.update((f"tok{i:08d}zzzzzzzzzz", len(vocab) + i) for i in range(800_000))
+    data["model"]["merges"].append("nothere alsonot")
+    (bad / "tokenizer.json").write_text(json.dumps(data))
+    size = (bad / "tokenizer.json").stat().st_size
+    assert size > 25 * 2**20
+    proc = subprocess.run([sys.executable, "-m", "specchat", "generate", "--target", str(bad),
+                           "--prompt", "hi"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPECCHAT_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1, proc.stderr
+    assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "specchat: error: big-tokenizer: could not load the tokenizer (data did not match any "
+        f"variant of untagged enum MergeType at line 1 column {size})")
 
 
 # -- streaming text ---------------------------------------------------------------------

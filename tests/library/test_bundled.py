@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -403,3 +406,24 @@ def test_real_smollm_cannot_draft_for_qwen(real_home):
                           "draft has 49,152")
     assert any("different ids" in r for r in reasons)
     assert any(r.startswith("different BOS token") for r in reasons)
+
+
+def test_a_hand_edited_or_odd_import_marker_means_not_imported(home, fake_bundled, tmp_path):
+    """The marker a finished import leaves is read back like any record: a
+    'source' that is not a record ended is_ready (the app's start) on an
+    AttributeError; a FIFO in its place blocked it (in a child here)."""
+    from specchat.library.gguf_import import MARKER
+
+    folder = bundled.ensure("tiny")
+    marker = folder / MARKER
+    good = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**good, "source": "edited"}))
+    assert not bundled.is_ready("tiny")
+    assert bundled.ensure("tiny") == folder and bundled.is_ready("tiny")  # imported again
+    marker.unlink()
+    os.mkfifo(marker)
+    code = ("import sys; from pathlib import Path; from specchat.library import gguf_import; "
+            "print(gguf_import.is_complete(Path(sys.argv[1])))")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -670,4 +671,138 @@ def test_disk_filling_up_mid_gguf_conversion_is_said_and_leaves_nothing(home_dis
     assert str(err.value) == (
         f"Not enough disk space to import {g.path}: the disk holding {paths.models_dir()} "
         "filled up during the import; nothing was added. Free some space and import again.")
+    _nothing_listed_or_left()
+
+
+# -- nothing from outside the folder (issue 29) ----------------------------------------
+def _secret(tmp_path: Path) -> Path:
+    """A private file outside the folder being imported (a stand-in for ~/.ssh/id_rsa)."""
+    key = tmp_path / "user-home" / ".ssh" / "id_rsa"
+    key.parent.mkdir(parents=True)
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n")
+    return key
+
+
+def _out_of_folder(link: Path, target: Path, root: Path) -> str:
+    return (f"{link} is a symbolic link to {target}, outside {root}: SpecChat never imports a "
+            "file from outside the folder being imported. Put the file itself in the folder "
+            "in place of the link and import again.")
+
+
+@pytest.mark.parametrize("outside", ["/etc/passwd", "private key"])
+def test_a_symlink_out_of_the_folder_is_refused_and_named(lib_home, tmp_path, tiny_target,
+                                                          outside):
+    """A folder with generation_config.json -> /etc/passwd (or a private
+    key) imported "successfully", the models folder holding a hard link to
+    that very file (one inode). Now it is refused before anything is read."""
+    src = _copy(tiny_target, tmp_path / "model")
+    target = Path(outside) if outside.startswith("/") else _secret(tmp_path)
+    (src / "generation_config.json").symlink_to(target)
+    assert _refused(src) == _out_of_folder(src / "generation_config.json", target, src)
+
+
+def test_the_command_refuses_a_symlink_out_in_one_line(lib_home, tmp_path, tiny_target):
+    src = _copy(tiny_target, tmp_path / "model")
+    key = _secret(tmp_path)
+    (src / "tokenizer_config.json").unlink()
+    (src / "tokenizer_config.json").symlink_to(os.path.relpath(key, src))  # relative, too
+    proc = subprocess.run([sys.executable, "-m", "specchat", "models", "import", str(src)],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "specchat: error: " + _out_of_folder(src / "tokenizer_config.json", key, src)]
+    _nothing_listed_or_left()
+
+
+def test_files_are_hard_linked_only_when_the_folder_is_their_only_other_name(
+        lib_home, tmp_path, tiny_target):
+    """The rule: a regular file of the folder (or a link inside it to one)
+    that has no other name is hard-linked (no second copy of the weights);
+    one that also has a name elsewhere (a hard link to a file outside) is
+    copied, so no file in the models folder shares an inode with a file
+    outside the folder the user imported."""
+    src = _copy(tiny_target, tmp_path / "model")
+    elsewhere = tmp_path / "elsewhere" / "generation_config.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text('{"private": true}')
+    os.link(elsewhere, src / "generation_config.json")
+    inner = src / "tokenizer" / "tokenizer.json"
+    inner.parent.mkdir()
+    (src / "tokenizer.json").rename(inner)
+    (src / "tokenizer.json").symlink_to("tokenizer/tokenizer.json")  # inside: followed
+
+    dest = Path(importing.import_path(src).path)
+    weights, linked = os.stat(src / "model.safetensors"), os.stat(dest / "model.safetensors")
+    assert (linked.st_ino, linked.st_nlink) == (weights.st_ino, 2)
+    tok = os.stat(dest / "tokenizer.json")
+    assert not (dest / "tokenizer.json").is_symlink()
+    assert (tok.st_ino, tok.st_nlink) == (os.stat(inner).st_ino, 2)
+    copied = os.stat(dest / "generation_config.json")
+    assert copied.st_ino != os.stat(elsewhere).st_ino and copied.st_nlink == 1
+    assert os.stat(elsewhere).st_nlink == 2  # its own name and the one in the folder
+    assert (dest / "generation_config.json").read_text() == '{"private": true}'
+    outside = {os.stat(elsewhere).st_ino}
+    assert all(not f.is_symlink() and f.stat().st_ino not in outside for f in dest.iterdir())
+
+
+def _hub_snapshot(tmp_path: Path, tiny_target: Path) -> Path:
+    """A Hugging Face cache repo as huggingface_hub lays it out: the files
+    in blobs/, the snapshot a folder of relative links to them."""
+    import hashlib
+
+    repo = tmp_path / "hf" / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / ("a" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in tiny_target.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        blob.write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    return snap
+
+
+def test_a_hugging_face_snapshot_imports_its_blobs_but_nothing_beyond_its_repo(
+        lib_home, tmp_path, tiny_target):
+    snap = _hub_snapshot(tmp_path, tiny_target)
+    repo = snap.parent.parent
+    stray = tmp_path / "hf" / "hub" / "models--other--repo" / "blobs" / "x"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("{}")
+    (snap / "generation_config.json").symlink_to(os.path.relpath(stray, snap))
+    assert _refused(snap) == _out_of_folder(snap / "generation_config.json", stray, repo)
+
+    (snap / "generation_config.json").unlink()
+    model = importing.import_path(snap)
+    assert model.name == "tiny"
+    for f in Path(model.path).iterdir():
+        blob = Path(os.path.realpath(snap / f.name))
+        assert blob.parent == repo / "blobs" and not f.is_symlink()
+        assert f.stat().st_ino == blob.stat().st_ino  # the repo's own blob: linked
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo", "link to a device"])
+def test_a_file_that_is_not_a_regular_file_is_refused_never_read(lib_home, tmp_path,
+                                                                 tiny_target, kind):
+    """A FIFO as config.json blocked the import forever (in a child here, so
+    that a hang fails the test)."""
+    src = _copy(tiny_target, tmp_path / "model")
+    (src / "config.json").unlink()
+    if kind == "fifo":
+        os.mkfifo(src / "config.json")
+        what = "a FIFO (named pipe)"
+    elif kind == "link to a fifo":
+        os.mkfifo(src / "pipe")
+        (src / "config.json").symlink_to("pipe")
+        what = "a FIFO (named pipe)"
+    else:
+        os.mknod(src / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5)) if os.geteuid() == 0 \
+            else pytest.skip("making a device node needs root")
+        (src / "config.json").symlink_to("zero")
+        what = "a character device"
+    proc = subprocess.run([sys.executable, "-m", "specchat", "models", "import", str(src)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"specchat: error: {src / 'config.json'} is {what}, not a regular file; SpecChat "
+        "imports only regular files."]
     _nothing_listed_or_left()

@@ -4,6 +4,8 @@ sqlite3 on its own thread."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from specchat.store import db
 from specchat.store.conversations import ConversationStore
@@ -14,3 +16,15 @@ def store(tmp_path):
     conn = db.connect(tmp_path / "c.sqlite3")
     yield ConversationStore(conn)
     conn.close()
+
+
+@pytest.fixture
+def records():
+    """What the store logs (the app sends it to stderr and specchat.log)."""
+    got: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())
+    logger = logging.getLogger("specchat.store")
+    logger.addHandler(handler)
+    yield got
+    logger.removeHandler(handler)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sqlite3
 import time
 
@@ -33,18 +32,6 @@ def loop():
     yield loop
     asyncio.set_event_loop(None)
     loop.close()
-
-
-@pytest.fixture
-def records():
-    """What the store logs (the app sends it to stderr and specchat.log)."""
-    got: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: got.append(record.getMessage())
-    logger = logging.getLogger("specchat.store")
-    logger.addHandler(handler)
-    yield got
-    logger.removeHandler(handler)
 
 
 def rows(path) -> list[tuple]:

@@ -332,3 +332,33 @@ def test_a_new_chat_that_could_not_be_created_is_created_by_the_next_turn(
         assert other.execute("SELECT title FROM conversations").fetchall() == [
             ("Said while the disk is full",)]
     w.close()
+
+
+def test_a_garbage_row_leaves_the_rest_of_the_chat_to_open_and_export(qtbot, aloop, home,
+                                                                      tmp_path):
+    """A row another program wrote into the history (a BLOB as a message's
+    text, a summary that is not one): the chat opens with its other
+    messages, its export has them, and the sidebar lists every chat."""
+    from specchat.store import db
+
+    w = make_window(qtbot)
+    store = w.session.conversations.blocking
+    chat = store.create("Kept chat")
+    store.add_message(chat.id, "user", "the question")
+    reply = store.add_message(chat.id, "assistant", "the answer")
+    store.update_message(reply, "the answer", complete=True)
+    with sqlite3.connect(db.default_path()) as other:
+        other.execute("INSERT INTO messages(conversation_id, position, role, content, summary, "
+                      "created_at) VALUES (?, 7, 'user', ?, NULL, 0)", (chat.id, b"\x00\xff"))
+        other.execute("UPDATE messages SET summary='{\"new_tokens\": \"many\"}' WHERE id=?",
+                      (reply,))
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    w.open_conversation(chat.id)
+    wait_until(lambda: w.chat_model.rowCount() == 2, timeout=5000)
+    assert [m.text for m in w.chat_model.messages] == ["the question", "the answer"]
+    export = w.sidebar.export_current(str(tmp_path / "chat.md"))
+    wait_until(export.done, timeout=5000)
+    assert open(export.result(), encoding="utf-8").read() == (
+        "# Kept chat\n\n## You\n\nthe question\n\n## Assistant\n\nthe answer\n")
+    w.close()

@@ -11,26 +11,40 @@ nothing to another. It is rebuilt from the store's conversations when a pair
 loads, reusing the token ids saved beside the store for conversations whose
 stamp has not changed. That file is read as a cache, never trusted: a bad
 checksum, another tokenizer or another format version means everything is
-rendered again. Conversation keys and stamps are the caller's (the store's
-ids and last-change marks); the engine knows nothing of the store.
+rendered again. It is opened only if it is a regular file (a FIFO in its
+place would block the engine thread forever) of at most ``MAX_FILE_BYTES``,
+and its arrays are read only if they are stored, not compressed (a
+compression bomb is never inflated), and exactly as large as their headers
+say (numpy allocates what a header claims before reading). One garbage
+record costs its own conversation only. Conversation keys and stamps are
+the caller's (the store's ids and last-change marks); the engine knows
+nothing of the store.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import math
 import os
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specchat import records
 from specchat.engine.suffix_index import SuffixIndex
 
 FORMAT = 1
+# 4 bytes a token: some 130 million tokens of conversations. A bigger file is
+# not read (the history is rendered again).
+MAX_FILE_BYTES = 512 * 2**20
+_MEMBERS = ("digest.npy", "meta.npy", "tokens.npy")  # what save() writes
 # Removed conversations leave dead positions; rebuild when they pass this share.
 COMPACT_DEAD = 0.3
 
@@ -139,12 +153,14 @@ class History:
 
     # -- loading from the store ---------------------------------------------
     def sync(self, fingerprint: str, conversations: Iterable[tuple[str, str, object]],
-             render: Callable[[object], list[int]], path: Path | None) -> SyncReport:
+             render: Callable[[object], list[int]], path: Path | None,
+             vocab: int | None = None) -> SyncReport:
         """Rebuild from the store's conversations: (key, stamp, messages).
-        Ids saved in ``path`` are reused for unchanged stamps; the rest are
-        rendered with ``render``. The file is then rewritten."""
+        Ids saved in ``path`` are reused for unchanged stamps (and only if
+        they are below ``vocab``, the model's vocabulary, when given); the
+        rest are rendered with ``render``. The file is then rewritten."""
         t0 = time.perf_counter()
-        saved, note = _read(path, fingerprint) if path is not None else ({}, "no file")
+        saved, note = _read(path, fingerprint, vocab) if path is not None else ({}, "no file")
         ids: dict[str, np.ndarray] = {}
         stamps: dict[str, str] = {}
         reused = rendered = failed = 0
@@ -201,29 +217,106 @@ def _digest(meta: str, tokens: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _read(path: Path, fingerprint: str) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
+def _read(path: Path, fingerprint: str, vocab: int | None = None
+          ) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
     """The saved ids by key, or nothing (and why) when the file is missing,
-    damaged, of another format or of another tokenizer."""
-    if not path.exists():
-        return {}, "no saved index"
+    not a regular file, too big, damaged, of another format or of another
+    tokenizer. A record whose key or stamp is garbage, or whose ids are
+    negative (the separator's value) or not below ``vocab``, is left out alone."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            blob = str(z["meta"])
-            tokens = np.asarray(z["tokens"], dtype=np.int32)
-            digest = str(z["digest"])
-        meta = json.loads(blob)
-        if digest != _digest(blob, tokens):
-            return {}, "saved index damaged (checksum): rebuilt"
-        if meta.get("format") != FORMAT:
-            return {}, "saved index of another version: rebuilt"
-        if meta.get("fingerprint") != fingerprint:
-            return {}, "saved index of another tokenizer: rebuilt"
-        out, at = {}, 0
-        for key, stamp, size in meta["docs"]:
-            out[str(key)] = (str(stamp), tokens[at:at + int(size)])
-            at += int(size)
-        if at != tokens.size:
-            return {}, "saved index damaged (sizes): rebuilt"
-        return out, f"reused saved index ({len(out)} conversations)"
-    except Exception as e:  # any damage at all: the file is a cache
+        blob = records.read_file(path, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        return {}, "no saved index"
+    except (OSError, records.BadRecord) as e:
+        return {}, f"saved index refused ({e}): rebuilt"
+    try:
+        return _docs(_arrays(blob), fingerprint, vocab)
+    except records.BadRecord as e:
+        return {}, f"saved index refused ({e}): rebuilt"
+    except Exception as e:  # any other damage at all: the file is a cache
         return {}, f"saved index unreadable ({type(e).__name__}): rebuilt"
+
+
+def _arrays(blob: bytes) -> dict[str, np.ndarray]:
+    """The arrays ``save`` wrote, from the file's bytes: only its three
+    members, each stored (so it is no larger than the file) and each as
+    large as its header says."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            infos = z.infolist()
+            names = sorted(i.filename for i in infos)
+            if names != list(_MEMBERS):
+                raise records.BadRecord(f"it holds {', '.join(names)}, not {', '.join(_MEMBERS)}")
+            out = {}
+            for info in infos:
+                if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+                    raise records.BadRecord(f"{info.filename} is compressed; SpecChat stores its "
+                                            "arrays as they are")
+                out[info.filename[:-4]] = _npy(info.filename, z.read(info))
+            return out
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+        raise records.BadRecord("it is not a zip file" if str(e) == "File is not a zip file"
+                                else f"its zip structure is damaged ({e})") from None
+
+
+def _npy(name: str, data: bytes) -> np.ndarray:
+    """One .npy member, refused unless its header's shape and type account
+    for exactly the bytes after it (nothing is allocated beyond them)."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f)
+    except ValueError as e:
+        raise records.BadRecord(f"{name} is not an array ({e})") from None
+    count = math.prod(shape)
+    have = len(data) - f.tell()
+    if dtype.hasobject or count * dtype.itemsize != have:
+        raise records.BadRecord(f"{name} holds {have} bytes of data where its header says "
+                                f"{count * dtype.itemsize}")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=f.tell()).reshape(
+        shape, order="F" if fortran else "C")
+
+
+def _docs(arrays: dict[str, np.ndarray], fingerprint: str, vocab: int | None
+          ) -> tuple[dict[str, tuple[str, np.ndarray]], str]:
+    meta_array, tokens, digest_array = arrays["meta"], arrays["tokens"], arrays["digest"]
+    if meta_array.dtype.kind != "U" or digest_array.dtype.kind != "U" or tokens.ndim != 1 \
+            or tokens.dtype.kind not in "iu":
+        return {}, "saved index damaged (arrays of other kinds): rebuilt"
+    blob, digest = str(meta_array), str(digest_array)
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if digest != _digest(blob, tokens):
+        return {}, "saved index damaged (checksum): rebuilt"
+    meta = records.parse_json(blob)
+    if not isinstance(meta, dict) or not isinstance(meta.get("docs"), list):
+        return {}, "saved index damaged (its table of conversations is not one): rebuilt"
+    if meta.get("format") != FORMAT:
+        return {}, "saved index of another version: rebuilt"
+    if meta.get("fingerprint") != fingerprint:
+        return {}, "saved index of another tokenizer: rebuilt"
+    out, at, skipped = {}, 0, 0
+    for n, doc in enumerate(meta["docs"], start=1):
+        if not isinstance(doc, list) or len(doc) != 3:
+            return {}, (f"saved index damaged (record {n} is {records.described(doc)}, not "
+                        "[key, stamp, size]): rebuilt")
+        key, stamp, size = doc
+        if not records.conforms(size, int) or not 0 <= size <= tokens.size - at:
+            return {}, "saved index damaged (sizes): rebuilt"
+        ids = tokens[at:at + size]
+        if isinstance(key, str) and isinstance(stamp, str) and _in_vocab(ids, vocab):
+            out[key] = (stamp, ids)
+        else:
+            skipped += 1  # its conversation is rendered again
+        at += size
+    if at != tokens.size:
+        return {}, "saved index damaged (sizes): rebuilt"
+    damaged = f"; {skipped} damaged record{'s' if skipped != 1 else ''} skipped" if skipped else ""
+    return out, f"reused saved index ({len(out)} conversations{damaged})"
+
+
+def _in_vocab(ids: np.ndarray, vocab: int | None) -> bool:
+    """Ids a drafter may propose: a forged one beyond the vocabulary would
+    reach the target's embedding, a negative one would match as the separator."""
+    return not ids.size or (int(ids.min()) >= 0 and (vocab is None or int(ids.max()) < vocab))

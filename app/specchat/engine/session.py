@@ -279,7 +279,7 @@ class Engine:
         path = Path(folder) / f"history-{fp}.npz" if folder is not None else None
         return self.history.sync(fp, conversations,
                                  lambda msgs: chat.render(tok, msgs, cancelled),
-                                 path)
+                                 path, vocab=self._vocab)
 
     def rename_conversation(self, old: str, new: str) -> None:
         self.history.rename(old, new)

@@ -133,20 +133,37 @@ class EngineThread:
     def _run(self) -> None:
         while True:
             fn, job = self._jobs.get()
-            try:
-                job.emit(JobDone(fn(job)))
-            except SpecChatError as exc:
-                job.emit(JobFailed(str(exc)))
-            except MemoryError:
-                job.emit(JobFailed("Out of memory: the models do not fit. Choose smaller models "
-                                   "or close other apps."))
-            except Exception as exc:  # noqa: BLE001 - report, never kill the thread
-                job.emit(JobFailed(internal_error(exc), traceback.format_exc()))
+            outcome = _outcome(fn, job)
+            # Only now, with the job's frames freed, does its caller hear the
+            # outcome. A failed load's exception holds every local of the
+            # load (the model's arrays, a 200 MB tokenizer's objects) through
+            # its traceback; freeing them after the announcement left this
+            # thread still busy when a caller that then exits (the CLI after
+            # printing the error) finalized the interpreter, and a thread
+            # that ran MLX taking the GIL back from a finalizing interpreter
+            # aborts the process (see below).
+            job.emit(outcome)
+            del outcome
 
     # There is deliberately no way to end the thread. A thread that imported
     # mlx_lm and then exited made the process abort at interpreter shutdown
     # ("terminate called without an active exception", MLX 0.32 on Linux),
     # so a closed engine thread stays parked on its queue as a daemon.
+
+
+def _outcome(fn: Callable[[Job], Any], job: Job) -> JobDone | JobFailed:
+    """Run one job: its result, or its failure in words. Returns once the
+    job's frames (and whatever its exception's traceback held) are freed."""
+    try:
+        return JobDone(fn(job))
+    except SpecChatError as exc:
+        failed = JobFailed(str(exc))
+    except MemoryError:
+        failed = JobFailed("Out of memory: the models do not fit. Choose smaller models "
+                           "or close other apps.")
+    except Exception as exc:  # noqa: BLE001 - report, never kill the thread
+        failed = JobFailed(internal_error(exc), traceback.format_exc())
+    return failed
 
 
 def internal_error(exc: BaseException) -> str:

@@ -27,10 +27,10 @@ from specchat.library import jsonfile, paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import (
-    MARKER,
     ImportCancelled,
     import_gguf,
     is_complete,
+    read_marker,
 )
 
 Progress = Callable[[str, float | None], None]
@@ -218,11 +218,8 @@ def is_ready(name: str) -> bool:
 def _imported(dest: Path, model: BundledModel) -> bool:
     if not is_complete(dest):
         return False
-    try:
-        marker = json.loads((dest / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return marker.get("source", {}).get("sha256") == model.sha256
+    source = read_marker(dest).get("source")
+    return isinstance(source, dict) and source.get("sha256") == model.sha256
 
 
 def ensure(name: str, progress: Progress | None = None,

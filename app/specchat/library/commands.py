@@ -185,6 +185,13 @@ def cmd_rm(args, as_json: bool) -> int:
 
     before = paths.disk_usage()
     model = index.remove(args.name)
+    if model is None:
+        if as_json:
+            _print_json({"removed": args.name, "path": None, "freed_bytes": 0})
+        else:
+            print(f"Removed the damaged entry {args.name} from the list; its files, if any, "
+                  "were left where they are.")
+        return 0
     freed = max(0, before - paths.disk_usage())
     if as_json:
         _print_json({"removed": model.name, "path": model.path, "freed_bytes": freed})

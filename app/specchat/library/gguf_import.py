@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import disk, gguf_tokenizer, staging
+from specchat.library import disk, gguf_tokenizer, jsonfile, staging
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
 
@@ -456,12 +456,15 @@ def _write_json(path: Path, data: dict) -> None:
 
 # -- the import --------------------------------------------------------------
 def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` is a finished import of the current format."""
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("format") == FORMAT
+    """Whether ``folder`` is a finished import of the current format (its
+    marker read as a record: a FIFO or garbage in its place means no)."""
+    return read_marker(folder).get("format") == FORMAT
+
+
+def read_marker(folder: Path) -> dict:
+    """The marker a finished import left in ``folder``; {} when there is
+    none or it is not a record."""
+    return jsonfile.read_record(folder / MARKER)
 
 
 def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,

@@ -8,21 +8,34 @@ locked work folder ``<home>/tmp/import-<pid>-<random>`` (staging.py) and
 moved into ``<home>/models/<name>`` with one rename once it is complete and
 readable, then listed; a cancelled or failed import leaves nothing behind,
 and the work folders of imports whose process died are removed when the next
-import starts. Files are hard-linked when the source is on the same disk (no
-second copy of a 4 GB file) and copied otherwise, after checking that they
-fit; the original is never modified.
+import starts. The original is never modified.
+
+Nothing from outside the folder is imported (``_plan``): a symbolic link
+whose target lies outside it (``generation_config.json -> /etc/passwd``) is
+refused, naming the link, before any file is read; a link inside it to a
+file inside it is followed. For a Hugging Face cache snapshot the folder is
+its repository (``models--org--name``), whose ``blobs/`` the snapshot links
+to. Only regular files are read (a FIFO would block the import forever).
+A file is hard-linked into the models folder (no second copy of a 4 GB file)
+only when it is in the folder and has no other name (``st_nlink`` 1): a file
+that is also a hard link to a file elsewhere is copied, so nothing in the
+models folder shares an inode with a file outside the folder the user
+imported. Files on another disk are copied too, after checking that they fit.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shutil
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import records
 from specchat.library import index, paths, staging
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.index import InstalledModel
@@ -75,9 +88,11 @@ def import_path(path: str | os.PathLike, name: str | None = None,
             f"A model named {wanted!r} is already installed; pick another --name or remove it "
             "first (`specchat models rm`).")
     final_name = index.unique_name(wanted, source=source)
+    plan: list[_File] = []
     if kind == "import":
         from specchat.library.facts import validate_folder
 
+        plan = _plan(src)  # before anything reads a file through a link
         validate_folder(src)
     where = paths.models_dir()
     work = None
@@ -85,10 +100,10 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         where.mkdir(parents=True, exist_ok=True)
         work = staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX)
         if kind == "import":
-            _check_space_for_copy(src, work.path, where)
+            _check_space_for_copy(plan, src, work.path, where)
             built = work.path / "model"
             built.mkdir()
-            _copy_model_files(src, built, say, cancelled)
+            _copy_model_files(plan, src, built, say, cancelled)
         else:
             built = _convert_gguf(src, work.path, say, cancelled, where)
         return _install(built, final_name, source, kind, say, src)
@@ -119,52 +134,119 @@ def _default_name(src: Path, kind: str) -> str:
     return index.sanitize(src.name)
 
 
-def wanted_files(folder: Path) -> list[Path]:
-    """The files mlx-lm needs from a folder (same patterns as Hub pulls)."""
+@dataclass(frozen=True)
+class _File:
+    """One file an import takes: its name in the folder, the file it is (a
+    link inside the folder resolved) and that file's stat, checked again
+    when it is linked or opened."""
+
+    name: str
+    real: Path
+    st: os.stat_result
+
+    @property
+    def linkable(self) -> bool:
+        """Only a file whose one name is in the folder is hard-linked."""
+        return self.st.st_nlink == 1
+
+
+def import_root(src: Path) -> Path:
+    """The folder an import of ``src`` may take files from: ``src`` itself,
+    or for a Hugging Face cache snapshot (``models--org--name/snapshots/<commit>``,
+    whose files are links to ``../../blobs``) its repository folder."""
+    repo = src.parent.parent
+    if src.parent.name == "snapshots" and repo.name.startswith("models--"):
+        return repo
+    return src
+
+
+def _plan(src: Path) -> list[_File]:
+    """The files to import from the resolved folder ``src``, each a regular
+    file inside ``import_root(src)``; a link out of it or anything that is not
+    a regular file (a FIFO, a device) is refused by name, before it is read."""
     from specchat.library.hub import ALLOW_PATTERNS
 
+    root = import_root(src)
     out = []
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and any(fnmatch.fnmatch(f.name, pat) for pat in ALLOW_PATTERNS):
-            out.append(f)
+    for entry in sorted(src.iterdir()):
+        if not any(fnmatch.fnmatch(entry.name, pat) for pat in ALLOW_PATTERNS):
+            continue
+        real = Path(os.path.realpath(entry))
+        if not real.is_relative_to(root):
+            raise LibraryError(
+                f"{entry} is a symbolic link to {real}, outside {root}: SpecChat never imports "
+                "a file from outside the folder being imported. Put the file itself in the "
+                "folder in place of the link and import again.")
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:  # a dangling link: not a file (the check names what is missing)
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise LibraryError(f"{entry} is {records.file_kind(st.st_mode)}, not a regular "
+                               "file; SpecChat imports only regular files.")
+        out.append(_File(entry.name, real, st))
     return out
 
 
-def _check_space_for_copy(src: Path, work: Path, where: Path) -> None:
-    """Files on another disk are copied: refuse up front if they cannot fit
-    (hard links on the same disk take no space)."""
+def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path) -> None:
+    """Files that will be copied (on another disk, or with other names) must
+    fit: refuse up front if they cannot (hard links take no space)."""
     from specchat.library.disk import check_free_space
 
-    files = wanted_files(src)
-    if files and os.stat(os.path.realpath(files[0])).st_dev == os.stat(work).st_dev:
-        return
-    needed = sum(os.stat(os.path.realpath(f)).st_size for f in files)
-    check_free_space(work, needed, f"importing {src}", shown=where)
+    here = os.stat(work).st_dev
+    needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
+    if needed:
+        check_free_space(work, needed, f"importing {src}", shown=where)
 
 
-def _copy_model_files(src: Path, dest: Path, say: Progress,
+def _copy_model_files(plan: list[_File], src: Path, dest: Path, say: Progress,
                       cancelled: threading.Event | None) -> None:
-    files = wanted_files(src)
-    total = sum(f.stat().st_size for f in files) or 1
+    total = sum(f.st.st_size for f in plan) or 1
     done = 0
-    for f in files:
+    for f in plan:
         _check(cancelled, src)
         say(f"Importing {src.name}: {f.name}", done / total)
-        real = Path(os.path.realpath(f))
         target = dest / f.name
-        try:
-            os.link(real, target)
-            done += real.stat().st_size
+        if f.linkable and _hard_link(f, target):
+            done += f.st.st_size
             continue
-        except OSError:
-            pass  # another disk, or links not allowed: copy
-        with open(real, "rb") as fin, open(target, "wb") as fout:
+        with _open_planned(f, src) as fin, open(target, "wb") as fout:
             while chunk := fin.read(COPY_CHUNK):
                 _check(cancelled, src)
                 fout.write(chunk)
                 done += len(chunk)
                 say(f"Importing {src.name}: {f.name}", done / total)
     say(f"Imported the files of {src.name}", 1.0)
+
+
+def _hard_link(f: _File, target: Path) -> bool:
+    """Link ``target`` to the planned file; False (and nothing left) when
+    that is not possible (another disk, links not allowed) or the link is
+    not to the file that was checked with no other name (it changed)."""
+    try:
+        os.link(f.real, target, follow_symlinks=False)
+    except OSError:
+        return False
+    now = os.lstat(target)
+    if (now.st_dev, now.st_ino, now.st_nlink) != (f.st.st_dev, f.st.st_ino, 2):
+        target.unlink()
+        return False
+    return True
+
+
+def _open_planned(f: _File, src: Path):
+    """The planned file open for reading, checked to be the file planned
+    (non-blocking, so a FIFO swapped in since cannot stall the import)."""
+    fd = os.open(f.real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fin = open(fd, "rb")  # noqa: SIM115 - the caller's with closes it
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (f.st.st_dev, f.st.st_ino) or not stat.S_ISREG(now.st_mode):
+        fin.close()
+        raise LibraryError(f"{src / f.name} changed while it was being imported; nothing was "
+                           "added. Import it again.")
+    return fin
 
 
 def _convert_gguf(src: Path, work: Path, say: Progress,
@@ -269,22 +351,28 @@ def _scan_tree(root: Path, app: str, depth: int) -> list[LocalCandidate]:
 
 
 def _ollama(models: Path) -> list[LocalCandidate]:
-    import json
+    """GGUF blobs named by Ollama's manifests. A manifest is another
+    program's record, read as one (``jsonfile.read_record``): anything in it
+    that is not what Ollama writes is passed over, and a digest is only ever
+    a name in ``blobs/`` (never a path out of it)."""
+    from specchat.library import jsonfile
 
     out: list[LocalCandidate] = []
     manifests = models / "manifests"
     if not manifests.is_dir():
         return out
     for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        for layer in data.get("layers", []) if isinstance(data, dict) else []:
-            if layer.get("mediaType") == "application/vnd.ollama.image.model":
-                blob = models / "blobs" / str(layer.get("digest", "")).replace(":", "-")
-                if blob.is_file():
-                    label = f"{manifest.parent.name}:{manifest.name}"
-                    out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
-                                              blob.stat().st_size))
+        layers = jsonfile.read_record(manifest).get("layers")
+        for layer in layers if isinstance(layers, list) else []:
+            if not isinstance(layer, dict) or \
+                    layer.get("mediaType") != "application/vnd.ollama.image.model":
+                continue
+            digest = layer.get("digest")
+            if not isinstance(digest, str) or not re.fullmatch(r"\w+:[0-9a-fA-F]+", digest):
+                continue
+            blob = models / "blobs" / digest.replace(":", "-")
+            if blob.is_file():
+                label = f"{manifest.parent.name}:{manifest.name}"
+                out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
+                                          blob.stat().st_size))
     return out

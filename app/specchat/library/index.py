@@ -6,26 +6,35 @@ cut off midway or a crash never leaves a half-model listed. Writers take an
 advisory lock so two SpecChat processes (the app and a terminal) do not lose
 each other's entries.
 
+Entries are read back checked field by field (``specchat.records``): one a
+hand edit or another version broke is left out of every listing and named in
+the log once, the others still list, and the file keeps it for whoever fixes
+it (``specchat models rm NAME`` takes it off the list).
+
 Only json, os and pathlib here: ``specchat models list`` must stay fast.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import re
 import shutil
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from specchat import records
 from specchat.library import jsonfile, paths
 from specchat.library.errors import LibraryError
 from specchat.library.facts import ModelFacts
 
 INDEX_VERSION = 1
+# About 16,000 models' entries: anything bigger is not an index SpecChat wrote.
+MAX_INDEX_BYTES = 16 * 2**20
+log = logging.getLogger("specchat.library")
 _thread_lock = threading.Lock()
 
 
@@ -73,29 +82,52 @@ class InstalledModel(ModelFacts):
         return {**{k: data.pop(k) for k in _PROVENANCE}, **data}
 
     @classmethod
-    def from_json(cls, data: dict) -> InstalledModel:
-        known = {f.name for f in fields(cls)}
-        values = {k: data.get(k) for k in known}
-        values["attention"] = values.get("attention") or "full"
-        values["size_bytes"] = int(values.get("size_bytes") or 0)
-        return cls(**values)
+    def from_json(cls, data: object) -> InstalledModel:
+        """An index entry, each field checked against its type
+        (``records.fields_of``); ``records.BadRecord`` names the field that is
+        not what it must be. Entries of older versions lack newer facts
+        (None), and may lack or null the cache kind and the size."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items()
+                    if not (k in ("attention", "size_bytes") and v is None)}
+        return cls(**records.fields_of(cls, data, defaults={"attention": "full",
+                                                             "size_bytes": 0}))
 
 
 # -- reading and writing ------------------------------------------------------
 
 
-def _read() -> dict[str, dict]:
+def _read() -> dict[str, object]:
+    """The index's entries by name, as stored (``_checked`` reads them)."""
     path = paths.index_file()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = records.read_json(path, MAX_INDEX_BYTES)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, records.BadRecord) as exc:
+        why = exc if isinstance(exc, records.BadRecord) else exc.strerror or exc
         raise LibraryError(
-            f"The model index {path} is damaged ({exc}). Move it away and re-import or "
+            f"The model index {path} cannot be read: {why}. Move it away and re-import or "
             "re-download your models; their files are still in the same folder.") from exc
-    models = data.get("models", {}) if isinstance(data, dict) else {}
-    return {k: v for k, v in models.items() if isinstance(v, dict)}
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        records.report(log, f"The model index {path} holds no models table; it was read as "
+                            "empty.")
+        return {}
+    return models
+
+
+def _checked(models: dict[str, object]) -> dict[str, InstalledModel]:
+    """The entries that are what they must be; each other one is named in
+    the log (once) and left out."""
+    out = {}
+    for key, data in models.items():
+        try:
+            out[key] = InstalledModel.from_json(data)
+        except records.BadRecord as exc:
+            records.report(log, f"The model index {paths.index_file()}: the entry {key!r} was "
+                                f"skipped: {exc}. Fix or remove it (`specchat models rm {key}`).")
+    return out
 
 
 def _write(models: dict[str, dict]) -> None:
@@ -123,14 +155,7 @@ def _locked() -> Iterator[None]:
 def list_installed() -> list[InstalledModel]:
     """Installed models, sorted by name. Entries whose folder has vanished
     (deleted by hand) are left out."""
-    out = []
-    for data in _read().values():
-        try:
-            model = InstalledModel.from_json(data)
-        except TypeError:
-            continue
-        if Path(model.path).is_dir():
-            out.append(model)
+    out = [m for m in _checked(_read()).values() if Path(m.path).is_dir()]
     return sorted(out, key=lambda m: m.name.lower())
 
 
@@ -165,14 +190,15 @@ def add(model: InstalledModel, replace: bool = True) -> InstalledModel:
 
 def unlist(name: str) -> InstalledModel | None:
     """Take a model off the list and leave its files (a download found one
-    of them damaged and is about to replace it)."""
+    of them damaged and is about to replace it). None if it was not listed
+    (or its entry was damaged)."""
     with _locked():
         models = _read()
-        data = models.pop(name, None)
-        if data is None:
+        if name not in models:
             return None
+        data = models.pop(name)
         _write(models)
-    return InstalledModel.from_json(data)
+    return _checked({name: data}).get(name)
 
 
 def unique_name(wanted: str, source: str | None = None) -> str:
@@ -181,10 +207,14 @@ def unique_name(wanted: str, source: str | None = None) -> str:
     base = sanitize(wanted)
     models = _read()
     name, n = base, 2
-    while name in models and models[name].get("source") != source:
+    while name in models and _source(models[name]) != source:
         name = f"{base}-{n}"
         n += 1
     return name
+
+
+def _source(entry: object) -> object:
+    return entry.get("source") if isinstance(entry, dict) else None
 
 
 def sanitize(name: str) -> str:
@@ -194,10 +224,11 @@ def sanitize(name: str) -> str:
     return clean[:120]
 
 
-def remove(name: str) -> InstalledModel:
+def remove(name: str) -> InstalledModel | None:
     """Unlist a model, then delete its files (the index first, so an
     interrupted removal never leaves a listed model with missing files).
-    Files outside the library folder are never deleted."""
+    Files outside the library folder are never deleted. A damaged entry is
+    only unlisted (None): where its files are is not known for sure."""
     with _locked():
         models = _read()
         key = name if name in models else next(
@@ -205,10 +236,12 @@ def remove(name: str) -> InstalledModel:
         if key is None:
             installed = ", ".join(sorted(models)) or "none"
             raise LibraryError(f"No installed model named {name!r} (installed: {installed})")
-        model = InstalledModel.from_json(models.pop(key))
+        entry = models.pop(key)
         _write(models)
-        others = [InstalledModel.from_json(v) for v in models.values()]
-    _delete_files(model, others)
+        others = list(_checked(models).values())
+    model = _checked({key: entry}).get(key)
+    if model is not None:
+        _delete_files(model, others)
     return model
 
 

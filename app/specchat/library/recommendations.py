@@ -17,19 +17,22 @@ another, and the file may travel with a synced home folder.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from specchat import records
 from specchat.engine import drafter_kinds
 from specchat.engine.draft_policy import CostModel, expected_tokens
 from specchat.library import jsonfile
 
 FILENAME = "recommendations.json"
 VERSION = 1
+log = logging.getLogger("specchat.library")
 
 # The sample: a few prompts, a short reply each. Enough for acceptance to
 # settle (a few hundred judged tokens) in about a minute for a 1.5B target
@@ -150,18 +153,10 @@ class DraftResult:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> DraftResult | None:
-        """A stored result, or None when it is not one (an older or damaged
-        entry is simply not remembered)."""
-        try:
-            known = {f.name for f in fields(cls)} - {"remembered"}
-            values = {k: data[k] for k in known}
-            for k in ("draft_cost", "verify_slope", "measured_speedup", "tokens_per_s",
-                      "plain_tokens_per_s", "acceptance_rate"):
-                values[k] = float(values[k])
-            return cls(**values, remembered=True)
-        except (KeyError, TypeError, ValueError):
-            return None
+    def from_json(cls, data: object) -> DraftResult:
+        """A stored result, each field checked against its type
+        (``records.fields_of``); ``records.BadRecord`` says which is not."""
+        return cls(**{**records.fields_of(cls, data), "remembered": True})
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -284,11 +279,18 @@ def results_file() -> Path:
 
 
 def _read() -> list[DraftResult]:
-    data = jsonfile.read_record(results_file())
+    """The remembered results; one that is not a result (an older or
+    damaged entry) is named in the log and not remembered."""
+    path = results_file()
+    data = jsonfile.read_record(path)
     entries = data.get("results") if data.get("version") == VERSION else None
-    if not isinstance(entries, list):
-        return []
-    return [r for r in (DraftResult.from_json(e) for e in entries if isinstance(e, dict)) if r]
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            out.append(DraftResult.from_json(entry))
+        except records.BadRecord as exc:
+            records.report(log, f"{path}: a remembered measurement was skipped: {exc}.")
+    return out
 
 
 def remembered(target: str, machine_name: str | None = None) -> dict[str, DraftResult]:

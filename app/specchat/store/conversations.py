@@ -4,12 +4,20 @@ Messages carry what the UI needs to redraw a reply exactly as it was: the
 text, the token-origin runs (for colouring accepted draft tokens) and the
 reply's summary. A reply is saved while it streams with ``complete=0``; if
 the app dies mid-reply, the partial text is still there on the next start.
+
+Rows are read back checked (``specchat.records``): SQLite keeps whatever a
+hand edit or another program puts in a column (a BLOB as a message's text,
+``"fast"`` as a summary's speed). A conversation or message whose own fields
+are not what they must be is skipped; a message's colouring, summary or
+error that is not is dropped and the message kept. Each is said once in the
+log; every other row still lists, exports and feeds the history index.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -17,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specchat import records
 from specchat.store.summary import ReplySummary
 
 if TYPE_CHECKING:  # recovery.py builds on this module's message type
@@ -50,21 +59,90 @@ class StoredMessage(MessageContent):
     id: int = 0  # its row in the history
 
 
-def _conversation(row: sqlite3.Row) -> Conversation:
-    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"],
-                        row["target"], row["draft"])
+log = logging.getLogger("specchat.store")
 
 
-def _message(row: sqlite3.Row) -> StoredMessage:
-    runs = [tuple(r) for r in json.loads(row["runs"])] if row["runs"] else []
-    summary = ReplySummary.from_json(json.loads(row["summary"])) if row["summary"] else None
-    return StoredMessage(row["role"], row["content"], runs, summary, row["error"],
-                         bool(row["complete"]), id=row["id"])
+def _history_name(conn: sqlite3.Connection) -> str:
+    """How the log names this history: its file (a read-only copy and the
+    app's own history are different files)."""
+    file = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+    return f"The history {file}" if file else "The history"
+
+
+def _conversation(row: sqlite3.Row, where: str) -> Conversation | None:
+    try:
+        return Conversation(**records.fields_of(Conversation, dict(row)))
+    except records.BadRecord as exc:
+        records.report(log, f"{where}: conversation {row['id']} was skipped: {exc}.")
+        return None
+
+
+def _text_fields(row: sqlite3.Row, where: str) -> bool:
+    """Whether a message row's role and text are text (else it is skipped, and said)."""
+    for name in ("role", "content"):
+        if not isinstance(row[name], str):
+            records.report(log, f"{where}: message {row['id']} was skipped: its {name} is "
+                                f"{records.described(row[name])}, not text.")
+            return False
+    return True
+
+
+# A message's parts beyond its text, each read from its column; one that is
+# not what it must be is dropped (read as an empty column), the message kept.
+
+def _runs(value: object) -> list[tuple[str, str]]:
+    if not value:
+        return []
+    runs = records.parse_json(value) if isinstance(value, str | bytes) else value
+    if not records.conforms(runs, list[tuple[str, str]]):
+        raise records.BadRecord(f"it is {records.described(runs)}, not (origin, text) pairs")
+    return [(o, t) for o, t in runs]
+
+
+def _summary(value: object) -> ReplySummary | None:
+    if not value:
+        return None
+    return ReplySummary.from_json(
+        records.parse_json(value) if isinstance(value, str | bytes) else value)
+
+
+def _error(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise records.BadRecord(f"it is {records.described(value)}, not text")
+    return value
+
+
+def _complete(value: object) -> bool:
+    if value is None:  # the column's default
+        return True
+    if value not in (0, 1) or isinstance(value, float):
+        raise records.BadRecord(f"it is {records.described(value)}, not 0 or 1")
+    return bool(value)
+
+
+_PARTS = {"runs": _runs, "summary": _summary, "error": _error, "complete": _complete}
+
+
+def _message(row: sqlite3.Row, where: str) -> StoredMessage | None:
+    if not _text_fields(row, where):
+        return None
+    parts = {}
+    for name, read in _PARTS.items():
+        try:
+            parts[name] = read(row[name])
+        except records.BadRecord as exc:
+            records.report(log, f"{where}: message {row['id']}: its {name} was dropped ({exc}).")
+            parts[name] = read(None)
+    return StoredMessage(row["role"], row["content"], id=row["id"], **parts)
 
 
 class ConversationStore:
     def __init__(self, conn: sqlite3.Connection):
         self._db = conn
+        self._where = _history_name(conn)
+
+    def _conversations(self, rows: list[sqlite3.Row]) -> list[Conversation]:
+        return [c for c in (_conversation(r, self._where) for r in rows) if c is not None]
 
     # -- conversations ---------------------------------------------------
     def create(self, title: str = "New chat", target: str | None = None,
@@ -78,7 +156,7 @@ class ConversationStore:
     def get(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id=?",
                                (conversation_id,)).fetchone()
-        return _conversation(row) if row else None
+        return _conversation(row, self._where) if row else None
 
     def list(self, search: str = "") -> list[Conversation]:
         """Newest first; ``search`` matches titles and message text."""
@@ -93,7 +171,7 @@ class ConversationStore:
         else:
             rows = self._db.execute(
                 "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
-        return [_conversation(r) for r in rows]
+        return self._conversations(rows)
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?",
@@ -117,11 +195,13 @@ class ConversationStore:
         conversations it must read again."""
         out: list[tuple[int, str, list[tuple[str, str]]]] = []
         rows = self._db.execute(
-            "SELECT m.conversation_id AS cid, m.role AS role, m.content AS content, "
+            "SELECT m.id AS id, m.conversation_id AS cid, m.role AS role, m.content AS content, "
             "c.updated_at AS updated FROM messages m JOIN conversations c "
             "ON c.id = m.conversation_id ORDER BY m.conversation_id, m.position, m.id")
         current: int | None = None
         for r in rows:
+            if not _text_fields(r, self._where):
+                continue
             if r["cid"] != current:
                 current = r["cid"]
                 out.append((current, str(r["updated"]), []))
@@ -133,7 +213,7 @@ class ConversationStore:
         rows = self._db.execute(
             "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, id",
             (conversation_id,)).fetchall()
-        return [_message(r) for r in rows]
+        return [m for m in (_message(r, self._where) for r in rows) if m is not None]
 
     def add_message(self, conversation_id: int, role: str, content: str, *,
                     complete: bool = True) -> int:

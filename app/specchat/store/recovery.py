@@ -25,11 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specchat import records
 from specchat.store.conversations import MessageContent
 from specchat.store.summary import ReplySummary
 
 FOLDER = "unsaved"
 VERSION = 1
+# What was on screen when the app quit: far below this; more is not ours.
+MAX_BYTES = 256 * 2**20
 
 log = logging.getLogger("specchat.store")
 
@@ -84,12 +87,15 @@ def pending(folder: Path) -> list[Path]:
 
 
 def read(path: Path) -> list[UnsavedConversation]:
+    """The conversations of one recovery file, or ``Unreadable``: for anything
+    but a regular file of at most ``MAX_BYTES`` (a FIFO in the folder would
+    block the start forever) or a file this version did not write."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = records.read_json(path, MAX_BYTES)
         if data.get("version") != VERSION:
             raise Unreadable(f"version {data.get('version')!r}")
         return [_from_json(c) for c in data["conversations"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # BadRecord: a ValueError
         raise Unreadable(str(exc)) from exc
 
 

@@ -8,7 +8,7 @@ import json
 import sqlite3
 from dataclasses import asdict, dataclass, fields, replace
 
-from specchat import values
+from specchat import records, values
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,8 @@ class SettingsStore:
         if row is None:
             return AppSettings(), []
         try:
-            data = json.loads(row["value"])
-        except ValueError:
+            data = records.parse_json(row["value"])
+        except records.BadRecord:
             return AppSettings(), ["all settings"]
         return from_stored(data)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from specchat import origins
+from specchat import origins, records
 
 
 def origin_shares(tokens_by_origin: dict[str, int]) -> list[tuple[str, float]]:
@@ -42,8 +42,10 @@ class ReplySummary:
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
-    drafted_by: dict[str, int] = field(default_factory=dict)
-    """Drafted tokens per drafter kind (hybrid modes draft with several)."""
+    drafted_by: dict[str, Any] = field(default_factory=dict)
+    """Per drafter kind (hybrid modes draft with several), the engine's
+    counts for it: ``{"drafted", "accepted", "steps"}`` and, for the suffix
+    drafter, ``by_key``; kept as they came."""
     tokens_by_origin: dict[str, int] = field(default_factory=dict)
     """The reply's tokens per origin: "target", "draft" (the draft model),
     "conversation", "history", ... (specchat/origins.py names them)."""
@@ -61,11 +63,14 @@ class ReplySummary:
     kept as it came."""
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ReplySummary:
+    def from_json(cls, data: object) -> ReplySummary:
         """Read a stored summary: missing keys take their defaults, unknown
-        ones are kept in ``extra``."""
+        ones are kept in ``extra``; a known one of the wrong type (a hand
+        edit: ``"tokens_per_s": "fast"``) is ``records.BadRecord``, naming it."""
+        if not isinstance(data, dict):
+            raise records.BadRecord(f"it is {records.described(data)}, not a summary")
         known = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in data.items() if k in known},
+        return cls(**records.fields_of(cls, {k: v for k, v in data.items() if k in known}),
                    extra={k: v for k, v in data.items() if k not in known})
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""Records read back from disk, checked before anything uses them.
+
+Everything SpecChat keeps on disk can be edited by hand, damaged, or written
+by another version: the model index, the history's rows and settings, the
+history index, the records of checked files. Reading one must never end a
+command on a ``TypeError`` from a field of the wrong type, and one bad record
+must not cost the others. So a record is checked field by field against the
+type its dataclass declares (``fields_of``); a bad one is left out and said
+once in the log (``report``), and the rest load. A file is read only if it is
+a regular file (a FIFO in its place would block the reader forever, a device
+would never end) and only up to a bound (``read_file``); JSON nested too
+deep to parse is a damaged file like any other (``parse_json``).
+
+Only the standard library and ``specchat.values`` here: every layer imports
+it, the engine's history index too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import stat
+import threading
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from specchat.values import shown
+
+
+class BadRecord(ValueError):
+    """A file or record read back from disk that is not what it must be;
+    ``str()`` says which field or what about the file, in words."""
+
+
+# -- files ---------------------------------------------------------------------------
+
+
+def read_file(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (a symlink to one is
+    followed) of at most ``limit`` bytes. ``FileNotFoundError`` if nothing is
+    there; ``BadRecord`` for a FIFO, device, socket or folder, or a file over
+    the limit, which are never read; other ``OSError``s as they come. The
+    messages say "it is ...": the caller names the file as people know it."""
+    before = os.stat(path)
+    _check_regular(before, limit)
+    # Non-blocking, so that a FIFO swapped in after the check cannot hang
+    # the open; fstat then says whether this is still the file checked.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+            raise BadRecord("it was replaced while it was being opened")
+        _check_regular(now, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew after the check
+        raise BadRecord(f"it is larger than the {_size(limit)} such a file can be")
+    return data
+
+
+def _check_regular(st: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise BadRecord(f"it is {file_kind(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise BadRecord(f"it is {_size(st.st_size)}, larger than the {_size(limit)} such a "
+                        "file can be")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words ("a FIFO (named pipe)")."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def parse_json(data: str | bytes) -> object:
+    """JSON text as Python values; ``BadRecord`` for anything that is not
+    JSON, including nesting too deep to parse (a ``RecursionError``, which is
+    no ``ValueError``)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BadRecord("it is nested too deeply to read") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise BadRecord(f"it is not valid JSON ({exc})") from None
+
+
+def read_json(path: str | os.PathLike, limit: int) -> object:
+    """``read_file`` then ``parse_json``."""
+    return parse_json(read_file(path, limit))
+
+
+# -- fields ------------------------------------------------------------------------------
+
+
+def conforms(value: object, hint: Any) -> bool:
+    """Whether a value read from JSON or SQLite has the type ``hint`` (a
+    dataclass field's annotation): ``int`` is never a bool, ``float`` takes
+    whole numbers, lists stand for tuples."""
+    if hint is Any:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(conforms(value, a) for a in args)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            return all(conforms(v, args[0]) for v in value)
+        return len(value) == len(args) and all(map(conforms, value, args))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    raise TypeError(f"records cannot check values against {hint!r}")
+
+
+def type_name(hint: Any) -> str:
+    """``int | None``, ``dict[str, int]``: a type as a message shows it."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return "None" if hint is type(None) else hint.__name__
+    return str(hint).replace("typing.", "").replace("NoneType", "None")
+
+
+def described(value: object) -> str:
+    """A value read from disk as a message shows it: short, on one line,
+    with its type (``'12' (str)``); a 1 GB string is cut before it is shown."""
+    if isinstance(value, list | tuple | dict):
+        kind = type(value).__name__
+        return f"a {kind} of {len(value)}" if value else f"an empty {kind}"
+    text = repr(value[:41]) if isinstance(value, str | bytes) else value
+    return f"{shown(text)} ({type(value).__name__})"
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def fields_of(cls: type, data: object, defaults: Mapping[str, object] | None = None
+              ) -> dict[str, object]:
+    """The values of the dataclass ``cls``'s fields in ``data`` (a JSON object,
+    a SQLite row as a dict), each checked against the field's declared type:
+    what ``cls(**...)`` takes. A missing field takes its dataclass default,
+    else its entry in ``defaults``, else None if its type allows None (files
+    of older versions lack newer fields); keys that are not fields are
+    ignored. ``BadRecord`` names the first field that is missing or of the
+    wrong type."""
+    if not isinstance(data, Mapping):
+        raise BadRecord(f"it is {described(data)}, not a record of named fields")
+    hints = _hints(cls)
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        hint = hints[f.name]
+        if f.name in data:
+            value = data[f.name]
+            if not conforms(value, hint):
+                raise BadRecord(f"{f.name} is {described(value)}, not {type_name(hint)}")
+            out[f.name] = value
+        elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        elif defaults and f.name in defaults:
+            out[f.name] = defaults[f.name]
+        elif conforms(None, hint):
+            out[f.name] = None
+        else:
+            raise BadRecord(f"{f.name} is missing")
+    return out
+
+
+# -- saying so ---------------------------------------------------------------------------
+
+_reported: set[tuple[str, str]] = set()
+_reported_lock = threading.Lock()
+
+
+def report(log: logging.Logger, message: str) -> None:
+    """Log ``message`` as a warning, once per process: records are read again
+    on every listing and every window refresh, and one damaged record is one
+    line in the log, not one per read."""
+    with _reported_lock:
+        if (log.name, message) in _reported:
+            return
+        _reported.add((log.name, message))
+    log.warning("%s", message)
