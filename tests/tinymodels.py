@@ -128,6 +128,8 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
         src = mx.load(str(noise_from / "model.safetensors"))
         params = {}
         for k, v in src.items():
+            if k.startswith("mtp."):  # the source's MTP head is not the draft's
+                continue
             std = mx.std(v) if v.size > 1 else mx.array(0.0)
             params[k] = v + noise * std * mx.random.normal(v.shape)
     else:
@@ -237,3 +239,22 @@ def build_arch(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 5,
     its target, with relative noise)."""
     return build_model(folder, tokenizer_dir, seed=seed, noise_from=noise_from, noise=noise,
                        **ARCHS[arch])
+
+
+def add_mtp(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
+    """Give a tiny Qwen3.5 folder an MTP head (``mtp.*`` weights beside the
+    model's, as Qwen's checkpoints ship it; mlx-lm's sanitize drops them)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+    from specchat.engine.mtp import MTPModule
+
+    model, _ = load_model(folder)
+    lm = model.language_model
+    mx.random.seed(seed)
+    head = MTPModule(type(lm.model.layers[0]), lm.args, 1)
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    for k, v in tree_flatten(head.parameters()):
+        weights[f"mtp.{k}"] = v * scale if k.endswith("weight") and v.ndim > 1 else v
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder

@@ -139,7 +139,8 @@ def start(d: Decoding) -> Progress:
     threads.governor().take_counts()
     keys = KeyStream(d.request.sampling.seed)
     stream = TextStream(d.tokenizer, d.request.stop_strings)
-    pending = d.slot.sync_to(d.prompt_ids)
+    limit = d.drafter.reuse_limit(d.prompt_ids) if d.drafter is not None else None
+    pending = d.slot.sync_to(d.prompt_ids, limit=limit)
     d.slot.prefill(pending[:-1])
     d.slot.mark_prompt()
     if d.drafter is not None:

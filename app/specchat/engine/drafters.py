@@ -118,6 +118,13 @@ class Drafter:
     def __init__(self, parts: Parts | None = None):
         pass
 
+    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
+        """Before a request's prefill: how many positions of the target's
+        cached prefix this drafter can follow (one that reads the target's
+        hidden states needs them for every position it has not seen), or
+        None for all of them."""
+        return None
+
     def prepare(self, prompt: Sequence[int], request: Any = None) -> None:
         """A request (events.GenerateRequest) starts: called during prefill,
         so that a drafter's own prompt processing counts as prefill (time to

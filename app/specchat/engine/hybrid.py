@@ -68,6 +68,11 @@ class HybridDrafter(Drafter):
         self.choices = {"suffix": 0, "model": 0, "chained": 0}
         self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
 
+    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
+        limits = [n for n in (self.suffix.reuse_limit(prompt), self.model.reuse_limit(prompt))
+                  if n is not None]
+        return min(limits) if limits else None
+
     def prepare(self, prompt: Sequence[int], request=None) -> None:
         self.suffix.prepare(prompt, request)
         self.model.prepare(prompt, request)

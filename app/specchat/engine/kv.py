@@ -176,13 +176,17 @@ class CacheSlot:
             self._tail = [_first(self._tail, keep - mark.length)] if keep > mark.length else []
         rollback.done(self.cache)
 
-    def sync_to(self, context: Sequence[int], keep_last: bool = True) -> list[int]:
+    def sync_to(self, context: Sequence[int], keep_last: bool = True,
+                limit: int | None = None) -> list[int]:
         """At a request's start: rewind to the longest reusable prefix of
         ``context`` and return the ids still to feed. With keep_last, at
         least one token is left to feed, since the next logits come from
         feeding it. A cache that cannot drop positions is reused only as
-        far as it ends on a prefix of ``context``."""
+        far as it ends on a prefix of ``context``; ``limit`` caps the reuse
+        (a drafter needs the positions past it computed again)."""
         n = common_prefix(self.ids, context)
+        if limit is not None:
+            n = min(n, limit)
         if keep_last and n == len(context):
             n -= 1
         self._mark, self._tail = None, []

@@ -38,7 +38,7 @@ from specchat.engine.drafter_kinds import MTP
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import safetensors_names, weight_files
-from specchat.engine.kv import CacheSlot
+from specchat.engine.kv import CacheSlot, common_prefix
 
 PREFIX = "mtp."
 # Qwen's checkpoints store RMSNorm weights zero-centred (weight + 1 at use);
@@ -122,7 +122,7 @@ class HiddenLog:
         self.parts.append((start, rows))
 
     def rows(self, a: int, b: int) -> mx.array:
-        """[b - a, H]: positions a..b-1, each from the newest part holding it."""
+        """[b - a, H] (b > a): positions a..b-1, each from the newest part holding it."""
         out: list[mx.array] = []
         p = a
         while p < b:
@@ -136,8 +136,20 @@ class HiddenLog:
                 raise EngineError(f"the target's hidden state at position {p} was not kept")
         return mx.concatenate(out, axis=0)
 
+    def covers(self, a: int, b: int) -> bool:
+        try:
+            if a < b:
+                self.rows(a, b)
+        except EngineError:
+            return False
+        return True
+
     def forget_before(self, p: int) -> None:
         self.parts = [(s, r) for s, r in self.parts if s + r.shape[0] > p]
+
+    def truncate(self, p: int) -> None:
+        """Forget positions p and later."""
+        self.parts = [(s, r[:p - s]) for s, r in self.parts if s < p]
 
 
 class MTPDrafter(Drafter):
@@ -154,29 +166,37 @@ class MTPDrafter(Drafter):
                               "model type does not expose")
         self.embed = runner.trunk.embed_tokens
         self.readout = runner.head  # the target's own output layer
-        self.hidden = HiddenLog()
-        target_slot.on_hidden = self.hidden.add
-        self.cache: list = []
-        self.rows = 0  # committed rows in the head's cache: pairs (hidden p, token p + 1)
+        self.reset()
 
     def reset(self) -> None:
         self.cache = [KVCache() for _ in self.head.layers]
-        self.rows = 0
-        self.hidden = HiddenLog()
+        self.rows = 0  # committed rows in the head's cache: pairs (hidden p, token p + 1)
+        self.hidden = HiddenLog()  # the target's hidden states, by position
+        # The head's output for each committed row, by row: after going back
+        # to any row, its output drafts without feeding it again.
+        self.outs = HiddenLog()
+
+    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
+        """The target's hidden states are kept from now on. It may reuse its
+        cache as far as the kept ones cover the positions past the head's
+        rows (none are kept between requests that did not use the head);
+        else only as far as the head's rows go, computing the rest again."""
         self.target.on_hidden = self.hidden.add
+        n = min(common_prefix(self.target.ids, prompt), len(prompt) - 1)
+        keep = min(self.rows, n)
+        return None if self.hidden.covers(keep, n) else keep
 
     def prepare(self, prompt: Sequence[int], request=None) -> None:
         # The target's cache was reused up to ``reused`` positions: the head's
-        # rows for that shared prefix stay (the hidden states past them come
-        # from this prefill, or were kept from the last request), the rest go.
-        if not self.cache:
-            self.reset()
+        # rows for that shared prefix stay, the rest go.
         self._trim(min(self.rows, self.target.reused))
+        self.hidden.forget_before(self.rows)
 
     def _trim(self, rows: int) -> None:
         for c in self.cache:
             c.trim(c.offset - rows)
         self.rows = rows
+        self.outs.truncate(rows)
 
     def _forward(self, tokens: Sequence[int] | mx.array, hidden: mx.array) -> mx.array:
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
@@ -188,39 +208,43 @@ class MTPDrafter(Drafter):
         if k <= 0 or n < 2:
             return Proposal(tokens=[], source=self.name)
         t0 = time.perf_counter()
-        # Rows for the tokens committed since the last step: the last one's
-        # output predicts the first draft token.
+        # Rows for the tokens committed since the last step (pairs of the
+        # target's hidden state and the next token); the last row's output
+        # predicts the first draft token, each drafted token the next.
         start = self.rows
         try:
-            hidden = self.hidden.rows(start, n - 1)
-        except EngineError:  # the target has not computed them (a request's first step)
+            hidden = self.hidden.rows(start, n - 1) if start < n - 1 else None
+        except EngineError:  # not computed by the target (a paused request's backlog)
             return Proposal(tokens=[], source=self.name)
-        last = {"h": hidden}
-        rows = {"first": True}
+        state: dict = {"first": start < n - 1}
 
         def feed(x):
-            if rows.pop("first", False):
-                out = self._forward(context[start + 1:n], last["h"])
-            else:
-                out = self._forward(x, last["h"])
-            last["h"] = out[-1:]
+            if state.pop("first", False):
+                out = self._forward(context[start + 1:n], hidden)
+                self.outs.add(start, out)
+                self.rows = n - 1
+            elif "h" in state:
+                out = self._forward(x, state["h"])
+            else:  # no new row: the last committed row's output drafts
+                out = self.outs.rows(n - 2, n - 1)
+            state["h"] = out[-1:]
             return self.readout(out[-1:])
 
-        self.rows = n - 1
         head = DraftHead(None, None, ctl.vocab)
         block = draft_block(head, feed, [], k, ctl.sampling, key_at=lambda _i: ctl.keys.next(),
                             keep_going=ctl.keep_going, lazy=ctl.lazy)
-        self.hidden.forget_before(n - 1)
+        self.hidden.forget_before(self.rows)
         q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
         return Proposal(tokens=block.tokens, source=self.name, q=q, confidences=block.confs,
                         draft_s=time.perf_counter() - t0, forwards=block.forwards)
 
     def kept(self, length: int) -> None:
-        # Chained rows were fed the head's own hidden states: go, whatever was kept.
+        # Chained rows were fed the head's own outputs: they go, whatever was kept.
         self._trim(min(self.rows, max(0, length - 1)))
 
     def finish(self, context: Sequence[int]) -> None:
         self._trim(min(self.rows, max(0, len(context) - 1)))
+        self.target.on_hidden = None  # no hidden states kept while the head is not in use
 
 
 def build(parts) -> MTPDrafter:
