@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
     mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
     mode.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
@@ -229,7 +229,7 @@ def _add_serve(sub) -> None:
     s.add_argument("--target", type=_model_ref,
                    help="target model (default: the built-in default pair)")
     mode = s.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
     mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
     s.add_argument("--plain", action="store_true",
                    help="plain decoding with the target only (not with --lookup)")
@@ -353,8 +353,10 @@ def _request_from(args) -> tuple:
     from specchat.engine import modes
     from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 
+    own_head = args.draft == modes.OWN_HEAD
     mode = modes.for_pair(speculative=bool(args.lookup or args.draft),
-                          has_draft=bool(args.draft), lookup=not args.no_lookup)
+                          has_draft=bool(args.draft) and not own_head, lookup=not args.no_lookup,
+                          mtp=own_head)
     if not args.prompt.strip():
         from specchat.engine.errors import EngineError
 
@@ -451,6 +453,14 @@ def serve_pair(args) -> tuple[str, str | None]:
     return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
 
 
+def _draft_to_load(draft: str | None) -> str | None:
+    """The draft model to load for a draft reference: none for the target's
+    own MTP head (``--draft mtp``)."""
+    from specchat.engine import modes
+
+    return None if draft == modes.OWN_HEAD else draft
+
+
 def cmd_serve(args) -> int:
     from specchat.engine import modes
     from specchat.engine.events import LoadProgress
@@ -479,8 +489,9 @@ def cmd_serve(args) -> int:
 
     client = make_client()
     try:
-        pair = client.load(target, draft).wait(on_event=progress)
-        mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok)
+        pair = client.load(target, _draft_to_load(draft)).wait(on_event=progress)
+        mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
+                              mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),
                              args.max_tokens_cap or MAX_TOKENS_CAP, on_activity=activity)
         server = LocalServer(service, args.host, args.port, key, args.allow_remote,

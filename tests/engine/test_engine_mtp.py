@@ -89,7 +89,7 @@ def test_a_target_without_an_mtp_head_says_so(tiny_dir, tiny_tokenizer):
     folder = build_arch(tiny_dir / "qwen3_5-plain", tiny_tokenizer, "qwen3_5", seed=8)
     engine = Engine()
     assert not engine.load(folder).mtp
-    with pytest.raises(EngineError, match="needs the target's own MTP head"):
+    with pytest.raises(EngineError, match="qwen3_5-plain has no MTP head"):
         _gen(engine, "mtp", 3)
     # The hybrid of the head and suffix matching runs on suffix matching alone.
     assert _gen(engine, "mtp+suffix").summary.mode == modes.SUFFIX.name
@@ -105,3 +105,18 @@ def test_mtp_samples_follow_the_target(mtp_engine):
     counts, drafted, _, _ = sample_counts(mtp_engine, PROMPT, "mtp", 2, sampling, 4, 1500)
     assert drafted > 1500
     assert chi_square_p(counts, joint) > ALPHA
+
+
+def test_the_command_line_drafts_with_the_models_own_head(mtp_target):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "specchat", "generate", "--target", str(mtp_target),
+                          "--draft", "mtp", "--prompt", "Hello, world! Hello, world!",
+                          "--max-tokens", "24", "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["mode"] == "mtp+suffix" and got["models"]["draft"] is None
+    assert got["stats"]["drafted"] > 0

@@ -75,6 +75,16 @@ def safetensors_names(path: Path) -> list[str]:
     return list(safetensors_header(path))
 
 
+MTP_PREFIX = "mtp."  # the weights of a model's own MTP head (Qwen3.5, Qwen3-Next: mtp.py)
+
+
+def mtp_keys(folder: Path) -> list[str]:
+    """The names of the MTP head's weights in a model folder (empty if it
+    ships none), read from the safetensors headers."""
+    return [k for f in weight_files(folder) for k in safetensors_names(f)
+            if k.startswith(MTP_PREFIX)]
+
+
 def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:
     path = folder / "config.json"
     if not path.exists():

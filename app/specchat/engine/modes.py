@@ -72,6 +72,11 @@ def get(name: str) -> Mode:
     return registry.lookup(MODES, name, "decoding mode")
 
 
+# The draft reference that means the target's own MTP head (``--draft mtp``,
+# the pair picker's "the model's own MTP head"): no draft model is loaded.
+OWN_HEAD = "mtp"
+
+
 def for_pair(speculative: bool, has_draft: bool, speculative_ok: bool = True,
              lookup: bool = True, mtp: bool = False) -> Mode:
     """The mode a reply runs in: plain when speculation is off or cannot run

@@ -37,21 +37,16 @@ from specchat.engine.draft_model import DraftHead, draft_block
 from specchat.engine.drafter_kinds import MTP
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import safetensors_names, weight_files
+from specchat.engine.folders import MTP_PREFIX, mtp_keys, weight_files
 from specchat.engine.kv import CacheSlot, common_prefix
 
-PREFIX = "mtp."
+PREFIX = MTP_PREFIX
 # Qwen's checkpoints store RMSNorm weights zero-centred (weight + 1 at use);
 # mlx-lm adds the 1 when it converts them (a checkpoint whose conv1d weights
 # are still in the Hub's layout), and so does this, for the head's norms.
 _NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
           "k_norm.weight", "norm.weight", "pre_fc_norm_embedding.weight",
           "pre_fc_norm_hidden.weight")
-
-
-def mtp_keys(folder: Path) -> list[str]:
-    """The ``mtp.*`` tensor names in a model folder's weights (empty if none)."""
-    return [k for f in weight_files(folder) for k in safetensors_names(f) if k.startswith(PREFIX)]
 
 
 class MTPModule(nn.Module):

@@ -240,8 +240,11 @@ class Engine:
         wanted = mode
         mode = mode.runs_with(have)
         if mode is None:
-            missing = "the target's own MTP head" if "mtp" in wanted.needs else "a draft model"
-            raise EngineError(f"This mode needs {missing}, which is not loaded: choose a "
+            if "mtp" in wanted.needs:
+                raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights "
+                                  "in its folder), so it cannot draft for itself: choose a draft "
+                                  "model, or draft from the conversation (suffix matching).")
+            raise EngineError("This mode needs a draft model, which is not loaded: choose a "
                               "draft, or draft from the conversation (suffix matching).")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
         if len(chain) == 1:

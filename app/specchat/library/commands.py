@@ -90,7 +90,8 @@ def cmd_list(args, as_json: bool) -> int:
               "own (`specchat models import PATH`).")
         return 0
     rows = [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
-             m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")]
+             m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")
+             + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
             for m in models]
     print(_table(rows, ["NAME", "SIZE", "PARAMS", "WEIGHTS", "SOURCE"]))
     total = sum(m.size_bytes for m in models)

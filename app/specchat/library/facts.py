@@ -57,6 +57,7 @@ class ModelFacts:
     num_kv_heads: int | None
     head_dim: int | None
     max_context: int | None
+    mtp: bool | None  # it ships its own MTP head (mtp.* weights): it can draft for itself
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -309,4 +310,5 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         max_context=max_context(config),
+        mtp=bool(folders.mtp_keys(folder)),
     )
