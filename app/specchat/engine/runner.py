@@ -11,6 +11,7 @@ ourselves; anything else falls back to the full call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import mlx.core as mx
@@ -46,9 +47,11 @@ class Runner:
         self.trunk = None
         self.head = None
         # While set, each forward keeps its final hidden states [L, H] in
-        # ``tapped`` (kv.CacheSlot hands them to a drafter that reads them).
+        # ``tapped["final"]``, and those of the layers ``tap_layers`` names
+        # under their index (kv.CacheSlot hands them to a drafter that reads
+        # them: mtp.py, eagle3.py).
         self.tap = False
-        self.tapped: mx.array | None = None
+        self.tapped: dict | None = None
         lm = model.language_model if model_type in _WRAPPED else model
         if model_type in _SPLIT_SAFE and hasattr(lm, "model"):
             args = getattr(lm, "args", None)
@@ -86,14 +89,36 @@ class Runner:
         if self.trunk is None:
             logits = self.model(x, cache=cache)[0]
             return logits if which == "all" else logits[-1:]
+        if self.tap:
+            self.tapped = {}
         h = self.trunk(x, cache)[0]
         if self.tap:
-            self.tapped = h
+            self.tapped["final"] = h
         if which in ("none", "hidden"):
             return h[-1:]
         if which == "last":
             h = h[-1:]
         return self.head(h)
+
+    def tap_layers(self, ids: Sequence[int]) -> None:
+        """Keep the outputs of the trunk's layers ``ids`` too while tapping
+        (an EAGLE-3 head reads three of them). The layer objects are given a
+        subclass that records their output; the model is otherwise as it was."""
+        layers = self.trunk.layers
+        for i in ids:
+            layer = layers[i]
+            if getattr(layer, "_specchat_tap", None) is not None:
+                continue
+            base = type(layer)
+
+            def call(module, *args, _base=base, _i=i, **kwargs):
+                out = _base.__call__(module, *args, **kwargs)
+                if self.tapped is not None:
+                    self.tapped[_i] = (out[0] if isinstance(out, tuple) else out)[0]
+                return out
+
+            layer.__class__ = type(f"Tapped{base.__name__}", (base,),
+                                   {"__call__": call, "_specchat_tap": i})
 
     def hidden(self, tokens: list[int] | mx.array, cache) -> mx.array:
         """Final hidden states [L, H] (only for split-safe models)."""
