@@ -258,3 +258,47 @@ def add_mtp(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
         weights[f"mtp.{k}"] = v * scale if k.endswith("weight") and v.ndim > 1 else v
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     return folder
+
+
+def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vocab: int = 256,
+                 seed: int = 11, hidden: int | None = None, layer_ids=None) -> Path:
+    """A random EAGLE-3 head for ``target`` in a published layout: "eagle3"
+    (EAGLE-3's own: a flat config, ``midlayer.`` weights) or "speculators"
+    (vLLM's: ``transformer_layer_config``, ``layers.0.`` weights). Its draft
+    vocabulary is every other id of the target's from 0 (``d2t`` maps it)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from specchat.engine.eagle3 import Eagle3Head, HeadConfig
+
+    tcfg = json.loads((target / "config.json").read_text())
+    width = hidden or tcfg["hidden_size"]
+    layer = {"hidden_size": width, "intermediate_size": width * 2, "num_hidden_layers": 1,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "vocab_size": tcfg["vocab_size"], "max_position_embeddings": 2048}
+    extra = {"draft_vocab_size": draft_vocab, "target_hidden_size": width}
+    if layer_ids is not None:
+        extra["eagle_aux_hidden_state_layer_ids"] = list(layer_ids)
+    if layout == "speculators":
+        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                  "transformer_layer_config": layer, **extra}
+    else:
+        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
+                  **extra}
+    mx.random.seed(seed)
+    head = Eagle3Head(HeadConfig.from_config(config))
+    weights = {}
+    for k, v in tree_flatten(head.parameters()):
+        if k.startswith("embed_tokens.") or k == "d2t":
+            continue  # the target's embedding is shared; d2t below
+        name = k.replace("layers.0.", "midlayer.", 1) if layout == "eagle3" else k
+        weights[name] = v * 3.0 if k == "lm_head.weight" else v
+    ids = np.arange(draft_vocab) * 2 % tcfg["vocab_size"]
+    weights["d2t"] = mx.array(ids - np.arange(draft_vocab), dtype=mx.int64)
+    t2d = np.zeros(tcfg["vocab_size"], dtype=bool)
+    t2d[ids] = True
+    weights["t2d"] = mx.array(t2d)
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

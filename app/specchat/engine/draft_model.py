@@ -121,19 +121,27 @@ class DraftHead:
     otherwise propose an id the target has no row for, and acceptance would
     read some other token's probability for it: such columns are -inf."""
 
-    def __init__(self, runner: Runner, pruned: PrunedHead | None, vocab: int):
+    def __init__(self, runner: Runner | None, pruned: PrunedHead | None, vocab: int,
+                 rows: mx.array | None = None, rows_max: int = -1):
+        """``rows`` (with their largest id): the target id of each column of
+        logits a feed returns, for a drafter with a vocabulary of its own (an
+        EAGLE-3 head's); otherwise columns are the target's ids."""
         self.vocab = vocab
         self.which = "hidden" if pruned is not None else "last"  # what a feed returns
-        self.base = self.extra = self.rows = self.mask = None
+        self.base = self.extra = self.mask = None
+        self.rows = rows
         if pruned is not None:
             self.base, self.extra, self.rows = pruned.base, pruned.extra_head, pruned.rows
-            if pruned.rows_max >= vocab:
-                self.mask = self.rows < vocab
+            rows_max = pruned.rows_max
+        if rows_max >= vocab:
+            self.mask = self.rows < vocab
 
     def logits(self, out: mx.array) -> mx.array:
         """[1, W] float32 logits from what a feed returned (``which``)."""
         if self.base is None:
             out = out.astype(mx.float32)
+            if self.rows is not None:
+                return out if self.mask is None else mx.where(self.mask, out, -mx.inf)
             return out[..., :self.vocab] if out.shape[-1] > self.vocab else out
         logits = out @ self.base.T
         if self.extra is not None:

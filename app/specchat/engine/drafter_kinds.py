@@ -143,3 +143,9 @@ SSD = register(DrafterKind("ssd", _lazy("specchat.engine.ssd", "build"), prior=0
 MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0.7, cap=8,
                            calibrated=True, needs="mtp", reads_target=True,
                            origin=origins.MTP))
+
+# An EAGLE-3 head loaded as the draft (eagle3.py): it stands where a draft
+# model would (the "draft" of a pair, the modes that use one), reads the
+# target's hidden states, and costs what its bytes say against the target's.
+EAGLE3 = register(DrafterKind("eagle3", _draft_model, prior=0.7, cap=10, calibrated=True,
+                              needs="draft", reads_target=True, origin=origins.HEAD))

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
-from specchat.engine import chat, compute, drafter_kinds, modes, mtp, request_check, threads
+from specchat.engine import chat, compute, drafter_kinds, eagle3, modes, mtp, request_check, threads
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_model import ModelDrafter
@@ -27,9 +28,10 @@ from specchat.engine.events import (
     GenerateRequest,
     GenerationResult,
     LoadedPair,
+    ModelInfo,
     StepEvent,
 )
-from specchat.engine.folders import is_cluster_folder
+from specchat.engine.folders import is_cluster_folder, read_config
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
@@ -45,7 +47,8 @@ class Engine:
         self._slot: CacheSlot | None = None
         self._eos: set[int] = set()
         self._vocab = 0
-        self._model_drafter: ModelDrafter | None = None
+        # The draft's drafter: a draft model's, or an EAGLE-3 head's (eagle3.py).
+        self._model_drafter: ModelDrafter | eagle3.Eagle3Drafter | None = None
         self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
         # Drafters other than the draft model's, built on first use and kept
         # (with their state: a suffix index, the MTP head's cache) while the
@@ -97,18 +100,10 @@ class Engine:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
             self._drop_draft()
-            loaded = load_folder(draft_path, self.compute, lambda m: say("draft", m))
-            reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
-                                         facts_from_tokenizer(loaded.tokenizer))
-            if reasons:
-                del loaded
-                gc.collect()
-                raise EngineError(
-                    f"{Path(draft_path).name} cannot draft for {self.target.info.name}: "
-                    + "; ".join(reasons))
-            self.draft = loaded
-            special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
-            self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+            if Path(draft_path).is_dir() and eagle3.is_head(read_config(Path(draft_path))):
+                self._load_head(Path(draft_path), say)
+            else:
+                self._load_draft_model(draft_path, say)
         head_bytes = {}
         if self._mtp_head is not None:  # a layer, and the target's output layer
             head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
@@ -133,6 +128,34 @@ class Engine:
             mtp=self._mtp_head is not None,
         )
         return self._pair
+
+    def _load_draft_model(self, path: str, say) -> None:
+        loaded = load_folder(path, self.compute, lambda m: say("draft", m))
+        reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
+                                     facts_from_tokenizer(loaded.tokenizer))
+        if reasons:
+            del loaded
+            gc.collect()
+            raise EngineError(f"{Path(path).name} cannot draft for {self.target.info.name}: "
+                              + "; ".join(reasons))
+        self.draft = loaded
+        special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
+        self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+
+    def _load_head(self, folder: Path, say) -> None:
+        """An EAGLE-3 head as the draft: checked against the target in words,
+        drafting from the target's own hidden states (eagle3.py)."""
+        say("draft", f"loading the draft head {folder.name}")
+        head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
+        drafter = eagle3.Eagle3Drafter(head, self._slot)
+        info = ModelInfo(name=folder.name, path=str(folder), model_type=eagle3.EAGLE3.name,
+                         n_params=sum(v.size for _, v in tree_flatten(head.parameters())),
+                         weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
+                         vocab_size=head.config.vocab_size, trimmable=True,
+                         untrimmable_reason=None)
+        self.draft = LoadedModel(model=head, tokenizer=self.target.tokenizer,
+                                 config=eagle3.read_config(folder), info=info)
+        self._model_drafter = drafter
 
     def _drop_target(self) -> None:
         self._drop_draft()

@@ -677,4 +677,7 @@ def for_model(model: ModelDrafter) -> SpeculativeDrafter:
 
 def build(parts) -> SpeculativeDrafter:
     """drafter_kinds.SSD's maker."""
+    if not isinstance(parts.draft_model, ModelDrafter):
+        raise EngineError("The ssd mode drafts ahead with a draft model; the loaded draft is a "
+                          "draft head: use the draft or hybrid mode.")
     return for_model(parts.draft_model)
