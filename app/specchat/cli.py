@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specchat import cluster_cmd
 
     cluster_cmd.add_parser(sub, _model_ref)
+    from specchat.tools import heads
+
+    heads.add_parser(sub, _model_ref)
     _add_serve(sub)
     return parser
 
@@ -334,6 +337,10 @@ def _run(argv: list[str] | None) -> int:
             from specchat.tools import bench
 
             return bench.main(args)
+        if args.command == "heads":
+            from specchat.tools import heads
+
+            return heads.main(args)
         if args.command == "models" and args.models_command == "recommend":
             from specchat.tools import recommend  # measures: tools, not the library
 

@@ -1,0 +1,161 @@
+"""``specchat heads train``: train an EAGLE-3 draft head for a target here.
+
+What it learns from (engine/head_training.py labels it with the target):
+the person's conversations from the history, and text found on this
+machine (the documentation and source files of the installed Python
+packages, or the folders given with ``--texts``), each placed in the
+target's chat template as a request and its answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import sysconfig
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from specchat.engine.events import Message
+
+TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
+FILE_CHARS = 12_000  # at most this much of one file (a sample is a few thousand tokens)
+
+
+def history_chats(limit: int) -> list[tuple[Message, ...]]:
+    """The person's conversations, as chats, read without writing to the history."""
+    import sqlite3
+
+    from specchat.store import db
+    from specchat.store.conversations import ConversationStore
+
+    path = db.default_path()
+    if not path.is_file():
+        return []
+    try:
+        conn = db.connect_read_only(path)
+    except sqlite3.Error as exc:
+        print(f"note: your history could not be read ({exc}); training on files only",
+              file=sys.stderr)
+        return []
+    try:
+        corpus = ConversationStore(conn).corpus()
+    finally:
+        conn.close()
+    return [tuple(Message(role, content) for role, content in msgs) for _, _, msgs in corpus
+            if msgs][:limit]
+
+
+def _files(roots: list[Path]) -> Iterator[Path]:
+    for root in roots:
+        if root.is_file():
+            yield root
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.suffix in TEXT_SUFFIXES and path.is_file() and not path.is_symlink():
+                yield path
+
+
+def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
+    """Text files as chats: a request naming the file, its text the answer."""
+    out, total = [], 0
+    for path in _files(roots):
+        try:
+            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if len(text.strip()) < 200:
+            continue
+        kind = "Python module" if path.suffix == ".py" else "document"
+        out.append((Message("user", f"Show me the {kind} {path.name}."),
+                    Message("assistant", text)))
+        total += len(text)
+        if total >= max_chars:
+            break
+    return out
+
+
+def default_texts() -> list[Path]:
+    """The installed packages' documentation and sources."""
+    return [Path(sysconfig.get_paths()["purelib"])]
+
+
+def default_out(target: str) -> Path:
+    from specchat.library import paths
+
+    name = Path(target.rstrip("/")).name.split(":")[-1] or "target"
+    return paths.models_dir(create=True) / f"{name}-eagle3-specchat"
+
+
+def add_parser(sub, model_ref) -> None:
+    h = sub.add_parser("heads", help="draft heads: train an EAGLE-3 head for a target here")
+    hsub = h.add_subparsers(dest="heads_command", required=True)
+    t = hsub.add_parser("train", help="train (or go on training) a head for TARGET")
+    t.add_argument("--target", required=True, type=model_ref, help="the target model")
+    t.add_argument("--minutes", type=float, default=60.0, help="time budget (default 60)")
+    t.add_argument("--out", help="the head's folder (default: in the model library); a run "
+                                 "there that was stopped or killed goes on from its checkpoint")
+    t.add_argument("--texts", action="append", type=Path, metavar="PATH",
+                   help="folders or files of text to learn from (default: the installed "
+                        "packages' documentation and sources); repeatable")
+    t.add_argument("--max-chars", type=int, default=4_000_000,
+                   help="at most this much text from files")
+    t.add_argument("--no-history", action="store_true", help="leave your conversations out")
+    t.add_argument("--draft-vocab", type=int, default=32768)
+    t.add_argument("--steps", type=int, help="stop after this many steps in all, too")
+    t.add_argument("--checkpoint-s", type=float, default=120.0, help=argparse.SUPPRESS)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main(args) -> int:
+    from specchat.engine import head_training
+    from specchat.engine.errors import EngineError
+    from specchat.library.engine_link import make_client
+
+    chats = [] if args.no_history else history_chats(10_000)
+    texts = args.texts or default_texts()
+    chats += file_chats(texts, args.max_chars)
+    out = Path(args.out) if args.out else default_out(args.target)
+    plan = head_training.TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
+                                   draft_vocab=args.draft_vocab, seed=args.seed,
+                                   checkpoint_s=args.checkpoint_s, max_steps=args.steps)
+
+    def report(p) -> None:
+        acc = " ".join(f"{a:.0%}" for a in p.accept)
+        line = {"stage": p.stage, "step": p.step, "tokens": p.tokens,
+                "elapsed_s": round(p.elapsed_s, 1), "loss": p.loss, "accept": list(p.accept),
+                "resumed": p.resumed, "message": p.message}
+        if args.json:
+            print(json.dumps(line), flush=True)
+        elif p.stage != "training" or p.accept or p.step % 20 == 0:
+            extra = f", held-out acceptance by position {acc}" if acc else ""
+            loss = f", loss {p.loss:.3f}" if p.loss is not None else ""
+            note = f" ({p.message})" if p.message else ""
+            print(f"[{p.stage}] step {p.step}, {p.tokens:,} tokens, {p.elapsed_s / 60:.1f} of "
+                  f"{p.budget_s / 60:.0f} min{loss}{extra}{note}", file=sys.stderr, flush=True)
+
+    stop = threading.Event()  # Ctrl-C: the run stops at the next step, saving its checkpoint
+    client = make_client()
+    old = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        client.load(args.target).wait()
+        record = client.call(lambda engine: head_training.train(engine, plan, report, stop)).wait()
+    except EngineError as exc:
+        print(f"specchat: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, old)
+        client.close()
+    last = record["curve"][-1] if record.get("curve") else {}
+    print(f"The head is in {out} ({record['tokens']:,} training tokens); draft with it: "
+          f"--draft {out}" + (". Held-out acceptance by position: "
+                              + ", ".join(f"{a:.0%}" for a in last.get("accept", [])) if last
+                              else ""), file=sys.stderr)
+    if stop.is_set():
+        print("specchat: training stopped (Ctrl-C); run the same command to go on from the "
+              "checkpoint", file=sys.stderr)
+        return 130
+    return 0
