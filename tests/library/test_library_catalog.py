@@ -173,3 +173,26 @@ def test_broken_catalogs_are_refused_in_words(tmp_path, entries, pairs, message)
     with pytest.raises(LibraryError) as err:
         _catalog(tmp_path, entries, pairs)
     assert str(err.value) == message
+
+
+# -- the shipped catalog ------------------------------------------------------------
+
+
+def test_the_shipped_catalog_lists_own_heads_eagle3_heads_and_assistants():
+    cat = catalog.load_catalog()
+    kinds = {p.id: p.kind for p in cat.pairs}
+    assert {"qwen3.5-9b+mtp", "qwen3.5-35b-a3b+mtp", "qwen3.6-27b+mtp",
+            "qwen3.6-35b-a3b+mtp"} <= {k for k, v in kinds.items() if v == "mtp"}
+    assert kinds["qwen3-4b+qwen3-4b-eagle3"] == "eagle3"
+    assert kinds["gemma-4-31b+gemma-4-31b-assistant"] == "assistant"
+    for p in cat.pairs:
+        if p.kind == "mtp":
+            # mlx-community conversions drop the mtp.* weights: the own head needs
+            # the original checkpoint.
+            assert p.target.mtp and p.target.ref.startswith("hf:Qwen/"), p.id
+            assert p.download_bytes == p.target.download_bytes, p.id
+        elif p.kind != "model":
+            assert p.draft.trained_for == p.target.id, p.id
+            assert p.draft.tokenizer.id == p.target.tokenizer.id, p.id
+    assert cat.model("qwen3-4b-eagle3").draft_vocab == 32000
+    assert cat.model("qwen3-4b-eagle3").hidden_size == 2560
