@@ -108,10 +108,17 @@ def test_catalog_pairs_are_sound():
     assert {"qwen2.5-7b", "qwen2.5-0.5b", "llama3.1-8b", "llama3.2-1b", "smollm2-135m",
             "qwen3-0.6b", "qwen2.5-coder-1.5b"} <= ids
     for p in cat.pairs:
-        assert p.target.tokenizer.id == p.draft.tokenizer.id, p.id
-        assert p.draft.params * 2 < p.target.params, p.id
-        assert p.target.ref.startswith(("hf:mlx-community/", "bundled:")), p.id
-        assert "tokenizer" in p.why and "fewer parameters" in p.why
+        if p.kind == "mtp":  # the target's own head: its original checkpoint, not MLX's
+            assert p.draft is None and p.target.mtp, p.id
+            assert not p.target.ref.startswith("hf:mlx-community/"), p.id
+            assert "own multi-token-prediction head" in p.why, p.id
+        else:
+            assert p.target.tokenizer.id == p.draft.tokenizer.id, p.id
+            assert p.draft.params * 2 < p.target.params, p.id
+            assert "fewer parameters" in p.why, p.id
+        if p.kind == "model":
+            assert p.target.ref.startswith(("hf:mlx-community/", "bundled:")), p.id
+            assert "tokenizer" in p.why
         mem = p.memory(dtype="q4")
         assert mem.total > p.target.params * 0.5
         assert p.to_json()["memory"]["total"] == p.memory().total

@@ -145,7 +145,7 @@ def cmd_pull(args, as_json: bool) -> int:
     report = _Reporter()
     cancelled = threading.Event()
     pair = load_catalog().pair(args.ref)
-    refs = [pair.target.ref, pair.draft.ref] if pair is not None else [args.ref]
+    refs = pair.refs if pair is not None else [args.ref]
     results = []
     try:
         for ref in refs:
@@ -240,17 +240,18 @@ def cmd_catalog(args, as_json: bool) -> int:
         for p in cat.pairs:
             item = p.to_json()
             item["target"]["installed"] = have(p.target)
-            item["draft"]["installed"] = have(p.draft)
+            if p.draft is not None:  # None: the target's own MTP head
+                item["draft"]["installed"] = have(p.draft)
             out.append(item)
         _print_json(out)
         return 0
     for p in cat.pairs:
         mem = p.memory()
         state = ("bundled" if p.bundled else
-                 "installed" if have(p.target) and have(p.draft) else
+                 "installed" if all(ref in installed for ref in p.refs) else
                  f"{size_text(p.download_bytes)} to download")
         print(f"{p.id}  [{state}; needs about {size_text(mem.total)} in {mem.dtype}]")
-        print(f"  {p.target.name} + {p.draft.name}")
+        print(f"  {p.target.name} + {p.draft_name}")
         print(f"  {p.why}")
     print("\nPull a pair with `specchat models pull TARGET+DRAFT` (the id before the brackets).")
     return 0
