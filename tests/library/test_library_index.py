@@ -188,34 +188,6 @@ def test_bundled_pull_lists_the_bundled_model(lib_home, monkeypatch, tiny_draft)
     assert [m.name for m in index.list_installed()] == [model.name]
 
 
-def test_discover_finds_lm_studio_ollama_and_hf_cache(tmp_path, tiny_target, monkeypatch):
-    import shutil
-
-    monkeypatch.delenv("HF_HOME", raising=False)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
-    home = tmp_path / "home"
-    lms = home / ".lmstudio" / "models" / "lmstudio-community" / "Qwen-GGUF"
-    lms.mkdir(parents=True)
-    (lms / "qwen-q4_k_m.gguf").write_bytes(b"GGUF")
-    shutil.copytree(tiny_target, home / ".lmstudio" / "models" / "mlx-community" / "tiny")
-    ollama = home / ".ollama" / "models"
-    (ollama / "blobs").mkdir(parents=True)
-    (ollama / "blobs" / "sha256-abc").write_bytes(b"GGUF")
-    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "llama3.2" / "1b"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:abc"}]}))
-    snap = home / ".cache" / "huggingface" / "hub" / "models--org--tiny" / "snapshots" / "abc"
-    shutil.copytree(tiny_target, snap)
-
-    found = {(c.app, c.kind, c.name) for c in importing.discover(home)}
-    assert ("LM Studio", "gguf", "qwen-q4_k_m") in found
-    assert ("LM Studio", "mlx", "tiny") in found
-    assert ("Ollama", "gguf", "llama3.2:1b") in found
-    assert ("Hugging Face cache", "mlx", "org/tiny") in found
-
-
 def test_index_entries_keep_their_json_order(lib_home, tiny_target):
     """``models list --json`` prints entries in this key order (an index
     entry is a ModelFacts plus where it came from; the order must not follow

@@ -58,10 +58,6 @@ class BundledModel:
     def ref(self) -> str:
         return f"bundled:{self.name}"
 
-    @property
-    def distributions(self) -> tuple[str, ...]:
-        return tuple(d for d, _ in self.parts)
-
 
 def _split(prefix: str, count: int, module: str, glob: str) -> tuple[tuple[str, str], ...]:
     return tuple((f"{prefix}{i}", f"{module}{i}/{glob}") for i in range(1, count + 1))

@@ -70,9 +70,6 @@ MODEL_JSON = ["config.json", "generation_config.json", "hf_quant_config.json",
 # *.json). Folder imports copy the same files (importing.wanted_files).
 ALLOW_PATTERNS = [*MODEL_JSON, "model*.safetensors", "tokenizer.model", "*.tiktoken",
                   "tiktoken.model", "*.txt", "*.jinja"]
-# Read size when checking files on disk: how often progress is reported and
-# Cancel is noticed while hashing (downloads write bytes as they arrive).
-CHUNK_BYTES = 1024 * 1024
 # Seconds between progress reports (the first and last of each file always go).
 PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import shutil
 import stat
 import threading
@@ -280,99 +279,3 @@ def _install(built: Path, name: str, source: str, kind: str, say: Progress,
 def _check(cancelled: threading.Event | None, src: Path) -> None:
     if cancelled is not None and cancelled.is_set():
         raise ImportCancelled(f"Import of {src.name} cancelled; nothing was added.")
-
-
-# -- finding models the user already has ---------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalCandidate:
-    """A model found on this machine that could be imported."""
-
-    path: str
-    kind: str  # "mlx" or "gguf"
-    app: str  # "LM Studio", "Ollama", "Hugging Face cache"
-    name: str
-    size_bytes: int
-
-
-def discover(home: Path | None = None) -> list[LocalCandidate]:
-    """MLX folders and GGUF files in the usual places of LM Studio, Ollama
-    and the Hugging Face cache (read-only; nothing is imported)."""
-    home = home or Path.home()
-    found: list[LocalCandidate] = []
-    for root in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"):
-        found += _scan_tree(root, "LM Studio", depth=3)
-    hf_cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME", "")
-                    or home / ".cache" / "huggingface")
-    if hf_cache.name != "hub":
-        hf_cache = hf_cache / "hub"
-    for repo in sorted(hf_cache.glob("models--*")):
-        for snap in sorted((repo / "snapshots").glob("*")):
-            if _is_mlx_folder(snap):
-                found.append(LocalCandidate(str(snap), "mlx", "Hugging Face cache",
-                                            repo.name.split("--", 1)[-1].replace("--", "/"),
-                                            _size(snap)))
-    found += _ollama(Path(os.environ.get("OLLAMA_MODELS") or home / ".ollama" / "models"))
-    return found
-
-
-def _is_mlx_folder(folder: Path) -> bool:
-    return (folder / "config.json").exists() and any(folder.glob("model*.safetensors"))
-
-
-def _size(folder: Path) -> int:
-    total = 0
-    for f in folder.iterdir():
-        try:
-            total += f.stat().st_size if f.is_file() else 0
-        except OSError:
-            pass
-    return total
-
-
-def _scan_tree(root: Path, app: str, depth: int) -> list[LocalCandidate]:
-    out: list[LocalCandidate] = []
-    if not root.is_dir():
-        return out
-    for dirpath, dirs, files in os.walk(root):
-        here = Path(dirpath)
-        if len(here.relative_to(root).parts) >= depth:
-            dirs[:] = []
-        if _is_mlx_folder(here):
-            out.append(LocalCandidate(str(here), "mlx", app, here.name, _size(here)))
-            dirs[:] = []
-            continue
-        for name in sorted(files):
-            if name.lower().endswith(".gguf") and "mmproj" not in name.lower():
-                f = here / name
-                out.append(LocalCandidate(str(f), "gguf", app, f.stem, f.stat().st_size))
-    return out
-
-
-def _ollama(models: Path) -> list[LocalCandidate]:
-    """GGUF blobs named by Ollama's manifests. A manifest is another
-    program's record, read as one (``jsonfile.read_record``): anything in it
-    that is not what Ollama writes is passed over, and a digest is only ever
-    a name in ``blobs/`` (never a path out of it)."""
-    from specchat.library import jsonfile
-
-    out: list[LocalCandidate] = []
-    manifests = models / "manifests"
-    if not manifests.is_dir():
-        return out
-    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-        layers = jsonfile.read_record(manifest).get("layers")
-        for layer in layers if isinstance(layers, list) else []:
-            if not isinstance(layer, dict) or \
-                    layer.get("mediaType") != "application/vnd.ollama.image.model":
-                continue
-            digest = layer.get("digest")
-            if not isinstance(digest, str) or not re.fullmatch(r"\w+:[0-9a-fA-F]+", digest):
-                continue
-            blob = models / "blobs" / digest.replace(":", "-")
-            if blob.is_file():
-                label = f"{manifest.parent.name}:{manifest.name}"
-                out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
-                                          blob.stat().st_size))
-    return out
