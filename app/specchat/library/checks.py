@@ -176,12 +176,18 @@ def _whole(v: object) -> bool:
 
 
 # -- config.json ---------------------------------------------------------------
+def text_config(config: dict) -> dict:
+    """Multimodal configs keep the language model's numbers in text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        return {**config, **inner}
+    return config
+
+
 def check_config(config: dict, where: Path) -> None:
     """The numbers mlx-lm builds the model from are numbers, and positive;
     a known architecture has every key its ModelArgs requires. ``where`` is
     the config.json to name."""
-    from specchat.library.facts import text_config
-
     cfg = text_config(config)
     model_type = config.get("model_type", cfg.get("model_type"))
     if not isinstance(model_type, str) or not model_type.strip():
