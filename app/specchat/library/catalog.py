@@ -154,6 +154,8 @@ def _parse(path: Path) -> tuple[list[CatalogModel], list[tuple[str, str, str, bo
     tok = Tokenizer(**data["tokenizer"])
     models = []
     for m in data.get("models", []):
+        if not str(m["ref"]).startswith(("hf:", "bundled:")):  # sources/catalog.py pulls only these
+            raise ValueError(f"{m['id']}: {m['ref']!r} is neither an hf: nor a bundled: reference")
         models.append(CatalogModel(
             id=m["id"], name=m["name"], ref=m["ref"], tokenizer=tok, params=int(m["params"]),
             quantization=m.get("quantization"), download_bytes=int(m.get("download_bytes") or 0),

@@ -22,15 +22,13 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library import disk, gguf_tokenizer, jsonfile, staging
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
-
-Progress = Callable[[str, float | None], None]
+from specchat.library.progress import Progress
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 MARKER = "specchat-import.json"  # written last; its presence means "complete"

@@ -30,16 +30,19 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat import records
 from specchat.library import index, paths, staging
+from specchat.library.disk import check_free_space
 from specchat.library.errors import ImportCancelled, LibraryError
+from specchat.library.facts import read_folder, validate_folder
+from specchat.library.gguf_import import gguf_summary, import_gguf
+from specchat.library.hub import ALLOW_PATTERNS
 from specchat.library.index import InstalledModel
+from specchat.library.progress import Progress
 
-Progress = Callable[[str, float | None], None]
 COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -89,8 +92,6 @@ def import_path(path: str | os.PathLike, name: str | None = None,
     final_name = index.unique_name(wanted, source=source)
     plan: list[_File] = []
     if kind == "import":
-        from specchat.library.facts import validate_folder
-
         plan = _plan(src)  # before anything reads a file through a link
         validate_folder(src)
     where = paths.models_dir()
@@ -118,8 +119,6 @@ def import_path(path: str | os.PathLike, name: str | None = None,
 def _default_name(src: Path, kind: str) -> str:
     if kind == "gguf":
         try:
-            from specchat.library.gguf_import import gguf_summary
-
             summary = gguf_summary(src) or {}
             label = summary.get("name") or summary.get("general.name")
             if isinstance(label, str) and label.strip():
@@ -163,8 +162,6 @@ def _plan(src: Path) -> list[_File]:
     """The files to import from the resolved folder ``src``, each a regular
     file inside ``import_root(src)``; a link out of it or anything that is not
     a regular file (a FIFO, a device) is refused by name, before it is read."""
-    from specchat.library.hub import ALLOW_PATTERNS
-
     root = import_root(src)
     out = []
     for entry in sorted(src.iterdir()):
@@ -192,8 +189,6 @@ def _plan(src: Path) -> list[_File]:
 def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path) -> None:
     """Files that will be copied (on another disk, or with other names) must
     fit: refuse up front if they cannot (hard links take no space)."""
-    from specchat.library.disk import check_free_space
-
     here = os.stat(work).st_dev
     needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
     if needed:
@@ -250,8 +245,6 @@ def _open_planned(f: _File, src: Path):
 
 def _convert_gguf(src: Path, work: Path, say: Progress,
                   cancelled: threading.Event | None, where: Path) -> Path:
-    from specchat.library.gguf_import import import_gguf
-
     out = import_gguf(src, work / "model", say, cancelled, shown_dir=where)
     _check(cancelled, src)
     return Path(out)
@@ -259,8 +252,6 @@ def _convert_gguf(src: Path, work: Path, say: Progress,
 
 def _install(built: Path, name: str, source: str, kind: str, say: Progress,
              src: Path) -> InstalledModel:
-    from specchat.library.facts import read_folder
-
     facts = read_folder(built, shown=src)
     dest = paths.models_dir(create=True) / name
     if dest.exists():  # left over from an import that never got listed
