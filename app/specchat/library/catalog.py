@@ -13,17 +13,13 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import specchat
 from specchat.library.errors import LibraryError
-
-if TYPE_CHECKING:
-    from specchat.library.memory import MemoryEstimate
+from specchat.library.memory import MemoryEstimate, estimate
 
 
 def catalog_dir() -> Path:
-    import specchat
-
     return Path(specchat.__file__).parent / "resources" / "catalog"
 
 
@@ -65,9 +61,7 @@ class CatalogModel:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
-        from specchat.library import memory
-
-        return memory.estimate(self, None, context_tokens, dtype=dtype, measure=False)
+        return estimate(self, None, context_tokens, dtype=dtype, measure=False)
 
     def to_json(self) -> dict:
         return {
@@ -107,9 +101,7 @@ class Pair:
     def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
         """MemoryEstimate for the pair in ``dtype`` (default: this machine's
         compute dtype), without measuring what is available."""
-        from specchat.library import memory
-
-        return memory.estimate(self.target, self.draft, context_tokens, dtype=dtype,
+        return estimate(self.target, self.draft, context_tokens, dtype=dtype,
                                measure=False)
 
     def to_json(self, context_tokens: int = 4096) -> dict:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine.template import TemplateError, compile_template
 from specchat.library.errors import LibraryError
 
 # safetensors dtypes and their sizes in bytes (safetensors' README).
@@ -533,8 +534,6 @@ def check_chat_template(template: str, where: Path | str, name: str | None = Non
     here if and only if the
     engine can use it; any failure (bad syntax with its line, nesting too
     deep for Python's compiler, ...) is said naming the file it came from."""
-    from specchat.engine.template import TemplateError, compile_template
-
     try:
         compile_template(template, syntax_only=True)
     except TemplateError as exc:
