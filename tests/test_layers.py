@@ -136,3 +136,19 @@ def test_one_error_root_for_people():
 
     assert issubclass(EngineError, SpecChatError) and issubclass(LibraryError, SpecChatError)
     assert not issubclass(LibraryError, EngineError)
+
+
+def test_the_command_line_starts_without_heavy_imports(tmp_path):
+    """Every ``specchat`` command builds the whole parser first, so what the
+    parser imports is paid by ``specchat --help``: no MLX, no Qt, and not
+    the local server's uvicorn, Starlette and numpy (``serve`` imports them
+    when it runs)."""
+    out = _fresh("""
+import sys
+from specchat import cli
+cli.build_parser().format_help()
+heavy = ("mlx", "mlx_lm", "PySide6", "qasync", "uvicorn", "starlette", "numpy", "transformers")
+print(sorted(n for n in sys.modules if n.split(".")[0] in heavy))
+""", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
