@@ -84,14 +84,6 @@ class ModelFacts:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
-def read_config(folder: Path) -> dict:
-    return folders.read_config(folder, LibraryError)
-
-
-def weight_files(folder: Path) -> list[Path]:
-    return folders.weight_files(folder)
-
-
 def validate_folder(folder: Path, shown: Path | None = None) -> dict:
     """Refuse what the engine would refuse, with the same message, and what
     mlx-lm would fail to load (checks.check_folder: safetensors headers
@@ -104,7 +96,7 @@ def validate_folder(folder: Path, shown: Path | None = None) -> dict:
 
 def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
     config = folders.validate_folder(folder, LibraryError)
-    tensors = check_folder(folder, config, weight_files(folder), shown)
+    tensors = check_folder(folder, config, folders.weight_files(folder), shown)
     return config, {name: {"dtype": t.dtype, "shape": list(t.shape)}
                     for name, t in tensors.items()}
 
