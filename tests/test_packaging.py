@@ -28,12 +28,28 @@ def test_macos_app_config_is_complete():
     assert any(r.startswith("PySide6-Essentials") for r in app["requires"])
     assert any(r.startswith("qasync") for r in app["requires"])
     mac = app["macOS"]
+    # Briefcase installs wheels for min_os_version: MLX wheels built for the
+    # newest macOS carry Metal shaders an older one cannot load; MLX has no
+    # Intel build to make a universal app of.
     assert mac["universal_build"] is False
     assert mac["min_os_version"] == "14.0"
     assert any(r.startswith("mlx") for r in mac["requires"])
     # `briefcase dev` / the .app run the package's __main__, which opens the GUI.
     main = (ROOT / "app" / "specchat" / "__main__.py").read_text()
     assert "main()" in main
+
+
+def test_macos_entitlements_and_info_plist():
+    """Network client (Hub downloads, cluster ranks) and server (the local
+    API), as the App Sandbox would need them; the local network prompt's
+    reason names the cluster, the only feature that talks to the LAN; no
+    sandbox, camera, microphone or other permission is asked for."""
+    mac = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]["macOS"]
+    assert mac["entitlement"] == {"com.apple.security.network.client": True,
+                                  "com.apple.security.network.server": True}
+    assert set(mac["info"]) == {"NSLocalNetworkUsageDescription", "LSApplicationCategoryType"}
+    assert "cluster" in mac["info"]["NSLocalNetworkUsageDescription"]
+    assert "permission" not in _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
 
 
 def test_icons_exist():
