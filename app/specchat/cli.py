@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     from specchat import applog, startup
 
     startup.prepare()
+    startup.temporary_files_at_home()
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)

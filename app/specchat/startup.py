@@ -17,3 +17,24 @@ def prepare() -> None:
     from specchat.engine import blas
 
     blas.preload()
+
+
+def temporary_files_at_home() -> None:
+    """Make ``<home>/tmp`` this process's temporary folder (TMPDIR), so the
+    ``specchat`` command writes nothing outside its home: on Linux, MLX's CPU
+    backend compiles fused kernels with the system's C++ compiler into
+    ``$TMPDIR/mlx/<version>/cpu/`` and keeps them there, and the compiler
+    and Python's ``tempfile`` write their own files there too. The entry
+    point calls this (cli.main), not library code or the tests, which pick
+    their own home per test."""
+    import tempfile
+
+    from specchat.home import home
+
+    folder = home() / "tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return  # a home that cannot be written says so where it is used
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # computed again from TMPDIR on next use
