@@ -42,6 +42,8 @@ BRIEFCASE_VENV = REPO / "build" / "briefcase-venv"  # made by ./dev bundle
 TEMPLATE = "linux-system-template-v0.4.1"
 PACKAGE = "specchat"
 PY_APP = inst.APP_DIR / "app" / "specchat"  # the installed app's Python package
+# Waits for dpkg's lock rather than failing at once (another apt run, an update).
+APT = ["apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=600"]
 
 
 def _briefcase_config() -> dict:
@@ -118,12 +120,11 @@ def deb() -> Path:
 @pytest.fixture(scope="module")
 def installed(deb) -> Path:
     """The package installed with apt (which brings its Depends), removed after."""
-    out = subprocess.run(["apt-get", "install", "-y", "-q", "--reinstall", "--allow-downgrades",
-                          str(deb)], capture_output=True, text=True, timeout=900,
+    out = subprocess.run([*APT, "install", "--reinstall", "--allow-downgrades", str(deb)], capture_output=True, text=True, timeout=900,
                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield deb
-    subprocess.run(["apt-get", "remove", "-y", "-q", PACKAGE], capture_output=True, timeout=600,
+    subprocess.run([*APT, "remove", PACKAGE], capture_output=True, timeout=600,
                    env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
