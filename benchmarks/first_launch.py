@@ -53,9 +53,7 @@ def main() -> int:
     result: dict = {"package_installed_bytes": du(inst.APP_DIR)}
     with inst.xvfb() as display:
         started = time.monotonic()
-        app = subprocess.Popen([str(inst.INSTALLED)], env=inst.clean_env(args.home, display),
-                               cwd=args.home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+        app = inst.start([str(inst.INSTALLED)], inst.clean_env(args.home, display), args.home)
         try:
             window = inst.find_window(display, "SpecChat", timeout=300, alive=app)
             result["window_s"] = round(time.monotonic() - started, 1)
@@ -77,11 +75,9 @@ def main() -> int:
                 time.sleep(0.1)
             result["peak_rss_bytes"] = (peak_rss_kb(app.pid) or 0) * 1024
             inst.close_window(display, window)
-            app.communicate(timeout=120)
+            app.wait(timeout=120)
         finally:
-            if app.poll() is None:
-                app.kill()
-                app.communicate()
+            inst.stop(app)
     data = inst.data_dir(args.home)
     result["home_bytes_after"] = du(data)
     result["home_parts"] = {p.name: du(p) for p in sorted(data.iterdir()) if p.is_dir()}

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import time
@@ -24,7 +25,6 @@ from pathlib import Path
 
 INSTALLED = Path("/usr/bin/specchat")
 APP_DIR = Path("/usr/lib/specchat")  # the app and its packages, as the .deb lays them out
-TITLE = "SpecChat — "  # the main window's title once it names a pair
 
 
 # -- the environment of a person's session ------------------------------------------------------
@@ -87,6 +87,19 @@ def window_title(display: str, window: int) -> str:
     return subprocess.run(["xdotool", "getwindowname", str(window)], capture_output=True,
                           text=True, check=True,
                           env={**os.environ, "DISPLAY": display}).stdout.strip()
+
+
+def wait_for_title(display: str, window: int, prefix: str, timeout: float) -> None:
+    """Until the window's title starts with ``prefix`` (it names the pair
+    once one is selected)."""
+    deadline = time.monotonic() + timeout
+    title = ""
+    while time.monotonic() < deadline:
+        title = window_title(display, window)
+        if title.startswith(prefix):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the window is titled {title!r}, not {prefix!r}…")
 
 
 def type_into(display: str, window: int, text: str) -> None:
@@ -258,6 +271,23 @@ def tree_state(root: Path) -> dict[str, tuple[int, int]]:
             st = os.lstat(p)
             state[p] = (st.st_size, st.st_mtime_ns)
     return state
+
+
+def start(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """The app (under strace, or not) in a process group of its own, so
+    ``stop`` ends it whole: killing strace alone leaves the app running,
+    detached, holding the output pipe."""
+    return subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> str:
+    """Kill the app's process group if it is still running; its output."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    return out or ""
 
 
 def tools_missing() -> list[str]:

@@ -306,25 +306,24 @@ def test_the_installed_app_chats_in_its_window(installed, untouched, tmp_path, t
     log = tmp_path / "gui.strace"
     db = inst.data_dir(home) / "conversations.sqlite3"
     with inst.xvfb() as display:
-        app = subprocess.Popen(
-            inst.traced([str(inst.INSTALLED), "--target", str(tiny_target), "--draft",
-                         str(tiny_draft)], log),
-            env=inst.clean_env(home, display), cwd=cwd, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+        app = inst.start(inst.traced([str(inst.INSTALLED), "--target", str(tiny_target),
+                                      "--draft", str(tiny_draft)], log),
+                         inst.clean_env(home, display), cwd)
         try:
-            window = inst.find_window(display, inst.TITLE, timeout=180, alive=app)
-            assert inst.window_title(display, window).startswith(
-                f"SpecChat — {tiny_target.name} + {tiny_draft.name}")
+            # Any SpecChat window first, then its title must name the pair
+            # given: an entry point that ignores the arguments opens the
+            # default pair instead (and starts converting it).
+            window = inst.find_window(display, "SpecChat", timeout=180, alive=app)
+            wanted = f"SpecChat — {tiny_target.name} + {tiny_draft.name}"
+            inst.wait_for_title(display, window, wanted, timeout=60)
             # The tiny pair answers this one up to the default max tokens
             # (greedy), so it streams for a while; others it ends at once.
             inst.type_into(display, window, "Hello from the installed app")
             states = inst.watch_reply(db, timeout=300, alive=app)
             inst.close_window(display, window)
-            output, _ = app.communicate(timeout=120)
+            app.wait(timeout=120)
         finally:
-            if app.poll() is None:
-                app.kill()
-                app.communicate()
+            output = inst.stop(app)
     assert app.returncode == 0, output[-4000:]
     final = states[-1]
     assert final.complete and final.chars > 0 and final.summary is not None
