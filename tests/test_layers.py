@@ -39,7 +39,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "records": ("specchat.errors", "specchat.values"),
     "home": (),
     "applog": ("specchat.home",),
-    "startup": ("specchat.values", "specchat.engine.blas"),
+    "startup": ("specchat.values", "specchat.home", "specchat.engine.blas"),
     "engine": (*BASE, "specchat.home"),
     # The engine modules that load no MLX when imported.
     "library": (*BASE, "specchat.home", "specchat.engine.compat", "specchat.engine.folders",

@@ -291,6 +291,7 @@ def _refuse_contradictions(args) -> None:
         args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
+
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
@@ -316,6 +317,7 @@ def _run(argv: list[str] | None) -> int:
         startup.prepare()  # first: before MLX, and a bad environment value before anything
     except SpecChatError as exc:
         return _failed(exc)
+    startup.temporary_files_at_home()
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)

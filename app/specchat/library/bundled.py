@@ -13,6 +13,7 @@ few ``stat`` calls.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -120,6 +121,22 @@ def part_files(name: str) -> list[Path]:
                                    f"{SETUP_HINT}")
             files.append(path)
     return files
+
+
+@functools.cache
+def shipped(name: str) -> bool:
+    """Whether every package carrying the model is installed, from package
+    metadata alone (no file listed or read), once per process: packages do
+    not change while SpecChat runs. The packaged app carries the default
+    pair but not SmolLM2, whose package depends on llama-cpp-python."""
+    from importlib import metadata
+
+    try:
+        for dist in get(name).distributions:
+            metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def available(name: str) -> bool:

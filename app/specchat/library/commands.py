@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from specchat.library import hub, importing, index, paths, refs
+from specchat.library import bundled, hub, importing, index, paths, refs
 from specchat.library.catalog import load_catalog
 from specchat.library.compatibility import check, suggest_drafts
 from specchat.library.errors import LibraryError
@@ -82,23 +82,39 @@ class _Reporter:
 
 
 def cmd_list(args, as_json: bool) -> int:
+    """The index's models, and the built-in ones already prepared in
+    ``<home>/bundled`` (not index entries, as in the Models dialog's
+    Installed tab, so both tell the same story)."""
     models = index.list_installed()
+    listed = {m.source for m in models}
+    built = [b for b in bundled.prepared() if b.model.ref not in listed]
     if as_json:
-        _print_json([m.to_json() for m in models])
+        _print_json([*(_built_in_json(b) for b in built), *(m.to_json() for m in models)])
         return 0
-    if not models:
+    if not models and not built:
         print("No models installed yet. Pull a recommended one "
               "(`specchat models catalog`, `specchat models pull qwen2.5-0.5b`) or bring your "
               "own (`specchat models import PATH`).")
         return 0
-    rows = [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
-             m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")]
-            for m in models]
+    # A built-in model's GGUF weights are stored as float16 once converted
+    # (gguf_import.py); reading the folder to say so would take seconds.
+    rows = [[b.model.name, size_text(b.size_bytes), b.model.params, "float16",
+             f"{b.model.ref} (built in)"] for b in built]
+    rows += [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
+              m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")]
+             for m in models]
     print(_table(rows, ["NAME", "SIZE", "PARAMS", "WEIGHTS", "SOURCE"]))
-    total = sum(m.size_bytes for m in models)
-    print(f"\n{len(models)} model{'s' if len(models) != 1 else ''}, {size_text(total)}, "
+    count = len(rows)
+    total = sum(b.size_bytes for b in built) + sum(m.size_bytes for m in models)
+    print(f"\n{count} model{'s' if count != 1 else ''}, {size_text(total)}, "
           f"in {paths.home()}")
     return 0
+
+
+def _built_in_json(b) -> dict:
+    return {"name": b.model.name, "source": b.model.ref, "kind": "bundled", "path": str(b.path),
+            "size_bytes": b.size_bytes, "params": None, "quantization": "float16",
+            "built_in": True}
 
 
 def cmd_where(args, as_json: bool) -> int:
