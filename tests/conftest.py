@@ -22,6 +22,23 @@ startup.prepare()  # the system BLAS before anything imports MLX
 from tinymodels import build_model, build_tokenizer  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--bundle", action="store_true",
+                     help="run the packaging check (tests marked bundle: build the Linux "
+                          "package with Briefcase, install it and run it); ./dev bundle does")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The packaging check takes minutes and installs a system package: only
+    with --bundle (its own CI step), never in a plain run."""
+    if config.getoption("--bundle"):
+        return
+    skip = pytest.mark.skip(reason="the packaging check runs with --bundle (./dev bundle)")
+    for item in items:
+        if item.get_closest_marker("bundle") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """A private, empty SPECCHAT_HOME: history, settings and models of this

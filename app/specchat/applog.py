@@ -15,6 +15,8 @@ import logging.handlers
 import sys
 from pathlib import Path
 
+from specchat.home import home as default_home
+
 FILENAME = "specchat.log"
 MAX_BYTES = 1_000_000
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -48,8 +50,6 @@ def setup(home: Path | None = None) -> Path | None:
         stderr.setFormatter(formatter)
         logger.addHandler(stderr)
     if home is None:
-        from specchat.home import home as default_home
-
         home = default_home()
     path = Path(home) / FILENAME
     for h in list(logger.handlers):

@@ -1,11 +1,39 @@
 """The ``specchat`` command: the GUI by default; ``generate``, ``serve``,
-``bench``, ``models`` and ``cluster`` subcommands for the terminal."""
+``bench``, ``models`` and ``cluster`` subcommands for the terminal.
+
+Every command builds the whole parser, so what is imported at the top is
+paid by ``specchat --help`` too: SpecChat's pure-Python modules are; MLX
+(the bench), Qt (the window) and uvicorn with Starlette (``serve``) are
+imported only by the command that needs them."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from specchat import applog, cluster_cmd, startup, values
+from specchat.engine import modes
+from specchat.engine.errors import EngineError
+from specchat.engine.events import (
+    DraftSettings,
+    GenerateRequest,
+    LoadProgress,
+    Message,
+    SamplingParams,
+    StepEvent,
+)
+from specchat.errors import SpecChatError
+from specchat.library import bundled, commands, refs
+from specchat.library import recommendations as rec
+from specchat.library.engine_link import make_client
+from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
+from specchat.server.protocol import MAX_TOKENS_CAP
+from specchat.server.service import ApiService, Served
+from specchat.tools import recommend
+from specchat.tools.prompts import KINDS
+from specchat.tools.variants import VARIANTS
 
 # The exit status of a command Ctrl-C stopped (128 + SIGINT), as shells report it.
 INTERRUPTED = 130
@@ -21,16 +49,12 @@ class _Parser(argparse.ArgumentParser):
 def _value(name: str):
     """An argparse ``type`` for one of ``specchat.values``' names: the same
     range, and the same one line, as the engine and the settings dialog."""
-    from specchat import values
-
     return _refusing(values.check, name)
 
 
 def _text(name: str):
     """An argparse ``type`` for free text: bytes that are not UTF-8 arrive
     from argv as surrogate escapes, which no tokenizer can encode."""
-    from specchat import values
-
     return _refusing(values.text, name)
 
 
@@ -38,8 +62,6 @@ def _refusing(check, name: str):
     """``check(name, text)`` as an argparse ``type``: its BadValue becomes
     the usage error's one line. ``parse.value`` names the table entry, so
     the tests can walk the options against the API's parameters."""
-    from specchat import values
-
     def parse(text: str):
         try:
             return check(name, text)
@@ -56,9 +78,6 @@ def _model_ref(text: str) -> str:
     than quietly meaning "no draft"."""
     if text.strip():
         return text
-    from specchat.errors import SpecChatError
-    from specchat.library import refs
-
     try:
         refs.source_for(text)  # refuses it with the library's "No model given: pass ..."
     except SpecChatError as exc:
@@ -69,8 +88,6 @@ def _model_ref(text: str) -> str:
 def _readable_file(text: str) -> str:
     """An argparse ``type`` for an input file: a missing one is a usage
     error in words, not an OSError from deep in the command."""
-    from pathlib import Path
-
     path = Path(text)
     try:
         path = path.expanduser()
@@ -93,9 +110,6 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(sub) -> None:
-    from specchat.tools.prompts import KINDS
-    from specchat.tools.variants import VARIANTS
-
     names = list(VARIANTS)
     b = sub.add_parser("bench", help="compare SpecChat and mlx-lm decoding on the same weights")
     b.add_argument("--target", required=True, type=_model_ref,
@@ -156,8 +170,6 @@ def _add_models(sub) -> None:
 
 
 def _add_recommend(msub) -> None:
-    from specchat.library import recommendations as rec
-
     r = msub.add_parser("recommend", help="measure the installed drafts for TARGET on this "
                                           "machine and rank them (Ctrl-C cancels)")
     r.add_argument("--target", required=True, type=_model_ref,
@@ -215,8 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
     _add_models(sub)
-    from specchat import cluster_cmd
-
     cluster_cmd.add_parser(sub, _model_ref)
     from specchat.tools import heads
 
@@ -226,8 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(sub) -> None:
-    from specchat.server.listener import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
-
     s = sub.add_parser("serve", help="serve a pair as an OpenAI-compatible API on this computer")
     s.add_argument("--target", type=_model_ref,
                    help="target model (default: the built-in default pair)")
@@ -259,16 +267,12 @@ def _add_serve(sub) -> None:
 def _key_refused(_text: str) -> str:
     """``--api-key KEY`` is refused: every user of the machine sees a
     process's arguments (``ps``)."""
-    from specchat.server.listener import KEY_VARIABLE
-
     raise argparse.ArgumentTypeError(f"a key on the command line shows in ps: set {KEY_VARIABLE} "
                                      "or pass --api-key-file FILE")
 
 
 def _origin(text: str) -> str:
     """An argparse ``type`` for a CORS origin, as the Settings field takes it."""
-    from specchat import values
-
     return _refusing(lambda _name, t: values.origin(t), "origin")(text)
 
 
@@ -290,11 +294,10 @@ def _refuse_contradictions(args) -> None:
         args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
+
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
-    from specchat.errors import SpecChatError
-
     if isinstance(exc, SpecChatError):
         print(f"specchat: error: {exc}", file=sys.stderr)
     else:
@@ -313,13 +316,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    from specchat import applog, startup
-    from specchat.errors import SpecChatError
-
     try:
         startup.prepare()  # first: before MLX, and a bad environment value before anything
     except SpecChatError as exc:
         return _failed(exc)
+    startup.temporary_files_at_home()
     applog.setup()  # once per process, here: not in library code, not in tests
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -330,8 +331,6 @@ def _run(argv: list[str] | None) -> int:
         if args.command == "serve":
             return cmd_serve(args)
         if args.command == "cluster":
-            from specchat import cluster_cmd
-
             return cluster_cmd.main(args)
         if args.command == "bench":
             from specchat.tools import bench
@@ -342,12 +341,8 @@ def _run(argv: list[str] | None) -> int:
 
             return heads.main(args)
         if args.command == "models" and args.models_command == "recommend":
-            from specchat.tools import recommend  # measures: tools, not the library
-
             return recommend.main(args)
         if args.command == "models":
-            from specchat.library import commands
-
             return commands.main(args)
         from specchat.ui import app
 
@@ -357,16 +352,11 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _request_from(args) -> tuple:
-    from specchat.engine import modes
-    from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
-
     own_head = args.draft == modes.OWN_HEAD
     mode = modes.for_pair(speculative=bool(args.lookup or args.draft),
                           has_draft=bool(args.draft) and not own_head, lookup=not args.no_lookup,
                           mtp=own_head)
     if not args.prompt.strip():
-        from specchat.engine.errors import EngineError
-
         raise EngineError("The prompt is empty: pass --prompt with some text.")
     messages = []
     if args.system:
@@ -383,9 +373,6 @@ def _request_from(args) -> tuple:
 
 
 def cmd_generate(args) -> int:
-    from specchat.engine.events import LoadProgress, StepEvent
-    from specchat.library.engine_link import make_client
-
     request, mode = _request_from(args)
 
     def progress(ev) -> None:
@@ -440,8 +427,6 @@ def _let_end(job) -> None:
     it ends: a process that exits while that thread is inside MLX is
     aborted at shutdown ("terminate called without an active exception",
     SIGABRT instead of exit status 130)."""
-    from specchat.errors import SpecChatError
-
     job.cancel()
     try:
         job.wait()
@@ -453,8 +438,6 @@ def serve_pair(args) -> tuple[str, str | None]:
     """The pair ``specchat serve`` loads: the one given (a target alone
     speculates without a draft model), else the built-in default pair, as
     the app."""
-    from specchat.library import bundled
-
     if args.target or args.draft:
         return args.target or bundled.DEFAULT_TARGET, args.draft
     return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
@@ -463,18 +446,11 @@ def serve_pair(args) -> tuple[str, str | None]:
 def _draft_to_load(draft: str | None) -> str | None:
     """The draft model to load for a draft reference: none for the target's
     own MTP head (``--draft mtp``)."""
-    from specchat.engine import modes
-
     return None if draft == modes.OWN_HEAD else draft
 
 
 def cmd_serve(args) -> int:
-    from specchat.engine import modes
-    from specchat.engine.events import LoadProgress
-    from specchat.library.engine_link import make_client
-    from specchat.server.listener import LocalServer, api_key_from, check_bind
-    from specchat.server.protocol import MAX_TOKENS_CAP
-    from specchat.server.service import ApiService, Served
+    from specchat.server.listener import LocalServer, api_key_from, check_bind  # uvicorn
 
     key = api_key_from(args.api_key_file)
     check_bind(args.host, args.allow_remote, key)  # before minutes of loading

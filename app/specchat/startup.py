@@ -8,6 +8,10 @@ to be imported first.
 
 import os
 
+from specchat import values
+from specchat.engine import blas
+from specchat.home import home
+
 
 def prepare() -> None:
     """Check the environment variables SpecChat reads (``values.CHOICES``:
@@ -16,11 +20,26 @@ def prepare() -> None:
     effect before MLX is imported; engine/blas.py) and quiet transformers'
     import-time warning that PyTorch is missing (SpecChat never needs
     PyTorch)."""
-    from specchat import values
-
     for name in values.CHOICES:
         values.environment(name)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from specchat.engine import blas
-
     blas.preload()
+
+
+def temporary_files_at_home() -> None:
+    """Make ``<home>/tmp`` this process's temporary folder (TMPDIR), so the
+    ``specchat`` command writes nothing outside its home: on Linux, MLX's CPU
+    backend compiles fused kernels with the system's C++ compiler into
+    ``$TMPDIR/mlx/<version>/cpu/`` and keeps them there, and the compiler
+    and Python's ``tempfile`` write their own files there too. The entry
+    point calls this (cli.main), not library code or the tests, which pick
+    their own home per test."""
+    import tempfile
+
+    folder = home() / "tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return  # a home that cannot be written says so where it is used
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # computed again from TMPDIR on next use

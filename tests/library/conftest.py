@@ -29,7 +29,6 @@ def lib_home(tmp_path, monkeypatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     from specchat.library import hub
 
-    monkeypatch.setattr(hub, "CHUNK_BYTES", 16 * 1024)
     monkeypatch.setattr(hub, "PROGRESS_INTERVAL", 0.0)
     return home
 

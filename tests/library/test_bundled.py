@@ -165,6 +165,42 @@ def test_first_launch_progress_reads_as_a_person_expects(home, fake_bundled):
         assert leak not in words, leak
 
 
+def _models_list(*args: str) -> None:
+    from specchat.cli import build_parser
+    from specchat.library import commands
+
+    assert commands.main(build_parser().parse_args(["models", "list", *args])) == 0
+
+
+def test_models_list_shows_the_prepared_built_in_models(home, fake_bundled, capsys):
+    """Issue 33: with the built-in pair prepared, the Models dialog's
+    Installed tab listed it while `specchat models list` said "No models
+    installed yet". Both now list what is in <home>/bundled, once, marked
+    built in, with the same size."""
+    from specchat.library import paths
+    from specchat.library.sources.bundled import BundledSource
+    from specchat.library.units import size_text
+
+    bundled.ensure("tiny")
+    size = paths.disk_usage(home / "bundled" / "tiny")
+    _models_list()
+    text = capsys.readouterr().out
+    assert text.splitlines() == [
+        "NAME  " + "SIZE".ljust(len(size_text(size))) + "  PARAMS  WEIGHTS  SOURCE",
+        f"tiny  {size_text(size)}  0.1M    float16  bundled:tiny (built in)",
+        "",
+        f"1 model, {size_text(size)}, in {home}"]
+    _models_list("--json")
+    assert json.loads(capsys.readouterr().out) == [{
+        "name": "tiny", "source": "bundled:tiny", "kind": "bundled",
+        "path": str(home / "bundled" / "tiny"), "size_bytes": size, "params": None,
+        "quantization": "float16", "built_in": True}]
+    BundledSource().pull("bundled:tiny")  # now an index entry too: listed once
+    _models_list("--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert [(m["source"], m.get("built_in")) for m in listed] == [("bundled:tiny", None)]
+
+
 def test_a_gguf_import_reports_stages_not_tensors_or_temp_names(tmp_path, tiny_tokenizer):
     from specchat.library.gguf_import import import_gguf
 

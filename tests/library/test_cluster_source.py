@@ -15,14 +15,14 @@ from specchat.engine import folders
 from specchat.engine.distributed import hostfile
 from specchat.engine.errors import EngineError
 from specchat.errors import SpecChatError
-from specchat.library import compatibility, refs, sources
+from specchat.library import compatibility, refs
 from specchat.library.errors import LibraryError
 from specchat.library.sources.cluster import ClusterSource, clusters_dir
 
 
 def test_a_cluster_resolves_to_a_folder_that_reads_as_its_target(lib_home, monkeypatch,
                                                                   tiny_target, tiny_draft):
-    assert any(isinstance(s, ClusterSource) for s in sources.SOURCES)  # registered
+    assert any(isinstance(s, ClusterSource) for s in refs.SOURCES)  # registered
     spec = hostfile.plan("lab", tiny_target, ["127.0.0.1", "127.0.0.1"], 39100)
     folder = hostfile.write(clusters_dir() / "lab", spec)
 

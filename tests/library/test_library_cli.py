@@ -142,6 +142,27 @@ def test_catalog_and_suggest(run):
     assert sugg[0]["ref"] == "qwen3-0.6b" and sugg[0]["recommended"] is True
 
 
+def test_catalog_prints_own_heads_eagle3_heads_and_assistants(run):
+    """An own MTP head has no second model: the text says so, the JSON draft
+    is null, and the download is the target's alone."""
+    text = run("catalog", extra_env={"SPECCHAT_DTYPE": "q4"}).stdout
+    lines = text.splitlines()
+    own = lines.index("qwen3.6-27b+mtp  [55.6 GB to download; needs about 17.7 GB in q4]")
+    assert lines[own + 1] == "  Qwen3.6 27B (bf16) + its own MTP head"
+    assert lines[own + 2].startswith("  The target drafts with its own multi-token-prediction")
+    head = lines.index("qwen3-4b+qwen3-4b-eagle3  [2.7 GB to download; needs about 3.4 GB in q4]")
+    assert lines[head + 1] == "  Qwen3 4B (4-bit) + Qwen3 4B EAGLE-3 head (AngelSlim, bf16)"
+    assert "  Gemma 4 31B (bf16) + Gemma 4 31B assistant drafter (bf16)" in lines
+    pairs = {p["id"]: p for p in json.loads(run("catalog", "--json").stdout)}
+    own_json = pairs["qwen3.6-27b+mtp"]
+    assert (own_json["kind"], own_json["draft"]) == ("mtp", None)
+    assert own_json["target"]["installed"] is False and own_json["target"]["mtp"] is True
+    assert own_json["download_bytes"] == own_json["target"]["download_bytes"] == 55_560_000_000
+    eagle = pairs["qwen3-4b+qwen3-4b-eagle3"]
+    assert (eagle["kind"], eagle["draft"]["for"], eagle["draft"]["installed"]) == (
+        "eagle3", "qwen3-4b", False)
+
+
 def test_check_refuses_the_target_as_its_own_draft_and_bad_arguments(run, tiny_target):
     """The draft-is-the-target words are the engine's (engine.compat), so
     ``generate`` and ``check`` say the same; an empty model or a bad

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from libtools import tree_files
-from specchat.library import catalog, importing, index, paths, refs
+from specchat.library import bundled, catalog, importing, index, paths, refs
 from specchat.library import hub as lib_hub
 from specchat.library.errors import LibraryError
 
@@ -108,10 +108,17 @@ def test_catalog_pairs_are_sound():
     assert {"qwen2.5-7b", "qwen2.5-0.5b", "llama3.1-8b", "llama3.2-1b", "smollm2-135m",
             "qwen3-0.6b", "qwen2.5-coder-1.5b"} <= ids
     for p in cat.pairs:
-        assert p.target.tokenizer.id == p.draft.tokenizer.id, p.id
-        assert p.draft.params * 2 < p.target.params, p.id
-        assert p.target.ref.startswith(("hf:mlx-community/", "bundled:")), p.id
-        assert "tokenizer" in p.why and "fewer parameters" in p.why
+        if p.kind == "mtp":  # the target's own head: its original checkpoint, not MLX's
+            assert p.draft is None and p.target.mtp, p.id
+            assert not p.target.ref.startswith("hf:mlx-community/"), p.id
+            assert "own multi-token-prediction head" in p.why, p.id
+        else:
+            assert p.target.tokenizer.id == p.draft.tokenizer.id, p.id
+            assert p.draft.params * 2 < p.target.params, p.id
+            assert "fewer parameters" in p.why, p.id
+        if p.kind == "model":
+            assert p.target.ref.startswith(("hf:mlx-community/", "bundled:")), p.id
+            assert "tokenizer" in p.why
         mem = p.memory(dtype="q4")
         assert mem.total > p.target.params * 0.5
         assert p.to_json()["memory"]["total"] == p.memory().total
@@ -129,24 +136,9 @@ def test_hub_model_is_named_after_the_catalog(hub, monkeypatch):
         id="tiny-llama", name="Tiny", ref="hf:test-org/tiny-target",
         tokenizer=real.models[0].tokenizer, params=1000, quantization=None, download_bytes=1,
         num_layers=2, num_kv_heads=2, head_dim=16, max_context=2048)], pairs=real.pairs)
-    monkeypatch.setattr(catalog, "load_catalog", lambda folder=None: fake)
+    monkeypatch.setattr(lib_hub, "load_catalog", lambda folder=None: fake)  # what hub names by
     assert lib_hub.pull("hf:test-org/tiny-target").name == "tiny-llama"
     assert refs.resolve("tiny-llama").name == index.get("tiny-llama").revision
-
-
-def _fake_module(monkeypatch, name: str, **attrs):
-    """Stand in for a sibling module another engineer owns (bundled.py,
-    gguf_import.py), to test how this side calls it."""
-    import sys
-    import types
-
-    import specchat.library
-
-    mod = types.ModuleType(f"specchat.library.{name}")
-    for k, v in attrs.items():
-        setattr(mod, k, v)
-    monkeypatch.setitem(sys.modules, f"specchat.library.{name}", mod)
-    monkeypatch.setattr(specchat.library, name, mod, raising=False)
 
 
 def test_gguf_import_goes_through_gguf_import_and_is_reused(lib_home, tmp_path, monkeypatch,
@@ -161,8 +153,10 @@ def test_gguf_import_goes_through_gguf_import_and_is_reused(lib_home, tmp_path, 
         shutil.copytree(tiny_target, dest)
         return dest
 
-    _fake_module(monkeypatch, "gguf_import", import_gguf=import_gguf,
-                 gguf_summary=lambda path: {"name": "Tiny GGUF"})
+    # Stand-ins for the conversion (tests/library/test_gguf_import.py runs it),
+    # to test how the import calls it.
+    monkeypatch.setattr(importing, "import_gguf", import_gguf)
+    monkeypatch.setattr(importing, "gguf_summary", lambda path: {"name": "Tiny GGUF"})
     gguf = tmp_path / "blob-without-extension"
     gguf.write_bytes(b"GGUF" + b"\0" * 64)
     model = importing.import_path(gguf)
@@ -180,40 +174,12 @@ def test_bundled_pull_lists_the_bundled_model(lib_home, monkeypatch, tiny_draft)
         progress(f"preparing {name}", 1.0)
         return tiny_draft
 
-    _fake_module(monkeypatch, "bundled", ensure=ensure, available=lambda name: True)
-    model = lib_hub.pull("bundled:qwen2.5-coder-0.5b", progress=seen.append)
+    monkeypatch.setattr(bundled, "ensure", ensure)  # the conversion: tests/library/test_bundled.py
+    model = refs.pull("bundled:qwen2.5-coder-0.5b", progress=seen.append)
     assert model.kind == "bundled" and model.source == "bundled:qwen2.5-coder-0.5b"
     assert seen and seen[-1].fraction == 1.0
-    assert lib_hub.pull("qwen2.5-coder-0.5b").name == model.name  # by catalog id
+    assert refs.pull("qwen2.5-coder-0.5b").name == model.name  # by catalog id
     assert [m.name for m in index.list_installed()] == [model.name]
-
-
-def test_discover_finds_lm_studio_ollama_and_hf_cache(tmp_path, tiny_target, monkeypatch):
-    import shutil
-
-    monkeypatch.delenv("HF_HOME", raising=False)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
-    home = tmp_path / "home"
-    lms = home / ".lmstudio" / "models" / "lmstudio-community" / "Qwen-GGUF"
-    lms.mkdir(parents=True)
-    (lms / "qwen-q4_k_m.gguf").write_bytes(b"GGUF")
-    shutil.copytree(tiny_target, home / ".lmstudio" / "models" / "mlx-community" / "tiny")
-    ollama = home / ".ollama" / "models"
-    (ollama / "blobs").mkdir(parents=True)
-    (ollama / "blobs" / "sha256-abc").write_bytes(b"GGUF")
-    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "llama3.2" / "1b"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:abc"}]}))
-    snap = home / ".cache" / "huggingface" / "hub" / "models--org--tiny" / "snapshots" / "abc"
-    shutil.copytree(tiny_target, snap)
-
-    found = {(c.app, c.kind, c.name) for c in importing.discover(home)}
-    assert ("LM Studio", "gguf", "qwen-q4_k_m") in found
-    assert ("LM Studio", "mlx", "tiny") in found
-    assert ("Ollama", "gguf", "llama3.2:1b") in found
-    assert ("Hugging Face cache", "mlx", "org/tiny") in found
 
 
 def test_index_entries_keep_their_json_order(lib_home, tiny_target):

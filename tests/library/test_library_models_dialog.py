@@ -10,7 +10,7 @@ import time
 
 import pytest
 from PySide6.QtCore import Qt
-from specchat.library import bundled, paths
+from specchat.library import bundled, index, paths
 from specchat.library.gguf_import import FORMAT, MARKER
 from specchat.library.units import size_text
 
@@ -108,3 +108,17 @@ def test_a_cancelled_download_shows_cancelled_not_a_full_bar(hub, qtbot, manager
     finally:
         hub.released.set()
     assert row.bar.isHidden() and row.failed and row.detail.text() == "Cancelled."
+
+
+def test_downloading_a_built_in_catalog_row_prepares_and_lists_it(lib_home, manager,
+                                                                monkeypatch, tiny_draft):
+    from specchat.ui.model_manager import TaskRow
+
+    # A stand-in for the conversion (tests/library/test_bundled.py runs it).
+    monkeypatch.setattr(bundled, "ensure", lambda name, progress, cancelled: tiny_draft)
+    dlg = manager()
+    done = dlg.download("bundled:qwen2.5-coder-0.5b", "Qwen2.5-Coder 0.5B")
+    _spin_until(done.done, 30)
+    row = dlg.findChildren(TaskRow)[-1]
+    assert not row.failed, row.detail.text()
+    assert index.find_source("bundled:qwen2.5-coder-0.5b").path == str(tiny_draft)

@@ -192,30 +192,3 @@ def test_records_of_checked_files_never_block_or_crash(lib_home, tmp_path, kind)
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[{},", "{},", "{}]", "False", "{}"]
-
-
-def test_garbage_ollama_manifests_are_passed_over(tmp_path, monkeypatch):
-    """discover() reads Ollama's manifests (another program's records): one
-    whose layers are not records, or that is nested too deep, or whose
-    digest climbs out of the blobs folder, is passed over; the good one is
-    found."""
-    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
-    home = tmp_path / "home"
-    models = home / ".ollama" / "models"
-    (models / "blobs").mkdir(parents=True)
-    (models / "blobs" / "sha256-abc").write_bytes(b"GGUF")
-    secret = tmp_path / "secret"
-    secret.write_bytes(b"GGUF")
-    library = models / "manifests" / "registry.ollama.ai" / "library"
-    layer = {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:abc"}
-    manifests = {"good/1b": {"layers": [layer]}, "int/1b": {"layers": 5},
-                 "words/1b": {"layers": ["x", 1, None]}, "escape/1b": {"layers": [
-                     {**layer, "digest": "../../../../secret"}]},
-                 "deep/1b": None}
-    for name, data in manifests.items():
-        path = library / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data) if data is not None else "[" * 100_000)
-    found = [(c.app, c.name, c.path) for c in importing.discover(home)]
-    assert found == [("Ollama", "good:1b", str(models / "blobs" / "sha256-abc"))]

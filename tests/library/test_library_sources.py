@@ -1,5 +1,6 @@
-"""The registry of reference kinds (library/sources/): what it accepts, in
-which order, and that a new kind is one small class and one line."""
+"""The registry of reference kinds (refs.SOURCES, one module each in
+library/sources/): what it accepts, in which order, and that a new kind is
+one small class and one line."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from specchat.library import compatibility, importing, paths, refs, sources
+from specchat.library import compatibility, importing, paths, refs
 from specchat.library.errors import LibraryError
-from specchat.library.sources import Source
+from specchat.library.sources.base import Source
 
 
 class EnvSource(Source):
@@ -26,7 +27,7 @@ class EnvSource(Source):
 
 def test_a_new_source_resolves_and_describes(lib_home, monkeypatch, tiny_qwen_target,
                                              tiny_qwen_draft):
-    monkeypatch.setattr(sources, "SOURCES", [EnvSource(), *sources.SOURCES])  # registration
+    monkeypatch.setattr(refs, "SOURCES", [EnvSource(), *refs.SOURCES])  # registration
     monkeypatch.setenv("TINY_TARGET", str(tiny_qwen_target))
     monkeypatch.setenv("TINY_DRAFT", str(tiny_qwen_draft))
 
@@ -62,21 +63,28 @@ def test_precedence_folder_then_installed_then_catalog(lib_home, tmp_path, monke
     (tmp_path / "qwen2.5-0.5b").symlink_to(tiny_target)
     assert refs.resolve("qwen2.5-0.5b") == tiny_target.resolve()
     # Prefixes are never paths, and a catalog id not installed is judged from the catalog.
-    assert type(sources.find("hf:org/repo")).__name__ == "HubSource"
-    assert type(sources.find("bundled:x")).__name__ == "BundledSource"
+    assert type(refs.find("hf:org/repo")).__name__ == "HubSource"
+    assert type(refs.find("bundled:x")).__name__ == "BundledSource"
     catalog_only = compatibility.describe("qwen2.5-7b", allow_work=False)
     assert not catalog_only.on_disk and catalog_only.catalog.id == "qwen2.5-7b"
 
 
-def test_a_file_that_is_not_gguf_is_refused_in_words(lib_home, tiny_target):
+def test_a_file_that_is_not_gguf_is_refused_in_words(lib_home, tiny_target, tmp_path):
+    """No source claims a file that is not GGUF (by name or magic bytes), and
+    the refusal says what it is; a .gguf not imported yet is judged only once
+    it is."""
     config = tiny_target / "config.json"
-    with pytest.raises(LibraryError, match="is a file but not a GGUF model; pass an installed"):
-        refs.resolve(str(config))
-    with pytest.raises(LibraryError, match="has not been imported yet"):
-        compatibility.describe(str(config), allow_work=False)
+    for ask in (refs.resolve, lambda ref: compatibility.describe(ref, allow_work=False)):
+        with pytest.raises(LibraryError, match=f"^{config} is a file but not a GGUF model; pass "
+                                               "an installed"):
+            ask(str(config))
+    gguf = tmp_path / "later.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(LibraryError, match="^later.gguf has not been imported yet"):
+        compatibility.describe(str(gguf), allow_work=False)
 
 
 def test_pull_goes_through_the_sources_that_can_pull(lib_home, tiny_target):
     imported = importing.import_path(tiny_target, name="local")
-    assert sources.pull("local") == imported  # already complete: nothing to fetch
-    assert sources.pull(str(tiny_target)) is None  # folders are imported, not pulled
+    assert refs.pull("local") == imported  # already complete: nothing to fetch
+    assert refs.pull(str(tiny_target)) is None  # folders are imported, not pulled

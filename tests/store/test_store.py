@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 from specchat.store import db
 from specchat.store.conversations import ConversationStore
-from specchat.store.settings import AppSettings, SettingsStore, apply_preset, preset_of
+from specchat.store.settings import PRESETS, AppSettings, SettingsStore, preset_of
 from specchat.store.summary import ReplySummary
 from specchat.store.worker import StoreWorker
 
@@ -88,7 +88,7 @@ def test_settings_roundtrip_and_presets(tmp_path):
     conn = db.connect(tmp_path / "s.sqlite3")
     st = SettingsStore(conn)
     assert st.load() == AppSettings()
-    s = replace(apply_preset(AppSettings(), "Creative"), system_prompt="Be brief.", k=4)
+    s = replace(AppSettings(), **PRESETS["Creative"], system_prompt="Be brief.", k=4)
     st.save(s)
     conn.close()
     again = SettingsStore(db.connect(tmp_path / "s.sqlite3")).load()

@@ -53,3 +53,20 @@ def test_copy_link_copies_the_code(qtbot, qapp):
     QTest.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=hit)
     assert QGuiApplication.clipboard().text() == code
     assert copied and "copied" in copied[0]
+
+
+def test_the_window_opens_with_the_cursor_in_the_message_box(qtbot, aloop, home):
+    """Issue 33: the installed app, opened in a real X session, took no
+    keys: no widget had the focus, so what a person typed went nowhere until
+    they clicked into the box. Activated, the window gives the keys to the
+    composer."""
+    from PySide6.QtWidgets import QApplication
+    from ui_support import make_window, wait_until
+
+    w = make_window(qtbot)
+    w.activateWindow()
+    wait_until(lambda: QApplication.focusWidget() is not None)
+    assert QApplication.focusWidget() is w.composer.edit
+    QTest.keyClicks(QApplication.focusWidget(), "typed")
+    assert w.composer.text() == "typed"
+    w.close()

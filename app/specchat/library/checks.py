@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine.template import TemplateError, compile_template
 from specchat.library.errors import LibraryError
 
 # safetensors dtypes and their sizes in bytes (safetensors' README).
@@ -176,12 +177,18 @@ def _whole(v: object) -> bool:
 
 
 # -- config.json ---------------------------------------------------------------
+def text_config(config: dict) -> dict:
+    """Multimodal configs keep the language model's numbers in text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        return {**config, **inner}
+    return config
+
+
 def check_config(config: dict, where: Path) -> None:
     """The numbers mlx-lm builds the model from are numbers, and positive;
     a known architecture has every key its ModelArgs requires. ``where`` is
     the config.json to name."""
-    from specchat.library.facts import text_config
-
     cfg = text_config(config)
     model_type = config.get("model_type", cfg.get("model_type"))
     if not isinstance(model_type, str) or not model_type.strip():
@@ -527,8 +534,6 @@ def check_chat_template(template: str, where: Path | str, name: str | None = Non
     here if and only if the
     engine can use it; any failure (bad syntax with its line, nesting too
     deep for Python's compiler, ...) is said naming the file it came from."""
-    from specchat.engine.template import TemplateError, compile_template
-
     try:
         compile_template(template, syntax_only=True)
     except TemplateError as exc:

@@ -13,7 +13,11 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
+from specchat.library import bundled, hub, importing, index, paths, refs
+from specchat.library.catalog import load_catalog
+from specchat.library.compatibility import check, suggest_drafts
 from specchat.library.errors import LibraryError
 from specchat.library.units import params_text, size_text
 
@@ -78,31 +82,43 @@ class _Reporter:
 
 
 def cmd_list(args, as_json: bool) -> int:
-    from specchat.library import index, paths
-
+    """The index's models, and the built-in ones already prepared in
+    ``<home>/bundled`` (not index entries, as in the Models dialog's
+    Installed tab, so both tell the same story)."""
     models = index.list_installed()
+    listed = {m.source for m in models}
+    built = [b for b in bundled.prepared() if b.model.ref not in listed]
     if as_json:
-        _print_json([m.to_json() for m in models])
+        _print_json([*(_built_in_json(b) for b in built), *(m.to_json() for m in models)])
         return 0
-    if not models:
+    if not models and not built:
         print("No models installed yet. Pull a recommended one "
               "(`specchat models catalog`, `specchat models pull qwen2.5-0.5b`) or bring your "
               "own (`specchat models import PATH`).")
         return 0
-    rows = [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
-             m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")
-             + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
-            for m in models]
+    # A built-in model's GGUF weights are stored as float16 once converted
+    # (gguf_import.py); reading the folder to say so would take seconds.
+    rows = [[b.model.name, size_text(b.size_bytes), b.model.params, "float16",
+             f"{b.model.ref} (built in)"] for b in built]
+    rows += [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
+              m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")
+              + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
+             for m in models]
     print(_table(rows, ["NAME", "SIZE", "PARAMS", "WEIGHTS", "SOURCE"]))
-    total = sum(m.size_bytes for m in models)
-    print(f"\n{len(models)} model{'s' if len(models) != 1 else ''}, {size_text(total)}, "
+    count = len(rows)
+    total = sum(b.size_bytes for b in built) + sum(m.size_bytes for m in models)
+    print(f"\n{count} model{'s' if count != 1 else ''}, {size_text(total)}, "
           f"in {paths.home()}")
     return 0
 
 
-def cmd_where(args, as_json: bool) -> int:
-    from specchat.library import paths
+def _built_in_json(b) -> dict:
+    return {"name": b.model.name, "source": b.model.ref, "kind": "bundled", "path": str(b.path),
+            "size_bytes": b.size_bytes, "params": None, "quantization": "float16",
+            "built_in": True}
 
+
+def cmd_where(args, as_json: bool) -> int:
     data = {"home": str(paths.home()), "hub_cache": str(paths.hub_cache()),
             "models": str(paths.models_dir()), "bundled": str(paths.bundled_dir()),
             "index": str(paths.index_file()), "disk_usage_bytes": paths.disk_usage()}
@@ -123,13 +139,9 @@ def cmd_where(args, as_json: bool) -> int:
 
 
 def _pull_one(ref: str, report: _Reporter, cancelled: threading.Event):
-    """Pull one reference through the sources that can pull (see
-    ``sources/``); returns the InstalledModel."""
-    from pathlib import Path
-
-    from specchat.library import hub, sources
-
-    pulled = sources.pull(ref, report.download, cancelled)
+    """Pull one reference through the sources that can pull
+    (``refs.pull``); returns the InstalledModel."""
+    pulled = refs.pull(ref, report.download, cancelled)
     if pulled is not None:
         return pulled
     if ref.count("/") == 1 and not Path(ref).exists():
@@ -141,15 +153,13 @@ def _pull_one(ref: str, report: _Reporter, cancelled: threading.Event):
 
 
 def cmd_pull(args, as_json: bool) -> int:
-    from specchat.library.catalog import load_catalog
-
     report = _Reporter()
     cancelled = threading.Event()
     pair = load_catalog().pair(args.ref)
-    refs = [pair.target.ref, pair.draft.ref] if pair is not None else [args.ref]
+    wanted = pair.refs if pair is not None else [args.ref]
     results = []
     try:
-        for ref in refs:
+        for ref in wanted:
             results.append(_pull_one(ref, report, cancelled))
     finally:
         report.done()
@@ -163,8 +173,6 @@ def cmd_pull(args, as_json: bool) -> int:
 
 
 def cmd_import(args, as_json: bool) -> int:
-    from specchat.library import importing
-
     report = _Reporter()
     try:
         model = importing.import_path(args.path, name=args.name, progress=report)
@@ -182,8 +190,6 @@ def cmd_import(args, as_json: bool) -> int:
 
 
 def cmd_rm(args, as_json: bool) -> int:
-    from specchat.library import index, paths
-
     before = paths.disk_usage()
     model = index.remove(args.name)
     if model is None:
@@ -205,8 +211,6 @@ def cmd_rm(args, as_json: bool) -> int:
 
 
 def cmd_check(args, as_json: bool) -> int:
-    from specchat.library.compatibility import check
-
     context = getattr(args, "context", None) or 4096
     report = check(args.target, args.draft, context_tokens=context)
     if as_json:
@@ -227,9 +231,6 @@ def cmd_check(args, as_json: bool) -> int:
 
 
 def cmd_catalog(args, as_json: bool) -> int:
-    from specchat.library import index
-    from specchat.library.catalog import load_catalog
-
     cat = load_catalog()
     installed = {m.source for m in index.list_installed()}
 
@@ -241,25 +242,24 @@ def cmd_catalog(args, as_json: bool) -> int:
         for p in cat.pairs:
             item = p.to_json()
             item["target"]["installed"] = have(p.target)
-            item["draft"]["installed"] = have(p.draft)
+            if p.draft is not None:  # None: the target's own MTP head
+                item["draft"]["installed"] = have(p.draft)
             out.append(item)
         _print_json(out)
         return 0
     for p in cat.pairs:
         mem = p.memory()
         state = ("bundled" if p.bundled else
-                 "installed" if have(p.target) and have(p.draft) else
+                 "installed" if all(ref in installed for ref in p.refs) else
                  f"{size_text(p.download_bytes)} to download")
         print(f"{p.id}  [{state}; needs about {size_text(mem.total)} in {mem.dtype}]")
-        print(f"  {p.target.name} + {p.draft.name}")
+        print(f"  {p.target.name} + {p.draft_name}")
         print(f"  {p.why}")
     print("\nPull a pair with `specchat models pull TARGET+DRAFT` (the id before the brackets).")
     return 0
 
 
 def cmd_suggest(args, as_json: bool) -> int:
-    from specchat.library.compatibility import suggest_drafts
-
     found = suggest_drafts(args.target)
     if as_json:
         _print_json([s.to_json() for s in found])

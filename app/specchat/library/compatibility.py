@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.engine.compat import SAME_MODEL
-from specchat.library import index
+from specchat.engine.compat import SAME_MODEL, compare_tokenizers
+from specchat.library import index, memory, refs
 from specchat.library.catalog import load_catalog
+from specchat.library.facts import tokenizer_facts
 from specchat.library.memory import MemoryEstimate
 from specchat.library.model_side import ModelSide, catalog_for_source
 from specchat.library.units import params_text
@@ -69,8 +70,6 @@ def describe(ref: str, allow_work: bool = True) -> ModelSide:
     yet come from the catalog. With ``allow_work``, bundled models and GGUF
     files not converted yet are converted (once) so they can be read. The
     source that claims ``ref`` (see ``sources/``) answers."""
-    from specchat.library import refs
-
     ref, source = refs.source_for(ref)
     return source.describe(ref, allow_work)
 
@@ -86,9 +85,6 @@ def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str]
         if tf == df:
             return [], [f"same tokenizer ({t.facts.vocab_size:,} tokens, identical ids and "
                         "special tokens), so every draft token means the same to the target"], []
-        from specchat.engine.compat import compare_tokenizers
-        from specchat.library.facts import tokenizer_facts
-
         problems = compare_tokenizers(tokenizer_facts(Path(t.path)), tokenizer_facts(Path(d.path)))
         if problems:
             return problems, [], []
@@ -111,8 +107,6 @@ def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str]
 def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
           allow_work: bool = True) -> CompatReport:
     """The verdict for ``draft_ref`` speculating for ``target_ref``."""
-    from specchat.library import memory
-
     t = describe(target_ref, allow_work)
     d = describe(draft_ref, allow_work)
     problems: list[str] = []

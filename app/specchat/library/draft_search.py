@@ -22,9 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine import measure
 from specchat.engine.client import EngineClient
 from specchat.engine.errors import EngineError
+from specchat.engine.events import LoadProgress
+from specchat.library import bundled, index
 from specchat.library import recommendations as rec
+from specchat.library.compatibility import check, describe
 from specchat.library.recommendations import DraftResult, Recommendation, Refused, Sample
 
 
@@ -51,9 +55,6 @@ Progress = Callable[[SearchProgress], None]
 def installed_drafts(target: str) -> list[Candidate]:
     """Every draft this computer has: the built-in models whose packages are
     installed, then the index's models, leaving out the target itself."""
-    from specchat.library import bundled, index
-    from specchat.library.compatibility import describe
-
     try:
         target_path = describe(target, allow_work=False).path
     except Exception:  # noqa: BLE001 - an unknown target fails at its load, in words
@@ -86,8 +87,6 @@ def judge(target: str, candidates: Sequence[Candidate]) -> tuple[list[Candidate]
     """(drafts to measure, drafts refused with the check's first reason). The
     check reads files only (no conversion, no download); one it cannot
     decide is measured, and the engine's own check at load has the last word."""
-    from specchat.library.compatibility import check
-
     fit: list[Candidate] = []
     refused: list[Refused] = []
     for c in candidates:
@@ -105,8 +104,6 @@ def judge(target: str, candidates: Sequence[Candidate]) -> tuple[list[Candidate]
 
 def candidates_for(refs: Sequence[str]) -> list[Candidate]:
     """Drafts a person named (``--draft``), named as the library names them."""
-    from specchat.library.compatibility import describe
-
     out = []
     for ref in refs:
         try:
@@ -157,9 +154,6 @@ def search(client: EngineClient, target: str, sample: Sample, *,
     ``drafts``) on ``sample`` and rank them. Blocks; call it off the GUI
     thread. Raises EngineError/LibraryError when the target cannot be loaded;
     a draft that cannot is listed as refused with the engine's reason."""
-    from specchat.engine import measure
-    from specchat.engine.events import LoadProgress
-
     cancelled = cancelled or threading.Event()
     say = progress or (lambda _p: None)
     machine = rec.machine()

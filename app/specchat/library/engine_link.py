@@ -5,9 +5,8 @@ every load."""
 from __future__ import annotations
 
 from specchat.engine.client import EngineClient
+from specchat.library import memory, refs
 
 
 def make_client() -> EngineClient:
-    from specchat.library import memory, refs
-
     return EngineClient(resolver=refs.resolve, preflight=memory.preflight)

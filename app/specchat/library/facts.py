@@ -9,14 +9,14 @@ checking and suggesting stay fast and work before any weights are loaded.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specchat.engine import folders
+from specchat.engine.compat import facts_from_tokenizer_json
+from specchat.library.checks import check_folder, text_config
 from specchat.library.errors import LibraryError
 
 # mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
@@ -78,14 +78,6 @@ class ModelFacts:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
-def read_config(folder: Path) -> dict:
-    return folders.read_config(folder, LibraryError)
-
-
-def weight_files(folder: Path) -> list[Path]:
-    return folders.weight_files(folder)
-
-
 def validate_folder(folder: Path, shown: Path | None = None) -> dict:
     """Refuse what the engine would refuse, with the same message, and what
     mlx-lm would fail to load (checks.check_folder: safetensors headers
@@ -97,20 +89,10 @@ def validate_folder(folder: Path, shown: Path | None = None) -> dict:
 
 
 def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
-    from specchat.library import checks
-
     config = folders.validate_folder(folder, LibraryError)
-    tensors = checks.check_folder(folder, config, weight_files(folder), shown)
+    tensors = check_folder(folder, config, folders.weight_files(folder), shown)
     return config, {name: {"dtype": t.dtype, "shape": list(t.shape)}
                     for name, t in tensors.items()}
-
-
-def text_config(config: dict) -> dict:
-    """Multimodal configs keep the language model's numbers in text_config."""
-    inner = config.get("text_config")
-    if isinstance(inner, dict):
-        return {**config, **inner}
-    return config
 
 
 def cache_kind(config: dict) -> tuple[str, str | None]:
@@ -141,27 +123,10 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     return "full", None
 
 
-def safetensors_header(path: Path) -> dict:
-    """The JSON header of a safetensors file (8-byte length, then JSON)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise ValueError("file is shorter than its header")
-            (n,) = struct.unpack("<Q", raw)
-            if n > 100_000_000:
-                raise ValueError("header length is implausible")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
-        raise LibraryError(f"{path.name} is not a valid safetensors file ({exc})") from exc
-    header.pop("__metadata__", None)
-    return header
-
-
-def count_params(folder: Path, config: dict,
-                 tensors: dict[str, dict] | None = None) -> tuple[int, str | None]:
+def count_params(config: dict, tensors: dict[str, dict]) -> tuple[int, str | None]:
     """(logical parameter count, storage label) from the safetensors headers
-    (``tensors``: the headers already read, name -> dtype and shape).
+    (``tensors``: name -> dtype and shape, as checks.read_safetensors read
+    them while checking the folder: the one safetensors reader).
 
     Quantized weights (uint32 words with ``.scales``/``.biases`` beside them)
     count as ``words * 32 / bits`` parameters; scales and biases are not
@@ -171,10 +136,6 @@ def count_params(folder: Path, config: dict,
     bits = quant.get("bits") if isinstance(quant, dict) else None
     if not isinstance(bits, int) or isinstance(bits, bool) or bits <= 0:
         bits = None
-    if tensors is None:
-        tensors = {}
-        for shard in weight_files(folder):
-            tensors.update(safetensors_header(shard))
     dtype_bytes: dict[str, int] = {}
     total = 0
     for name, info in tensors.items():
@@ -267,8 +228,6 @@ def tokenizer_facts(folder: Path, shown: Path | None = None):
     Errors name ``shown`` (the user's folder) instead of ``folder``."""
     if not (folder / "tokenizer.json").exists():
         return None
-    from specchat.engine.compat import facts_from_tokenizer_json
-
     key = (str(folder.resolve()), _stamp(folder / "tokenizer.json"),
            _stamp(folder / "tokenizer_config.json"))
     with _TOKENIZER_CACHE_LOCK:
@@ -293,7 +252,7 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
     folder = Path(folder)
     shown = Path(shown) if shown is not None else None
     config, tensors = _validate(folder, shown)
-    params, label = count_params(folder, config, tensors)
+    params, label = count_params(config, tensors)
     tok = tokenizer_facts(folder, shown)
     kind, reason = cache_kind(config)
     layers, kv_heads, head_dim = kv_shape(config)

@@ -22,15 +22,14 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import disk, gguf_tokenizer, jsonfile, staging
+from specchat.library import checks, disk, gguf_tokenizer, jsonfile, staging
+from specchat.library.checks import LAYER_INDEX
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
-
-Progress = Callable[[str, float | None], None]
+from specchat.library.progress import Progress
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 MARKER = "specchat-import.json"  # written last; its presence means "complete"
@@ -108,8 +107,6 @@ class _Job:
 def _hf_name(name: str) -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
-    from specchat.library.checks import LAYER_INDEX
-
     parts = name.split(".")
     if (len(parts) == 4 and parts[0] == "blk" and LAYER_INDEX.fullmatch(parts[1])
             and parts[2] in _LAYER_NAMES):
@@ -306,8 +303,6 @@ def _check_layout(header: Header, config: dict, jobs: list[_Job]) -> None:
     tensors sharing bytes, blocks beyond (or missing below) block_count, and
     any tensor the config implies missing, extra or of the wrong shape (the
     same check every MLX folder gets, checks.check_tensors)."""
-    from specchat.library import checks
-
     where, arch = header.path, header.architecture
     spans = sorted((j.info.offset, j.info.offset + tensor_nbytes(j.info), j.info.name)
                    for j in jobs)
@@ -411,7 +406,7 @@ def _chunks(data, job: _Job):
 
 def _write_weights(header: Header, jobs: list[_Job], folder: Path, progress: Progress,
                    cancelled: threading.Event | None, max_shard_bytes: int) -> None:
-    import numpy as np
+    import numpy as np  # numpy (st_writer's too) only when converting: listing stays light
 
     from specchat.library.st_writer import Entry, StreamingWriter, plan_shards
 

@@ -51,8 +51,11 @@ from pathlib import Path
 
 from specchat.errors import SpecChatError
 from specchat.library import disk, hub_files, hub_net, index, paths
+from specchat.library.catalog import load_catalog
 from specchat.library.errors import LibraryError
+from specchat.library.facts import read_folder
 from specchat.library.index import InstalledModel
+from specchat.library.progress import DownloadProgress
 from specchat.library.units import size_text
 
 # The JSON files loading reads: mlx-lm's load_config (config, generation and
@@ -70,44 +73,11 @@ MODEL_JSON = ["config.json", "generation_config.json", "hf_quant_config.json",
 # *.json). Folder imports copy the same files (importing.wanted_files).
 ALLOW_PATTERNS = [*MODEL_JSON, "model*.safetensors", "tokenizer.model", "*.tiktoken",
                   "tiktoken.model", "*.txt", "*.jinja"]
-# Read size when checking files on disk: how often progress is reported and
-# Cancel is noticed while hashing (downloads write bytes as they arrive).
-CHUNK_BYTES = 1024 * 1024
 # Seconds between progress reports (the first and last of each file always go).
 PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # always fullmatch: "$" lets a trailing newline through
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class DownloadProgress:
-    """One progress report: bytes done of the total (None if unknown), the
-    recent rate in bytes per second, and what is happening in words."""
-
-    done_bytes: int
-    total_bytes: int | None
-    rate_bps: float
-    message: str
-    file: str | None = None
-    step_fraction: float | None = None  # for work that is not counted in bytes
-
-    @property
-    def fraction(self) -> float | None:
-        if not self.total_bytes:
-            return self.step_fraction
-        return min(1.0, self.done_bytes / self.total_bytes)
-
-    def describe(self) -> str:
-        """The message with bytes and rate, e.g. "model.safetensors - 1.2 GB of 3.1 GB, 24.0 MB/s"."""
-        from specchat.library.units import size_text
-
-        text = self.message
-        if self.total_bytes and self.file:
-            text += f" - {size_text(self.done_bytes)} of {size_text(self.total_bytes)}"
-            if self.rate_bps > 0:
-                text += f", {size_text(self.rate_bps)}/s"
-        return text
 
 
 class DownloadCancelled(LibraryError):
@@ -423,8 +393,6 @@ def _storage_folder(hub: HubRef) -> Path:
 
 
 def _entry_name(hub: HubRef) -> str:
-    from specchat.library.catalog import load_catalog
-
     wanted = hub.name
     if hub.revision is None:
         known = load_catalog().model(hub.ref)
@@ -437,7 +405,9 @@ def _entry_name(hub: HubRef) -> str:
 
 def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
          cancelled: threading.Event | None = None) -> InstalledModel:
-    """Download (or update) ``hf:org/repo[@revision]`` and list it.
+    """Download (or update) ``hf:org/repo[@revision]`` and list it (a
+    catalog id or a ``bundled:`` reference is pulled by ``refs.pull``,
+    which comes here for the Hub's).
 
     Asks the Hub which commit the revision is at and fetches only files that
     are not cached (or whose cached copy no longer matches its checksum).
@@ -445,15 +415,6 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     copy is returned as it is (after checking its files) and the progress
     message says so; without one, LibraryError explains what to do.
     """
-    if not ref.startswith("hf:"):
-        from specchat.library.catalog import load_catalog
-
-        known = load_catalog().model(ref)
-        ref = known.ref if known is not None else ref
-        if ref.startswith("bundled:"):
-            from specchat.library.sources.bundled import BundledSource
-
-            return BundledSource().pull(ref, progress, cancelled)
     hub = parse_ref(ref)
     say = progress or (lambda _p: None)
     have = installed(hub)
@@ -743,8 +704,6 @@ def _check_installed(hub: HubRef, have: InstalledModel, tracker: _Tracker) -> No
 
 def _register(hub: HubRef, commit: str, snapshot: Path,
               previous: InstalledModel | None) -> InstalledModel:
-    from specchat.library.facts import read_folder
-
     try:
         facts = read_folder(snapshot)
     except LibraryError as exc:

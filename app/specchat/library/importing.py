@@ -27,20 +27,22 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import shutil
 import stat
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat import records
 from specchat.library import index, paths, staging
+from specchat.library.disk import check_free_space
 from specchat.library.errors import ImportCancelled, LibraryError
+from specchat.library.facts import read_folder, validate_folder
+from specchat.library.gguf_import import gguf_summary, import_gguf
+from specchat.library.hub import ALLOW_PATTERNS
 from specchat.library.index import InstalledModel
+from specchat.library.progress import Progress
 
-Progress = Callable[[str, float | None], None]
 COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -90,8 +92,6 @@ def import_path(path: str | os.PathLike, name: str | None = None,
     final_name = index.unique_name(wanted, source=source)
     plan: list[_File] = []
     if kind == "import":
-        from specchat.library.facts import validate_folder
-
         plan = _plan(src)  # before anything reads a file through a link
         validate_folder(src)
     where = paths.models_dir()
@@ -119,8 +119,6 @@ def import_path(path: str | os.PathLike, name: str | None = None,
 def _default_name(src: Path, kind: str) -> str:
     if kind == "gguf":
         try:
-            from specchat.library.gguf_import import gguf_summary
-
             summary = gguf_summary(src) or {}
             label = summary.get("name") or summary.get("general.name")
             if isinstance(label, str) and label.strip():
@@ -164,8 +162,6 @@ def _plan(src: Path) -> list[_File]:
     """The files to import from the resolved folder ``src``, each a regular
     file inside ``import_root(src)``; a link out of it or anything that is not
     a regular file (a FIFO, a device) is refused by name, before it is read."""
-    from specchat.library.hub import ALLOW_PATTERNS
-
     root = import_root(src)
     out = []
     for entry in sorted(src.iterdir()):
@@ -193,8 +189,6 @@ def _plan(src: Path) -> list[_File]:
 def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path) -> None:
     """Files that will be copied (on another disk, or with other names) must
     fit: refuse up front if they cannot (hard links take no space)."""
-    from specchat.library.disk import check_free_space
-
     here = os.stat(work).st_dev
     needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
     if needed:
@@ -251,8 +245,6 @@ def _open_planned(f: _File, src: Path):
 
 def _convert_gguf(src: Path, work: Path, say: Progress,
                   cancelled: threading.Event | None, where: Path) -> Path:
-    from specchat.library.gguf_import import import_gguf
-
     out = import_gguf(src, work / "model", say, cancelled, shown_dir=where)
     _check(cancelled, src)
     return Path(out)
@@ -260,8 +252,6 @@ def _convert_gguf(src: Path, work: Path, say: Progress,
 
 def _install(built: Path, name: str, source: str, kind: str, say: Progress,
              src: Path) -> InstalledModel:
-    from specchat.library.facts import read_folder
-
     facts = read_folder(built, shown=src)
     dest = paths.models_dir(create=True) / name
     if dest.exists():  # left over from an import that never got listed
@@ -280,99 +270,3 @@ def _install(built: Path, name: str, source: str, kind: str, say: Progress,
 def _check(cancelled: threading.Event | None, src: Path) -> None:
     if cancelled is not None and cancelled.is_set():
         raise ImportCancelled(f"Import of {src.name} cancelled; nothing was added.")
-
-
-# -- finding models the user already has ---------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalCandidate:
-    """A model found on this machine that could be imported."""
-
-    path: str
-    kind: str  # "mlx" or "gguf"
-    app: str  # "LM Studio", "Ollama", "Hugging Face cache"
-    name: str
-    size_bytes: int
-
-
-def discover(home: Path | None = None) -> list[LocalCandidate]:
-    """MLX folders and GGUF files in the usual places of LM Studio, Ollama
-    and the Hugging Face cache (read-only; nothing is imported)."""
-    home = home or Path.home()
-    found: list[LocalCandidate] = []
-    for root in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"):
-        found += _scan_tree(root, "LM Studio", depth=3)
-    hf_cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME", "")
-                    or home / ".cache" / "huggingface")
-    if hf_cache.name != "hub":
-        hf_cache = hf_cache / "hub"
-    for repo in sorted(hf_cache.glob("models--*")):
-        for snap in sorted((repo / "snapshots").glob("*")):
-            if _is_mlx_folder(snap):
-                found.append(LocalCandidate(str(snap), "mlx", "Hugging Face cache",
-                                            repo.name.split("--", 1)[-1].replace("--", "/"),
-                                            _size(snap)))
-    found += _ollama(Path(os.environ.get("OLLAMA_MODELS") or home / ".ollama" / "models"))
-    return found
-
-
-def _is_mlx_folder(folder: Path) -> bool:
-    return (folder / "config.json").exists() and any(folder.glob("model*.safetensors"))
-
-
-def _size(folder: Path) -> int:
-    total = 0
-    for f in folder.iterdir():
-        try:
-            total += f.stat().st_size if f.is_file() else 0
-        except OSError:
-            pass
-    return total
-
-
-def _scan_tree(root: Path, app: str, depth: int) -> list[LocalCandidate]:
-    out: list[LocalCandidate] = []
-    if not root.is_dir():
-        return out
-    for dirpath, dirs, files in os.walk(root):
-        here = Path(dirpath)
-        if len(here.relative_to(root).parts) >= depth:
-            dirs[:] = []
-        if _is_mlx_folder(here):
-            out.append(LocalCandidate(str(here), "mlx", app, here.name, _size(here)))
-            dirs[:] = []
-            continue
-        for name in sorted(files):
-            if name.lower().endswith(".gguf") and "mmproj" not in name.lower():
-                f = here / name
-                out.append(LocalCandidate(str(f), "gguf", app, f.stem, f.stat().st_size))
-    return out
-
-
-def _ollama(models: Path) -> list[LocalCandidate]:
-    """GGUF blobs named by Ollama's manifests. A manifest is another
-    program's record, read as one (``jsonfile.read_record``): anything in it
-    that is not what Ollama writes is passed over, and a digest is only ever
-    a name in ``blobs/`` (never a path out of it)."""
-    from specchat.library import jsonfile
-
-    out: list[LocalCandidate] = []
-    manifests = models / "manifests"
-    if not manifests.is_dir():
-        return out
-    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-        layers = jsonfile.read_record(manifest).get("layers")
-        for layer in layers if isinstance(layers, list) else []:
-            if not isinstance(layer, dict) or \
-                    layer.get("mediaType") != "application/vnd.ollama.image.model":
-                continue
-            digest = layer.get("digest")
-            if not isinstance(digest, str) or not re.fullmatch(r"\w+:[0-9a-fA-F]+", digest):
-                continue
-            blob = models / "blobs" / digest.replace(":", "-")
-            if blob.is_file():
-                label = f"{manifest.parent.name}:{manifest.name}"
-                out.append(LocalCandidate(str(blob), "gguf", "Ollama", label,
-                                          blob.stat().st_size))
-    return out

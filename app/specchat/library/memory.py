@@ -26,6 +26,7 @@ from typing import Protocol
 from specchat import values
 from specchat.engine.folders import is_cluster_folder
 from specchat.library.errors import LibraryError
+from specchat.library.facts import read_folder
 
 # 4-bit MLX quantization stores a float16 scale and bias per group of 64
 # weights: 4 + 32/64 = 4.5 bits per parameter.
@@ -214,8 +215,6 @@ def check_pair(target_path: str | os.PathLike, draft_path: str | os.PathLike | N
     Raises LibraryError with the numbers ("needs 9.1 GB, 6.0 GB available");
     returns the estimate when it fits (or when available memory is unknown).
     """
-    from specchat.library.facts import read_folder
-
     target = read_folder(Path(target_path))
     share = _rank0_share(Path(target_path))
     if share < 1.0:  # a cluster target: this machine holds rank 0's layers only

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library.catalog import CatalogModel, load_catalog
-from specchat.library.facts import ModelFacts
+from specchat.library.facts import ModelFacts, read_folder
 from specchat.library.index import InstalledModel
 
 
@@ -84,8 +84,6 @@ def installed_side(ref: str, model: InstalledModel) -> ModelSide:
 
 def folder_side(ref: str, folder: Path, known: CatalogModel | None = None) -> ModelSide:
     """An MLX folder on disk, read now (small files only)."""
-    from specchat.library.facts import read_folder
-
     folder = Path(folder)
     return ModelSide(ref, folder.name, str(folder), read_folder(folder), known)
 

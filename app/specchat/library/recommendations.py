@@ -28,6 +28,7 @@ from pathlib import Path
 from specchat import records
 from specchat.engine import drafter_kinds
 from specchat.engine.draft_policy import CostModel, expected_tokens
+from specchat.home import home
 from specchat.library import jsonfile
 
 FILENAME = "recommendations.json"
@@ -273,8 +274,6 @@ def machine() -> str:
 
 
 def results_file() -> Path:
-    from specchat.home import home
-
     return home() / FILENAME
 
 

@@ -11,3 +11,10 @@ and Origin), ``body`` reads a request's JSON within its bounds,
 headers). docs/api.md says how to use it, and its Security section what is
 checked.
 """
+
+# Where the API listens unless told otherwise, and the variable that holds
+# its key. Here rather than in listener.py, so the command line's help names
+# them without importing uvicorn and Starlette.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8321
+KEY_VARIABLE = "SPECCHAT_API_KEY"

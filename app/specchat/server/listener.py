@@ -31,16 +31,13 @@ from pathlib import Path
 
 import uvicorn
 
+from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.app import build_app
 from specchat.server.body import MAX_BODY
 from specchat.server.connections import DeadlineH11Protocol
 from specchat.server.errors import ServerError
 from specchat.server.guard import is_loopback
 from specchat.server.service import ApiService
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8321
-KEY_VARIABLE = "SPECCHAT_API_KEY"
 
 
 def api_key_from(path: Path | None) -> str | None:

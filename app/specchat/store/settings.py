@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 from specchat import records, values
 
@@ -43,10 +43,6 @@ PRESETS: dict[str, dict] = {
     "Balanced": {"temperature": 0.7, "top_p": 0.9, "top_k": 40},
     "Creative": {"temperature": 1.0, "top_p": 0.95, "top_k": 0},
 }
-
-
-def apply_preset(settings: AppSettings, name: str) -> AppSettings:
-    return replace(settings, **PRESETS[name])
 
 
 def preset_of(settings: AppSettings) -> str | None:

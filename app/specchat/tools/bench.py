@@ -19,6 +19,7 @@ import mlx.core as mx
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerateRequest, LoadProgress, Message, SamplingParams
 from specchat.engine.session import Engine
+from specchat.library.engine_link import make_client
 from specchat.tools import cpuload
 from specchat.tools.bench_report import add_theory, format_report, machine_info, model_json, tables
 from specchat.tools.bench_runs import Run, run_variant
@@ -104,8 +105,6 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
 
 
 def main(args: argparse.Namespace) -> int:
-    from specchat.library.engine_link import make_client
-
     prompts = load_prompts(args.prompts)
     if getattr(args, "kinds", None):
         prompts = [p for p in prompts if p.kind in args.kinds]

@@ -13,6 +13,7 @@ from specchat.engine import threads
 from specchat.engine.drafter_kinds import key_parts
 from specchat.engine.kv import common_prefix
 from specchat.engine.session import Engine
+from specchat.library.recommendations import cpu_name
 from specchat.tools.bench_runs import Run
 from specchat.tools.forward_timing import leviathan
 from specchat.tools.prompts import KINDS
@@ -145,8 +146,6 @@ def add_theory(modes_out: dict, costs: dict) -> None:
 
 def machine_info(engine: Engine) -> dict:
     import importlib.metadata as md
-
-    from specchat.library.recommendations import cpu_name
 
     cpu = cpu_name() or platform.processor() or platform.machine()
     mem = None

@@ -21,15 +21,15 @@ from collections.abc import Iterator
 
 from specchat.library import draft_search
 from specchat.library import recommendations as rec
+from specchat.library.engine_link import make_client
 from specchat.library.recommendations import Recommendation
+from specchat.store import db
+from specchat.store.conversations import ConversationStore
 
 
 def history_prompts(n: int) -> list[str]:
     """The person's ``n`` most recent prompts, read from the history file
     without writing to it (none when there is no history yet)."""
-    from specchat.store import db
-    from specchat.store.conversations import ConversationStore
-
     path = db.default_path()
     if not path.is_file():
         return []
@@ -135,8 +135,6 @@ def format_report(r: Recommendation) -> str:
 
 
 def main(args) -> int:
-    from specchat.library.engine_link import make_client
-
     sample = rec.Sample.choose(history_prompts(args.prompts), args.prompts)
     cancelled = threading.Event()
     previous = _cancel_on_ctrl_c(cancelled)

@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import asdict
 
+from specchat import startup
+
 PROMPT = "Write a Python function that sorts a list of words, with a docstring and an example."
 SCREENSHOT_AFTER_CHARS = 80
 
@@ -75,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import qasync
 
-    from specchat import startup
     startup.prepare()  # the system BLAS before anything imports MLX
     from specchat.ui.app import create_app
     from specchat.ui.main_window import MainWindow

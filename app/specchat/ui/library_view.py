@@ -92,6 +92,17 @@ def catalog_models() -> list[CatalogModel]:
     return list(cat.models) if cat is not None else []
 
 
+def _shipped(ref: str) -> bool:
+    """Whether this installation carries the built-in model (a packaged app
+    carries only the default pair)."""
+    try:
+        from specchat.library import bundled
+
+        return bundled.shipped(ref)
+    except Exception:  # noqa: BLE001 - offer it: loading it says what is wrong
+        return True
+
+
 def model_choices() -> list[ModelChoice]:
     """Bundled first, then installed, then what the catalog can download."""
     seen: set[str] = set()
@@ -105,6 +116,8 @@ def model_choices() -> list[ModelChoice]:
     cat_models = catalog_models()
     bundled_names = {m.ref: m.name for m in cat_models if m.bundled}
     for ref in BUNDLED_REFS:
+        if not _shipped(ref):
+            continue
         name = bundled_names.get(ref, ref.split(":", 1)[1]).removesuffix(" (bundled)")
         add(ModelChoice(ref, f"{name}  (built in)", "bundled"))
     for m in installed_models():

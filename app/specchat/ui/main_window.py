@@ -49,6 +49,9 @@ class MainWindow(QMainWindow):
         self.conversation = ConversationController(self.session, self.chat_model, self)
         self.initial_pair = initial_pair
         self._build()
+        # Keys typed into a window just opened go to the message box (the
+        # first widget of the tab order is the sidebar's New chat button).
+        self.composer.edit.setFocus()
         self._wire()
         self._settings_changed(self.session.settings)
         self.sidebar.set_read_only(self.session.history_problem)

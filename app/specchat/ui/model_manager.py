@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat.library import refs
 from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
 
@@ -258,17 +259,12 @@ class ModelManager(QDialog):
 
     async def _download(self, ref: str, row: TaskRow) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            from specchat.library import hub
-        except ImportError:
-            row.fail("Downloads are not available in this build (specchat.library.hub).")
-            return
 
         def progress(p: DownloadProgress) -> None:
             loop.call_soon_threadsafe(row.progress, p.done_bytes, p.total_bytes, p.message)
 
         try:
-            await loop.run_in_executor(None, lambda: hub.pull(ref, progress, row.cancelled))
+            await loop.run_in_executor(None, lambda: refs.pull(ref, progress, row.cancelled))
         except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
             row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
             return

@@ -2,7 +2,7 @@
 kind, which MLX folder it names, and what is known about it.
 
 ``refs.resolve`` and ``compatibility.describe`` ask the sources in
-``sources.SOURCES`` in order and let the first that claims a reference
+``refs.SOURCES`` in order and let the first that claims a reference
 answer, so a new kind of reference is one subclass and one registration
 line, and the two never disagree about what a reference means.
 """
@@ -12,16 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from specchat.library.index import InstalledModel
 from specchat.library.model_side import ModelSide, folder_side
-
-if TYPE_CHECKING:
-    from specchat.library.hub import DownloadProgress
-    from specchat.library.index import InstalledModel
-
-# (message, fraction or None): how resolving reports downloads and conversions.
-Progress = Callable[[str, float | None], None]
+from specchat.library.progress import DownloadProgress, Progress
 
 
 class Source:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from specchat.library import index
+from specchat.library import bundled, index
 from specchat.library.catalog import load_catalog
+from specchat.library.facts import read_folder
 from specchat.library.model_side import ModelSide, catalog_side, folder_side, installed_side
-from specchat.library.sources.base import Progress, Source
+from specchat.library.progress import DownloadProgress, Progress
+from specchat.library.sources.base import Source
 
 PREFIX = "bundled:"
 
@@ -24,15 +26,11 @@ class BundledSource(Source):
 
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
-        from specchat.library import bundled
-
         return Path(bundled.ensure(ref[len(PREFIX):], progress, cancelled))
 
     def pull(self, ref: str, progress=None, cancelled=None) -> index.InstalledModel:
         """A bundled model ships with SpecChat, so "pulling" it means
         converting it once; it is then listed in the index like a download."""
-        from specchat.library.facts import read_folder
-        from specchat.library.hub import DownloadProgress
 
         def report(message: str, fraction: float | None = None) -> None:
             if progress is not None:
@@ -68,8 +66,6 @@ class BundledSource(Source):
 def _converted(name: str) -> Path | None:
     """The folder of a bundled model already converted (cheap to read)."""
     try:
-        from specchat.library import bundled
-
         return Path(bundled.folder(name)) if bundled.is_ready(name) else None
     except Exception:  # noqa: BLE001 - unknown name or no bundled files: not ready
         return None

@@ -8,8 +8,16 @@ from pathlib import Path
 
 from specchat.library import index
 from specchat.library.catalog import CatalogModel, load_catalog
+from specchat.library.errors import LibraryError
 from specchat.library.model_side import ModelSide, catalog_side, installed_side
-from specchat.library.sources.base import Progress, Source
+from specchat.library.progress import Progress
+from specchat.library.sources.base import Source
+from specchat.library.sources.bundled import BundledSource
+from specchat.library.sources.hf import HubSource
+
+# What a catalog entry's reference is (catalog.py refuses any other kind):
+# resolved and pulled by its own source, not through the whole registry.
+_KINDS = (HubSource(), BundledSource())
 
 
 class CatalogSource(Source):
@@ -22,14 +30,12 @@ class CatalogSource(Source):
 
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
-        from specchat.library import refs
-
-        return refs.resolve(_known(ref).ref, progress, cancelled)
+        known = _known(ref)
+        return _source(known).resolve(known.ref, progress, cancelled)
 
     def pull(self, ref: str, progress=None, cancelled=None):
-        from specchat.library import sources
-
-        return sources.pull(_known(ref).ref, progress, cancelled)
+        known = _known(ref)
+        return _source(known).pull(known.ref, progress, cancelled)
 
     def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
         known = _known(ref)
@@ -42,7 +48,9 @@ class CatalogSource(Source):
 def _known(ref: str) -> CatalogModel:
     known = load_catalog().model(ref)
     if known is None:  # only when asked without claims() first
-        from specchat.library.refs import unknown_model
-
-        raise unknown_model(ref)
+        raise LibraryError(f"{ref!r} is not in the catalog (see `specchat models catalog`).")
     return known
+
+
+def _source(known: CatalogModel) -> Source:
+    return next(s for s in _KINDS if s.claims(known.ref))

@@ -1,7 +1,7 @@
 """A ``.gguf`` file: converted to an MLX folder once, listed, then reused.
 
-It claims every existing file, so a file that is not a GGUF model gets a
-clear refusal instead of "unknown model".
+It claims the files that are GGUF by name or by their magic bytes; any
+other file is claimed by no source, and ``refs`` says it is not a GGUF model.
 """
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from specchat.library import importing, index
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
 from specchat.library.model_side import ModelSide, folder_side, installed_side
-from specchat.library.sources.base import Progress, Source
+from specchat.library.progress import Progress
+from specchat.library.sources.base import Source
 
 
 class GgufFileSource(Source):
@@ -20,17 +22,11 @@ class GgufFileSource(Source):
     mention = 4
 
     def claims(self, ref: str) -> bool:
-        return Path(ref).expanduser().is_file()
+        return importing.is_gguf(Path(ref).expanduser())
 
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
-        from specchat.library import importing
-
         path = Path(ref).expanduser()
-        if not importing.is_gguf(path):
-            from specchat.library.sources import accepted
-
-            raise LibraryError(f"{path} is a file but not a GGUF model; pass {accepted()}.")
         existing = _imported(path)
         if existing is not None:
             return Path(existing.path)
@@ -49,6 +45,4 @@ class GgufFileSource(Source):
 
 def _imported(path: Path) -> InstalledModel | None:
     """The index entry of an earlier import of this file, if any."""
-    from specchat.library import index
-
     return index.find_source(f"gguf:{path.resolve()}")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from specchat.library import hub
 from specchat.library.catalog import load_catalog
 from specchat.library.errors import LibraryError
 from specchat.library.model_side import ModelSide, catalog_side, installed_side
-from specchat.library.sources.base import Progress, Source
+from specchat.library.progress import Progress
+from specchat.library.sources.base import Source
 
 
 class HubSource(Source):
@@ -22,18 +24,12 @@ class HubSource(Source):
 
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
-        from specchat.library import hub
-
         return hub.resolve(ref, _download_reporter(progress), cancelled)
 
     def pull(self, ref: str, progress=None, cancelled=None):
-        from specchat.library import hub
-
         return hub.pull(ref, progress, cancelled)
 
     def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
-        from specchat.library import hub
-
         have = hub.installed(ref)
         if have is not None:
             return installed_side(ref, have)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specchat.library import index
+from specchat.library import hub, index
+from specchat.library.errors import LibraryError
 from specchat.library.model_side import ModelSide, installed_side
 from specchat.library.sources.base import Source
 
@@ -25,8 +26,6 @@ class InstalledSource(Source):
         """A Hub download is updated; anything else is already complete."""
         have = _entry(ref)
         if have.kind == "hub":
-            from specchat.library import hub
-
             return hub.pull(have.source, progress, cancelled)
         return have
 
@@ -37,7 +36,6 @@ class InstalledSource(Source):
 def _entry(ref: str) -> index.InstalledModel:
     model = index.get(ref)
     if model is None:  # removed since claims() looked
-        from specchat.library.refs import unknown_model
-
-        raise unknown_model(ref)
+        raise LibraryError(f"No model named {ref!r} is installed (any more): see "
+                           "`specchat models list`.")
     return model
