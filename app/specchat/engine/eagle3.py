@@ -89,13 +89,6 @@ class HeadConfig:
         return tuple(max(i - 1, 0) for i in ids)
 
 
-def is_head(config: dict) -> bool:
-    """Whether a folder's config.json is an EAGLE-3 head's."""
-    archs = " ".join(str(a) for a in config.get("architectures") or [])
-    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
-            or config.get("model_type") == "eagle3")
-
-
 class Attention(nn.Module):
     def __init__(self, c: HeadConfig, input_size: int):
         super().__init__()

@@ -42,6 +42,15 @@ def is_cluster_folder(path: str | os.PathLike) -> bool:
             and (folder / HOSTFILE).is_file())
 
 
+def model_name(folder: str | os.PathLike) -> str:
+    """A model folder's name as people know it: a Hub snapshot
+    (``models--org--name/snapshots/<commit>``) by its repository."""
+    path = Path(folder)
+    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
     return sorted(folder.glob("model*.safetensors"))
@@ -83,6 +92,30 @@ def mtp_keys(folder: Path) -> list[str]:
     ships none), read from the safetensors headers."""
     return [k for f in weight_files(folder) for k in safetensors_names(f)
             if k.startswith(MTP_PREFIX)]
+
+
+def is_head(config: dict) -> bool:
+    """Whether a folder's config.json is an EAGLE-3 draft head's (eagle3.py)
+    rather than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
+    archs = " ".join(str(a) for a in config.get("architectures") or [])
+    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
+            or config.get("model_type") == "eagle3")
+
+
+def head_facts(config: dict) -> dict:
+    """What a head's config says it needs of a target, for the check that
+    it fits one before anything loads: the hidden width it reads, the
+    target's hidden states it reads (the published ids: None means 2, n/2
+    and n - 3 of the target's n layers), the vocabulary it maps into, its
+    own draft vocabulary, and the model it was made for, where it says."""
+    layer = config.get("transformer_layer_config") or config
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("target_layer_ids")
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {})
+    return {"reads_width": int(config.get("target_hidden_size") or layer["hidden_size"]),
+            "reads_layers": [int(i) for i in ids] if ids else None,
+            "vocab": int(layer.get("vocab_size", config.get("vocab_size", 0))),
+            "draft_vocab": int(config.get("draft_vocab_size") or layer.get("vocab_size", 0)),
+            "for": str(verifier.get("name_or_path") or "")}
 
 
 def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:

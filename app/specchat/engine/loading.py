@@ -16,7 +16,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 from specchat.engine import compute, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
-from specchat.engine.folders import validate_folder
+from specchat.engine.folders import model_name, validate_folder
 
 
 @dataclass
@@ -95,7 +95,7 @@ def load_folder(
     n_params = _count_params(model)
     reason = untrimmable_reason(model)
     info = ModelInfo(
-        name=path.name,
+        name=model_name(path),
         path=str(path),
         model_type=str(config.get("model_type", "?")),
         n_params=n_params,

@@ -31,7 +31,7 @@ from specchat.engine.events import (
     ModelInfo,
     StepEvent,
 )
-from specchat.engine.folders import is_cluster_folder, read_config
+from specchat.engine.folders import is_cluster_folder, is_head, model_name, read_config
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
@@ -100,7 +100,7 @@ class Engine:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
             self._drop_draft()
-            if Path(draft_path).is_dir() and eagle3.is_head(read_config(Path(draft_path))):
+            if Path(draft_path).is_dir() and is_head(read_config(Path(draft_path))):
                 self._load_head(Path(draft_path), say)
             else:
                 self._load_draft_model(draft_path, say)
@@ -145,10 +145,11 @@ class Engine:
     def _load_head(self, folder: Path, say) -> None:
         """An EAGLE-3 head as the draft: checked against the target in words,
         drafting from the target's own hidden states (eagle3.py)."""
-        say("draft", f"loading the draft head {folder.name}")
+        name = model_name(folder)
+        say("draft", f"loading the draft head {name}")
         head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
         drafter = eagle3.Eagle3Drafter(head, self._slot)
-        info = ModelInfo(name=folder.name, path=str(folder), model_type=eagle3.EAGLE3.name,
+        info = ModelInfo(name=name, path=str(folder), model_type=eagle3.EAGLE3.name,
                          n_params=sum(v.size for _, v in tree_flatten(head.parameters())),
                          weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
                          vocab_size=head.config.vocab_size, trimmable=True,

@@ -10,12 +10,11 @@ unchanged. Only the folders of ``<home>/clusters`` are clusters
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import clusters_dir, is_cluster_folder
+from specchat.engine.folders import clusters_dir, is_cluster_folder, model_name
 from specchat.library.errors import LibraryError
 from specchat.library.sources.base import Source
 
@@ -63,15 +62,6 @@ def states(timeout: float = 0.5) -> list[ClusterState]:
         out.append(ClusterState(name, model_name(spec.model), spec.size,
                                 missing[1] if missing else None))
     return out
-
-
-def model_name(folder: str) -> str:
-    """A model folder's name as people know it: a Hub snapshot
-    (``models--org--name/snapshots/<commit>``) by its repository."""
-    path = Path(folder)
-    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
-        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
-    return path.name
 
 
 class ClusterSource(Source):
