@@ -59,29 +59,55 @@ def weight_files(folder: Path) -> list[Path]:
 HEADER_MAX = 100_000_000  # bytes of a safetensors header (its JSON) read at most
 
 
-def safetensors_header(path: Path, error: type[EngineError] = EngineError) -> dict:
-    """The JSON header of a safetensors file (an 8-byte length, then JSON):
-    tensor name -> {"dtype", "shape", "data_offsets"}, with ``__metadata__``
-    left out. Its length is bounded before it is read."""
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"tensor {key!r} is listed twice")
+        out[key] = value
+    return out
+
+
+def safetensors_header(path: Path, error: type[EngineError] = EngineError,
+                       shown: Path | None = None) -> tuple[dict, int]:
+    """(the JSON header of a safetensors file, the bytes of its data area):
+    tensor name -> {"dtype", "shape", "data_offsets"}, ``__metadata__`` left
+    out. The one reader of the format's header (the library checks the
+    tensors against the data area, library/checks.py): its length is bounded
+    before it is read, and a file cut short before its header ends is said
+    to be. Messages name ``shown`` (the file as the person gave it)."""
+    shown = shown or path
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             raw = f.read(8)
             if len(raw) != 8:
-                raise ValueError(f"only {len(raw)} bytes")
+                raise error(f"{shown} is not a safetensors file (only {len(raw)} bytes)")
             (n,) = struct.unpack("<Q", raw)
             if n > HEADER_MAX:
-                raise ValueError(f"its header length, {n:,} bytes, is implausible")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
-        raise error(f"{path.name} is not a valid safetensors file ({exc})") from exc
+                raise error(f"{shown} is not a safetensors file (its header length {n:,} is "
+                            "implausible)")
+            if 8 + n > size:
+                raise error(f"{shown} is truncated: its header needs {8 + n:,} bytes but the "
+                            f"file has {size:,}. The download or copy was probably cut short; "
+                            "get it again")
+            blob = f.read(n)
+    except OSError as exc:
+        raise error(f"Cannot read {shown}: {exc.strerror or exc}") from exc
+    try:
+        header = json.loads(blob, object_pairs_hook=_no_duplicates)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{shown} is not a valid safetensors file (its header is not valid JSON: "
+                    f"{exc})") from None
     if not isinstance(header, dict):
-        raise error(f"{path.name} is not a valid safetensors file (its header is not a table)")
+        raise error(f"{shown} is not a valid safetensors file (its header is not a JSON "
+                    "object)")
     header.pop("__metadata__", None)
-    return header
+    return header, size - 8 - n
 
 
 def safetensors_names(path: Path) -> list[str]:
-    return list(safetensors_header(path))
+    return list(safetensors_header(path)[0])
 
 
 MTP_PREFIX = "mtp."  # the weights of a model's own MTP head (Qwen3.5, Qwen3-Next: mtp.py)

@@ -44,7 +44,7 @@ from specchat.engine.events import Message
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 STATE = "specchat-training.json"  # beside the head: where a run resumes from
-HELD_PIECES = 16  # held-out pieces the acceptance is measured on
+HELD_PIECES = 16  # held-out pieces the acceptance is measured on, at most
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class TrainPlan:
     checkpoint_s: float = 120.0
     held_out: float = 0.1  # share of samples kept out for the acceptance report
     max_steps: int | None = None  # stop after this many steps too (a reproducible run)
+    held_pieces: int = HELD_PIECES  # held-out pieces the acceptance is measured on
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ class _Trainer:
         pieces are labelled once and kept, in half precision)."""
         if not hasattr(self, "_held"):
             self._held = []
-            for seq in self.held[:HELD_PIECES]:
+            for seq in self.held[:self.plan.held_pieces]:
                 feats, labels = self.label(seq)
                 self._held.append((feats.astype(mx.float16), labels, mx.array(seq, dtype=mx.int32)))
                 mx.eval(self._held[-1])

@@ -9,7 +9,6 @@ target's chat template as a request and its answer.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
@@ -19,31 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specchat.engine.events import Message
+from specchat.tools.history import read_history
 
 TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
 FILE_CHARS = 12_000  # at most this much of one file (a sample is a few thousand tokens)
 
 
 def history_chats(limit: int) -> list[tuple[Message, ...]]:
-    """The person's conversations, as chats, read without writing to the history."""
-    import sqlite3
-
-    from specchat.store import db
-    from specchat.store.conversations import ConversationStore
-
-    path = db.default_path()
-    if not path.is_file():
-        return []
-    try:
-        conn = db.connect_read_only(path)
-    except sqlite3.Error as exc:
-        print(f"note: your history could not be read ({exc}); training on files only",
-              file=sys.stderr)
-        return []
-    try:
-        corpus = ConversationStore(conn).corpus()
-    finally:
-        conn.close()
+    """The person's conversations, as chats."""
+    corpus = read_history(lambda store: store.corpus(), "training on files only") or []
     return [tuple(Message(role, content) for role, content in msgs) for _, _, msgs in corpus
             if msgs][:limit]
 
@@ -105,7 +88,10 @@ def add_parser(sub, model_ref) -> None:
     t.add_argument("--no-history", action="store_true", help="leave your conversations out")
     t.add_argument("--draft-vocab", type=int, default=32768)
     t.add_argument("--steps", type=int, help="stop after this many steps in all, too")
-    t.add_argument("--checkpoint-s", type=float, default=120.0, help=argparse.SUPPRESS)
+    t.add_argument("--checkpoint-s", type=float, default=120.0,
+                   help="seconds between checkpoints (each measures held-out acceptance)")
+    t.add_argument("--held-out", type=int, default=16, metavar="PIECES",
+                   help="held-out pieces the acceptance is measured on (default 16)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -121,7 +107,8 @@ def main(args) -> int:
     out = Path(args.out) if args.out else default_out(args.target)
     plan = head_training.TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
                                    draft_vocab=args.draft_vocab, seed=args.seed,
-                                   checkpoint_s=args.checkpoint_s, max_steps=args.steps)
+                                   checkpoint_s=args.checkpoint_s, max_steps=args.steps,
+                                   held_pieces=args.held_out)
 
     def report(p) -> None:
         acc = " ".join(f"{a:.0%}" for a in p.accept)
