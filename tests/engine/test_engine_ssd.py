@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from specchat.engine import blas, drafter_kinds, modes, ssd, threads
+from specchat.engine.drafters import Parts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
@@ -115,7 +116,8 @@ def test_the_mode_is_registered_and_explained(engine):
     assert "Apple Silicon" in mode.description and "CPU" in mode.description
     kind = drafter_kinds.get("ssd")
     assert kind.uses_draft_model and kind.calibrated
-    assert kind.around(engine.model_drafter) is ssd.for_model(engine.model_drafter)
+    parts = Parts(draft_model=engine.model_drafter)
+    assert kind.make(parts) is ssd.for_model(engine.model_drafter) is kind.make(parts)
 
 
 def test_ssd_needs_a_draft_model(tiny_target):

@@ -158,6 +158,8 @@ def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
     token budget (the target's own token needs one)."""
     if d.drafter is None or remaining <= 1:
         return None
+    if run.tally.steps == 0 and not d.drafter.ready(run.context):
+        return None  # the first token first: the drafter reads the prompt after it
     policy = d.policy
     ctl = DraftControl(
         sampling=d.request.sampling,

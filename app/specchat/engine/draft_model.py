@@ -281,11 +281,14 @@ class ModelDrafter(Drafter):
         return total
 
     def prepare(self, prompt: Sequence[int], request=None) -> None:
+        """The prefix of the prompt the cache already holds is kept; the rest
+        is read with the first proposal, after the reply's first token."""
         if self.head is not None:
             self.head.restart(prompt)
-        pending = self.slot.sync_to(prompt)
-        self._pending(pending, feed_max=1)
-        self.slot.mark_prompt()
+        self.slot.sync_to(prompt)
+
+    def ready(self, context: Sequence[int]) -> bool:
+        return len(context) - self.slot.length <= FEED_MAX
 
     def catch_up(self, context: Sequence[int]) -> None:
         self._pending(context[self.slot.length:], feed_max=1)

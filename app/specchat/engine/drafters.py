@@ -134,6 +134,13 @@ class Drafter:
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         raise NotImplementedError
 
+    def ready(self, context: Sequence[int]) -> bool:
+        """Whether drafting for ``context`` now costs no more than a draft
+        step. The loop lets the first token of a reply go out before a
+        drafter that still has the prompt to read (the draft model's
+        prefill), so speculation costs no time to first token."""
+        return True
+
     def kept(self, length: int) -> None:
         """The target judged the last proposal (whoever made it): the first
         ``length`` tokens of the context it was made for, followed by the

@@ -77,6 +77,9 @@ class HybridDrafter(Drafter):
         self.suffix.prepare(prompt, request)
         self.model.prepare(prompt, request)
 
+    def ready(self, context: Sequence[int]) -> bool:
+        return self.model.ready(context)
+
     def kept(self, length: int) -> None:
         self.suffix.kept(length)
         self.model.kept(length)
