@@ -141,7 +141,7 @@ def test_every_k_the_gauge_can_show_can_be_fixed_and_auto_says_so(qtbot, window,
     and the gauge says when the K it shows was chosen by K auto."""
     from specchat.engine import drafter_kinds, modes
     from specchat.engine.events import StepEvent
-    from specchat.ui.gauges import LiveStats
+    from specchat.ui.stats import LiveStats
 
     w = window
     menu = [w.options.k_box.itemData(i) for i in range(w.options.k_box.count())]

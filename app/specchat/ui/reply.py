@@ -24,8 +24,8 @@ from specchat.store.summary import ReplySummary
 from specchat.store.worker import Remote, report_failure
 from specchat.ui.chat_model import ChatMessage, ChatModel
 from specchat.ui.engine_controller import EngineController
-from specchat.ui.gauges import LiveStats
 from specchat.ui.requests import reply_summary
+from specchat.ui.stats import LiveStats
 
 FLUSH_S = 0.033
 SAVE_S = 0.25

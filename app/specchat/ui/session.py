@@ -27,11 +27,11 @@ from specchat.store.conversations import ConversationStore
 from specchat.store.settings import AppSettings, checked_changes
 from specchat.store.worker import READ_ONLY, UNAVAILABLE, Remote, StoreWorker, report_failure
 from specchat.ui.engine_controller import EngineController
-from specchat.ui.gauges import PlainSpeeds
 from specchat.ui.history_index import HistoryIndex
 from specchat.ui.lag import LagMonitor
 from specchat.ui.local_api import LocalApi
 from specchat.ui.requests import reply_mode
+from specchat.ui.stats import PlainSpeeds
 
 log = logging.getLogger("specchat.ui")
 
