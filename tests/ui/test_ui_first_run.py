@@ -75,7 +75,7 @@ def test_a_new_load_clears_the_last_refusal(window, tiny_target, tmp_path):
     later = tmp_path / "copied-later"
     w.picker.set_pair(str(later), None)
     w.picker.load_button.click()  # at once: the pair's check may end after the refusal
-    wait_until(lambda: not w.session.engine.loading and w.picker._check_task.done())
+    wait_until(lambda: not w.session.engine.loading and w.session.pairs.checking.done())
     # ... and when it does, the refusal stays up (it is the news)
     assert w.picker.verdict_label.text().startswith("✗ could not load:")
     assert w.error_banner.isVisible()
@@ -115,7 +115,8 @@ def _shown_in_list(box, row: int) -> str:
 def test_the_two_built_in_models_read_differently(window, width):
     w = window
     w.resize(width, 780)
-    wait_until(lambda: w.width() == width)
+    wait_until(lambda: w.width() == width and w.picker.target.findData(
+        "bundled:qwen2.5-coder-0.5b") >= 0)  # and the lists read
     for box in (w.picker.target, w.picker.draft):
         rows = [box.findData(r) for r in ("bundled:qwen2.5-coder-1.5b",
                                           "bundled:qwen2.5-coder-0.5b")]

@@ -57,8 +57,7 @@ class MainWindow(QMainWindow):
     # -- layout ----------------------------------------------------------------
     def _build(self) -> None:
         self.sidebar = Sidebar(self.session.conversations)
-        self.picker = PairPicker()
-        self.picker.attach(self.session)
+        self.picker = PairPicker(self.session.pairs)
         self.options = OptionsBar(self.session)
         self.chat_view = ChatView()
         self.chat_view.setModel(self.chat_model)
@@ -139,9 +138,10 @@ class MainWindow(QMainWindow):
     # -- start / close -----------------------------------------------------
     def start(self) -> None:
         """Begin work that needs the running event loop: the lag monitor,
-        the verdict check and the first load."""
+        the picker's lists, the verdict check and the first load."""
         self.chat_view.warm_up()
         self.session.lag.start()
+        self.session.pairs.start()
         self.lag_status.start()
         if self.initial_pair is not None:
             target, draft = self.initial_pair
@@ -274,7 +274,7 @@ class MainWindow(QMainWindow):
         from specchat.ui.model_manager import ModelManager
 
         dlg = ModelManager(self.session.engine.client, self)
-        dlg.modelsChanged.connect(self.picker.reload_choices)
+        dlg.modelsChanged.connect(self.session.pairs.reload_choices)
         dlg.show()
         self.model_manager = dlg
         return dlg
