@@ -404,7 +404,7 @@ class PairPicker(QFrame):
 
     def _verdict_changed(self, verdict: Verdict) -> None:
         if self._refused:  # the engine's refusal came first: it stays up
-            self.load_button.setEnabled(verdict.compatible is not False)
+            self.load_button.setEnabled(not self._busy and verdict.compatible is not False)
         else:
             self.show_verdict(verdict)
 
@@ -412,7 +412,9 @@ class PairPicker(QFrame):
         self._refused = False
         self._show_line(verdict_headline(verdict), verdict_details(verdict),
                         {True: "true", False: "false", None: "unknown"}[verdict.compatible])
-        self.load_button.setEnabled(verdict.compatible is not False)
+        # A verdict that comes in while a reply or Compare has the engine
+        # leaves Load off (set_busy turns it back on).
+        self.load_button.setEnabled(not self._busy and verdict.compatible is not False)
 
     def show_refusal(self, message: str) -> None:
         """The engine refused to load the pair: show why, in the same place."""
