@@ -66,10 +66,9 @@ class MessageContent:
 @dataclass
 class ChatContent:
     """A conversation as the window has it: what ``save`` writes, and what a
-    recovery file keeps (recovery.py). ``id`` is None only in a recovery file
-    of an older version for a chat that had no row yet."""
+    recovery file keeps (recovery.py)."""
 
-    id: str | None
+    id: str
     title: str
     messages: list[MessageContent]
     target: str | None = None
@@ -167,18 +166,8 @@ class ConversationStore:
         """A new, empty conversation (the window's own are written by ``save``)."""
         now = time.time()
         conv = Conversation(new_id(), title, now, now, target, draft)
-        self._upsert_conversation(conv.id, title, target, draft)
+        self.save(ChatContent(conv.id, title, [], target, draft))
         return conv
-
-    def _upsert_conversation(self, conversation_id: str, title: str, target: str | None,
-                             draft: str | None) -> None:
-        """Add it, or for an id the history has, touch it: its title and
-        pair stay what the person made them (a rename)."""
-        now = time.time()
-        self._db.execute(
-            "INSERT INTO conversations(id, title, created_at, updated_at, target, draft) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET updated_at=excluded.updated_at",
-            (conversation_id, title, now, now, target, draft))
 
     def get(self, conversation_id: str) -> Conversation | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id=?",
@@ -206,14 +195,6 @@ class ConversationStore:
 
     def delete(self, conversation_id: str) -> None:
         self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
-
-    def set_pair(self, conversation_id: str, target: str | None, draft: str | None) -> None:
-        self._db.execute("UPDATE conversations SET target=?, draft=? WHERE id=?",
-                         (target, draft, conversation_id))
-
-    def _touch(self, conversation_id: str) -> None:
-        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
-                         (time.time(), conversation_id))
 
     def corpus(self) -> list[tuple[str, str, list[tuple[str, str]]]]:
         """Every conversation's text, as the engine's history index reads it:
@@ -248,19 +229,25 @@ class ConversationStore:
         message = MessageContent(role, content, complete=complete)
         with self._transaction():
             self._upsert_message(conversation_id, message)
-            self._touch(conversation_id)
+            self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
+                             (time.time(), conversation_id))
         return message.id
 
     def save(self, chat: ChatContent) -> None:
         """Write a conversation as the window has it: its row (added if new)
         and each of ``chat.messages`` (added after the others, or for an id
         the history has, updated in place). All or nothing, in one call, so
-        a turn that cannot be written fails once and is written again whole."""
-        conversation_id = chat.id or new_id()
+        a turn that cannot be written fails once and is written again whole.
+        A conversation the history has keeps its title and pair (the person
+        may have renamed it); it is only touched."""
+        now = time.time()
         with self._transaction():
-            self._upsert_conversation(conversation_id, chat.title, chat.target, chat.draft)
+            self._db.execute(
+                "INSERT INTO conversations(id, title, created_at, updated_at, target, draft) VALUES"
+                " (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET updated_at=excluded.updated_at",
+                (chat.id, chat.title, now, now, chat.target, chat.draft))
             for m in chat.messages:
-                self._upsert_message(conversation_id, m)
+                self._upsert_message(chat.id, m)
 
     def _upsert_message(self, conversation_id: str, m: MessageContent) -> None:
         # (The WHERE clause also keeps SQLite from reading ON CONFLICT as a join's.)
@@ -308,8 +295,7 @@ class ConversationStore:
         screen (the newest state), the others are added under their ids."""
         with self._transaction():
             for c in conversations:
-                if c.id is not None:
-                    self._db.execute("DELETE FROM messages WHERE conversation_id=?", (c.id,))
+                self._db.execute("DELETE FROM messages WHERE conversation_id=?", (c.id,))
                 self.save(c)
 
     # -- export ----------------------------------------------------------

@@ -104,7 +104,8 @@ def _from_json(data: dict[str, Any]) -> UnsavedConversation:
                                m.get("error"), bool(m.get("complete", True)),
                                _id(m.get("id")) or new_id())
                 for m in data["messages"]]
-    return UnsavedConversation(_id(data.get("id")), str(data["title"]), messages,
+    # An older version's chat that had no row yet had no id either.
+    return UnsavedConversation(_id(data.get("id")) or new_id(), str(data["title"]), messages,
                                data.get("target"), data.get("draft"))
 
 
