@@ -34,6 +34,18 @@ CLUSTER_POLL_MS = 5000  # how often the clusters' ranks are asked whether they a
 NO_TARGET = Verdict(False, ("Choose a target model.",))
 
 
+def _verdict(target: str, draft: str | None) -> Verdict:
+    """The library's verdict on the pair (reads tokenizer files). Refusing
+    is not enough: a refusal also says which drafts would fit the target."""
+    verdict = library_view.check_pair(target, draft)
+    names = [n for n in library_view.suggest_drafts(target) if n != draft][:3] \
+        if verdict.compatible is False else []
+    if names:
+        verdict = Verdict(False, (*verdict.reasons,
+                                  "drafts that fit this target: " + ", ".join(names)))
+    return verdict
+
+
 class PairController(QObject):
     choicesChanged = Signal()  # after each reading of the choices or poll of the clusters
     verdictChanged = Signal(object)  # the Verdict of the pair last given to ``check``
@@ -120,28 +132,18 @@ class PairController(QObject):
         not, which drafts would); ``verdictChanged`` follows, unless another
         pair is checked meanwhile. None when it is known at once."""
         self._asked += 1
+        asked = self._asked
         if not target:
-            self._set_verdict(NO_TARGET)
+            self._set_verdict(asked, NO_TARGET)
             return None
-        self.checking = asyncio.ensure_future(self._check(self._asked, target, draft))
+        self.checking = self._off_thread(_verdict, target, draft,
+                                         then=lambda verdict: self._set_verdict(asked, verdict))
         return self.checking
 
-    async def _check(self, asked: int, target: str, draft: str | None) -> None:
-        loop = asyncio.get_running_loop()
-        verdict = await loop.run_in_executor(None, library_view.check_pair, target, draft)
-        if verdict.compatible is False:
-            # Refusing is not enough: say what would work with this target.
-            names = await loop.run_in_executor(None, library_view.suggest_drafts, target)
-            names = [n for n in names if n != draft][:3]
-            if names:
-                verdict = Verdict(False, (*verdict.reasons,
-                                          "drafts that fit this target: " + ", ".join(names)))
-        if asked == self._asked and not self._closed:
-            self._set_verdict(verdict)
-
-    def _set_verdict(self, verdict: Verdict) -> None:
-        self.verdict = verdict
-        self.verdictChanged.emit(verdict)
+    def _set_verdict(self, asked: int, verdict: Verdict) -> None:
+        if asked == self._asked:
+            self.verdict = verdict
+            self.verdictChanged.emit(verdict)
 
     # -- measured drafts ---------------------------------------------------------
     def measured(self, target: str | None) -> dict[str, rec.DraftResult]:
