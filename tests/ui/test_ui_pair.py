@@ -50,7 +50,7 @@ def test_engine_refusal_is_shown(qtbot, window, tiny_target, mismatched_draft):
 
 def test_lookup_choice_is_compatible(qtbot, window, tiny_target):
     window.picker.set_pair(str(tiny_target), None)
-    assert window.picker.draft.currentText() == "No draft: prompt lookup"
+    assert window.picker.draft.currentText() == "No draft: suffix matching"
     assert window.picker.selection() == (str(tiny_target), None)
     assert _verdict(window).compatible is True
     assert window.picker.load_button.isEnabled()
@@ -61,7 +61,7 @@ def test_picker_lists_bundled_and_catalog(window):
     refs = [picker.target.itemData(i) for i in range(picker.target.count())]
     assert "bundled:smollm2-135m" in refs
     assert "bundled:qwen2.5-coder-1.5b" in refs
-    assert window.picker.draft.itemData(0) is None  # prompt lookup first
+    assert window.picker.draft.itemData(0) is None  # suffix matching first
 
 
 def test_a_built_in_model_the_app_does_not_carry_is_not_offered(monkeypatch):

@@ -45,11 +45,11 @@ from specchat.ui.pair_controller import PairController
 if TYPE_CHECKING:
     from specchat.library import recommendations as rec
 
-LOOKUP_LABEL = "No draft: prompt lookup"
+LOOKUP_LABEL = "No draft: suffix matching"
 MIN_CHARS = 22  # of a model box: a model's name with its size
 HELP = {
     "target": "The model whose replies you get (a name, folder, .gguf or hf:org/repo)",
-    "draft": "A small model with the same tokenizer that proposes tokens, or prompt lookup "
+    "draft": "A small model with the same tokenizer that proposes tokens, or suffix matching "
              "(no second model)",
 }
 
@@ -74,7 +74,7 @@ def verdict_headline(verdict: Verdict) -> str:
         return "? " + (reasons[0] if reasons else "checked when the pair loads")
     text = verdict.text
     if reasons and reasons[0].startswith("No draft"):
-        return "✓ no draft model: prompt lookup drafts from the conversation"
+        return "✓ no draft model: suffix matching drafts from the conversation and your history"
     parts = ["✓ compatible"]
     smaller = _SMALLER.search(text)
     if smaller:
@@ -168,7 +168,7 @@ def outcome_text(outcome: rec.Recommendation) -> tuple[str, str]:
     if best is not None:
         head = f"Best draft: {best.name} — {best.summary()}"
     elif outcome.ranked:
-        head = "No draft beats plain decoding here; prompt lookup needs none"
+        head = "No draft beats plain decoding here; suffix matching needs none"
     else:
         head = "No installed draft could be measured for this target"
     if outcome.refused:
@@ -228,7 +228,7 @@ class PairPicker(QFrame):
     everything off the GUI thread; this draws what it holds and hands it
     the person's clicks."""
 
-    loadRequested = Signal(str, object)  # target, draft (None = prompt lookup)
+    loadRequested = Signal(str, object)  # target, draft (None = suffix matching)
     manageRequested = Signal()
 
     def __init__(self, pairs: PairController, parent=None):
