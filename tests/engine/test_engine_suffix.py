@@ -93,18 +93,15 @@ def test_a_repeat_reaching_the_end_continues_itself():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_history_holds_what_was_put_through_edits_removals_and_compactions(seed):
-    """Random puts (new, grown, edited), renames and removals against a
-    plain dict: every conversation reads back exactly, removed ones never
-    answer a query, and matches agree with a brute-force search over the
-    live conversations (compaction happens along the way)."""
+    """Random puts (new, grown, edited) and removals against a plain dict:
+    every conversation reads back exactly, removed ones never answer a
+    query, and matches agree with a brute-force search over the live
+    conversations (compaction happens along the way)."""
     rng = random.Random(seed)
     h, model = History(), {}
-    renamed: set[str] = set()  # a renamed key is an alias from then on, never reused
     for step in range(300):
         op = rng.random()
         key = f"k{rng.randint(0, 7)}"
-        if key in renamed:
-            continue
         if op < 0.5:
             if key in model and rng.random() < 0.6:
                 toks = model[key] + [rng.randint(0, 5) for _ in range(rng.randint(0, 20))]
@@ -115,14 +112,6 @@ def test_the_history_holds_what_was_put_through_edits_removals_and_compactions(s
         elif op < 0.7 and key in model:
             h.remove(key)
             del model[key]
-        elif op < 0.8 and key in model:
-            # Onto a fresh key, or onto one that exists (its old text goes;
-            # that removal may compact the index under the renamed doc).
-            others = sorted(set(model) - {key})
-            new = rng.choice(others) if others and rng.random() < 0.4 else f"r{step}"
-            h.rename(key, new)
-            model[new] = model.pop(key)
-            renamed.add(key)
         assert set(h.docs) == set(model)
         for k, toks in model.items():
             a, b = h.span(k)
@@ -162,20 +151,6 @@ def test_the_draft_is_as_long_as_its_match_and_the_agreement_allow():
     # When they all go on alike, the same match drafts as far as its length allows.
     same = [t for i in range(n) for t in (200 + i, 50, 51, 52, 53, 54, 55, 56)]
     assert draft([*same, 99, 50, 51]).tokens == [52, 53, 54, 55, 56][:int(SPEC_FACTOR * 2) + SPEC_OFFSET]
-
-
-def test_renaming_onto_a_stored_key_keeps_the_renamed_text():
-    """A sync may store conv:N before the chat replying as chat:x is renamed
-    to it; removing conv:N's old text compacts the index here, and the
-    renamed conversation must come through that compaction."""
-    h = History()
-    h.put("chat:x", [1] * 10)
-    h.put("conv:7", [2] * 10)
-    h.rename("chat:x", "conv:7")
-    assert set(h.docs) == {"conv:7"}
-    assert h.index.buf[slice(*h.span("conv:7"))].tolist() == [1] * 10
-    assert h.span("chat:x") == h.span("conv:7")  # a reply queued under the old key joins it
-    assert [m for m, _pos in h.index.matches([1, 1, 1], 3)] == [3]
 
 
 # -- end to end on the tiny pair ------------------------------------------------------

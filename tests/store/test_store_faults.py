@@ -14,8 +14,9 @@ from lockholder import hold_lock, newer_history
 from smalldisk import fill
 from specchat import values
 from specchat.store import db, recovery, worker
+from specchat.store.conversations import ChatContent, MessageContent
 from specchat.store.settings import AppSettings, SettingsStore
-from specchat.store.worker import HistoryNotSaved, Later, StoreWorker
+from specchat.store.worker import HistoryNotSaved, StoreWorker
 
 FAST = 0.2  # seconds: the busy timeout in these tests (5 s in the app)
 
@@ -52,29 +53,29 @@ def spin_until(loop, cond, timeout: float = 20.0) -> None:
 def test_writes_wait_out_a_lock_longer_than_the_busy_timeout_in_order(tmp_path, fast_busy,
                                                                       loop):
     """Another process holds the write lock for many busy timeouts. The
-    turn's writes (a user row, a reply row, its streamed saves, each save
-    naming the row by a Later id) wait, say so, and land in order once the
-    lock clears. Before, each failed with "database is locked" after the
-    timeout and the turn was gone."""
+    turn's writes (its user and reply rows, then the reply's streamed saves,
+    each naming the row by the id it was made with) wait, say so, and land
+    in order once the lock clears. Before, each failed with "database is
+    locked" after the timeout and the turn was gone."""
     path = tmp_path / "h.sqlite3"
     waits: list[bool] = []
     w = StoreWorker(path, on_waiting=waits.append)
     conv = w.conversations.blocking.create("chat")
     remote = w.conversations
     with hold_lock(path) as holder:
-        user = remote.add_message(conv.id, "user", "hello")
-        reply = remote.add_message(conv.id, "assistant", "", complete=False)
-        saves = [remote.update_message(Later(reply), "partial " * i, complete=False)
+        reply = MessageContent("assistant", "", complete=False)
+        turn = remote.save(ChatContent(conv.id, "chat", [MessageContent("user", "hello"), reply]))
+        saves = [remote.update_message(reply.id, "partial " * i, complete=False)
                  for i in range(1, 4)]
-        final = remote.update_message(Later(reply), "the whole reply", complete=True)
+        final = remote.update_message(reply.id, "the whole reply", complete=True)
         spin_until(loop, lambda: waits == [True])
         time.sleep(4 * FAST)  # several busy timeouts: nothing gave up
         spin_until(loop, lambda: True)
-        assert w.waiting and not user.done() and not final.done()
+        assert w.waiting and not turn.done() and not final.done()
         assert rows(path) == []
         holder.release()
         spin_until(loop, final.done)
-    assert not any(f.exception() for f in [user, reply, *saves, final])
+    assert not any(f.exception() for f in [turn, *saves, final])
     assert waits == [True, False] and not w.waiting
     assert rows(path) == [("user", "hello", 1), ("assistant", "the whole reply", 1)]
     w.close()
@@ -209,7 +210,9 @@ def _snapshot(path):
 
 def test_a_full_disk_is_said_in_words(small_disk, records):
     """A real full disk: a tiny tmpfs (tests/smalldisk.py), filled up."""
-    mnt = small_disk("64k")
+    # Room for a new history once the filler goes: its file, WAL and shared
+    # memory (text ids have an index each, 2 pages beyond 64k).
+    mnt = small_disk("96k")
     fill(mnt)
     with pytest.raises(db.HistoryUnavailable, match="the disk is full"):
         db.open_history(mnt / "h.sqlite3")

@@ -125,6 +125,8 @@ def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, recor
     _edit(path, ("UPDATE conversations SET updated_at='yesterday' WHERE id=?", (other,)),
           ("INSERT INTO conversations(title, created_at, updated_at) VALUES (?, 0, 0)",
            (b"\x89PNG",)))
+    png, = sqlite3.connect(path).execute("SELECT id FROM conversations WHERE title=?",
+                                         (b"\x89PNG",)).fetchone()  # its id, made by SQLite
     store = ConversationStore(db.connect(path))
     assert [c.title for c in store.list()] == ["Good chat"]
     assert [c.title for c in store.list("loop")] == ["Good chat"]
@@ -134,7 +136,7 @@ def test_a_garbage_conversation_row_is_skipped_and_the_rest_list(tmp_path, recor
     assert sorted(records) == sorted([
         f"{where}: conversation {other} was skipped: updated_at is 'yesterday' (str), "
         "not float.",
-        f"{where}: conversation {other + 1} was skipped: title is b'\\x89PNG' (bytes), "
+        f"{where}: conversation {png} was skipped: title is b'\\x89PNG' (bytes), "
         "not str."])
 
 

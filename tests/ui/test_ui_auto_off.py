@@ -9,9 +9,10 @@ from dataclasses import asdict
 from specchat.engine import modes
 from specchat.engine.events import Message, StepEvent, Summary
 from specchat.store.settings import AppSettings, from_stored
-from specchat.ui.gauges import PAUSED_TEXT, GaugeStrip, LiveStats
+from specchat.ui.gauges import PAUSED_TEXT, GaugeStrip
 from specchat.ui.requests import build_request, reply_summary
 from specchat.ui.settings import SettingsDialog
+from specchat.ui.stats import LiveStats
 
 
 def _event(i: int, drafted: int = 0, accepted: int = 0, paused: bool = False,

@@ -11,14 +11,10 @@ import pytest
 from specchat.engine import modes
 from specchat.engine.events import StepEvent, Summary
 from specchat.store.summary import ReplySummary, origin_shares, shares_text
-from specchat.ui.charts import (
-    ChartsPanel,
-    PositionTally,
-    SpeedTrace,
-    acceptance_by_position,
-)
+from specchat.ui.charts import ChartsPanel
 from specchat.ui.compare import speed_explanation
-from specchat.ui.gauges import GaugeStrip, LiveStats
+from specchat.ui.gauges import GaugeStrip
+from specchat.ui.stats import LiveStats, PositionTally, SpeedTrace, acceptance_by_position
 from ui_support import load, run_compare, send_and_wait
 
 
@@ -33,6 +29,34 @@ def _step(i, n_tokens, drafted, accepted, elapsed, total, origins=None, before=N
 
 
 # -- view models -------------------------------------------------------------------
+
+
+def test_no_ui_module_imports_one_that_imports_it_back():
+    """The gauges and the charts show the same numbers; those live in
+    stats.py, which both import, instead of the charts importing the gauges
+    (for their type) while the gauges imported the charts. Every import
+    counts, those for type checking too: a cycle is a cycle to a reader."""
+    import ast
+    from pathlib import Path
+
+    import specchat.ui
+
+    folder = Path(specchat.ui.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specchat.ui."):
+                deps.add(node.module.split(".")[2])
+            elif isinstance(node, ast.ImportFrom) and node.module == "specchat.ui":
+                deps |= {a.name for a in node.names}
+        graph[path.stem] = deps
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d}))
+                   for d in graph.get(start, ()))
+
+    assert [m for m in sorted(graph) if reaches(m, m, {m})] == []
 
 
 def test_acceptance_by_position_counts_what_each_step_kept():

@@ -115,7 +115,7 @@ def test_lookup_pair_uses_prompt_lookup(qtbot, window, tiny_target):
     no_draft = modes.for_pair(True, has_draft=False)  # the registry's mode without a draft model
     assert no_draft.speculative and not no_draft.needs_draft_model
     assert msg.summary.mode == no_draft.name
-    assert "prompt lookup" in window.windowTitle()
+    assert "suffix matching" in window.windowTitle()
 
 
 def test_cannot_speculate_disables_toggle_with_reason(qtbot, window):

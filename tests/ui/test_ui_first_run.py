@@ -75,7 +75,7 @@ def test_a_new_load_clears_the_last_refusal(window, tiny_target, tmp_path):
     later = tmp_path / "copied-later"
     w.picker.set_pair(str(later), None)
     w.picker.load_button.click()  # at once: the pair's check may end after the refusal
-    wait_until(lambda: not w.session.engine.loading and w.picker._check_task.done())
+    wait_until(lambda: not w.session.engine.loading and w.session.pairs.checking.done())
     # ... and when it does, the refusal stays up (it is the news)
     assert w.picker.verdict_label.text().startswith("✗ could not load:")
     assert w.error_banner.isVisible()
@@ -115,7 +115,8 @@ def _shown_in_list(box, row: int) -> str:
 def test_the_two_built_in_models_read_differently(window, width):
     w = window
     w.resize(width, 780)
-    wait_until(lambda: w.width() == width)
+    wait_until(lambda: w.width() == width and w.picker.target.findData(
+        "bundled:qwen2.5-coder-0.5b") >= 0)  # and the lists read
     for box in (w.picker.target, w.picker.draft):
         rows = [box.findData(r) for r in ("bundled:qwen2.5-coder-1.5b",
                                           "bundled:qwen2.5-coder-0.5b")]
@@ -141,7 +142,7 @@ def test_every_k_the_gauge_can_show_can_be_fixed_and_auto_says_so(qtbot, window,
     and the gauge says when the K it shows was chosen by K auto."""
     from specchat.engine import drafter_kinds, modes
     from specchat.engine.events import StepEvent
-    from specchat.ui.gauges import LiveStats
+    from specchat.ui.stats import LiveStats
 
     w = window
     menu = [w.options.k_box.itemData(i) for i in range(w.options.k_box.count())]

@@ -74,3 +74,45 @@ def test_the_history_index_follows_the_store(qtbot, window, tiny_target, tiny_dr
     assert read == [late.id]  # the read held it
     assert f"conv:{late.id}" not in engine_docs(window)
     assert "0 conversations" in index.last
+
+
+def test_a_new_chat_has_its_id_before_its_first_save_and_the_index_keys_it_by_it(
+        qtbot, aloop, home, tiny_target, tiny_draft, monkeypatch):
+    """A chat's id is made with its first message, not by SQLite: it is
+    known while another program holds the history's lock (nothing written
+    yet), the first reply joins the history index under it, the rows land
+    under it once the lock goes, and the next sync reads the chat back under
+    the same key. Before, a new chat had no id until its row was written;
+    it replied under a session key that was renamed once the store answered."""
+    import sqlite3
+
+    from lockholder import hold_lock
+    from specchat.store import db
+    from ui_support import make_window
+
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_S", 0.2)  # 5 s in the app
+    w = make_window(qtbot)
+    w.session.update_settings(max_tokens=12)
+    load(qtbot, w, tiny_target, tiny_draft)
+    index = w.session.history_index
+    wait_until(lambda: index.last, timeout=30_000)  # the load's sync has read the store
+    path = home / "conversations.sqlite3"
+    with hold_lock(path) as holder:
+        w.composer.edit.setPlainText("Who names this chat?")
+        w.composer.send_button.click()
+        cid = w.conversation.conversation_id
+        assert cid is not None
+        wait_until(lambda: not w.conversation.busy, timeout=60_000)
+        assert engine_docs(w) == {f"conv:{cid}"}  # from its first reply
+        with sqlite3.connect(path) as other:
+            assert other.execute("SELECT COUNT(*) FROM conversations").fetchone()[0] == 0
+        holder.release()
+    w.session.store.submit(lambda: None).result()  # the queued writes have run
+    with sqlite3.connect(path) as other:
+        assert other.execute("SELECT id FROM conversations").fetchall() == [(cid,)]
+        assert other.execute("SELECT DISTINCT conversation_id FROM messages").fetchall() == [
+            (cid,)]
+    task = index.sync()
+    wait_until(task.done, timeout=30_000)
+    assert "1 conversations" in index.last and engine_docs(w) == {f"conv:{cid}"}
+    w.close()

@@ -7,9 +7,15 @@ from ui_support import load, wait_until
 
 
 def _verdict(w):
-    wait_until(lambda: w.picker._check_task is None or w.picker._check_task.done(),
-               timeout=30_000)
-    return w.picker.verdict
+    pairs = w.session.pairs  # the picker's controller works the verdict out
+    wait_until(lambda: pairs.checking is None or pairs.checking.done(), timeout=30_000)
+    return pairs.verdict
+
+
+def _listed(w):
+    """The picker's lists, once the choices are read (off the GUI thread)."""
+    wait_until(lambda: w.session.pairs.choices and w.picker.target.count() > 1)
+    return w.picker
 
 
 def test_incompatible_pair_refused_with_reason(qtbot, window, tiny_target, mismatched_draft):
@@ -44,17 +50,18 @@ def test_engine_refusal_is_shown(qtbot, window, tiny_target, mismatched_draft):
 
 def test_lookup_choice_is_compatible(qtbot, window, tiny_target):
     window.picker.set_pair(str(tiny_target), None)
-    assert window.picker.draft.currentText() == "No draft: prompt lookup"
+    assert window.picker.draft.currentText() == "No draft: suffix matching"
     assert window.picker.selection() == (str(tiny_target), None)
     assert _verdict(window).compatible is True
     assert window.picker.load_button.isEnabled()
 
 
 def test_picker_lists_bundled_and_catalog(window):
-    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    picker = _listed(window)
+    refs = [picker.target.itemData(i) for i in range(picker.target.count())]
     assert "bundled:smollm2-135m" in refs
     assert "bundled:qwen2.5-coder-1.5b" in refs
-    assert window.picker.draft.itemData(0) is None  # prompt lookup first
+    assert window.picker.draft.itemData(0) is None  # suffix matching first
 
 
 def test_a_built_in_model_the_app_does_not_carry_is_not_offered(monkeypatch):
@@ -110,7 +117,9 @@ def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
     fut.result()
     names = [dlg.installed.item(r, 0).text() for r in range(dlg.installed.rowCount())]
     assert "tiny-imported" in names, dlg.tasks.itemAt(0).widget().detail.text()
-    refs = [window.picker.target.itemData(i) for i in range(window.picker.target.count())]
+    box = window.picker.target
+    wait_until(lambda: box.findData("tiny-imported") >= 0)  # read again off the GUI thread
+    refs = [box.itemData(i) for i in range(box.count())]
     assert "tiny-imported" in refs
     dlg.installed.selectRow(names.index("tiny-imported"))
     deleting = dlg.delete_selected(confirm=False)
@@ -187,14 +196,13 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
         port = s.getsockname()[1]
     spec = hostfile.plan("lab", tiny_target, ["127.0.0.1", "127.0.0.1"], port - 3)
     hostfile.write(clusters_dir() / "lab", spec)
-    picker = window.picker
+    picker = _listed(window)
+    pairs = window.session.pairs
 
     def poll() -> None:
         """One poll from now on, waited for (not the timer's, begun earlier)."""
-        wait_until(lambda: picker._cluster_poll is None or picker._cluster_poll.done(),
-                   timeout=10_000)
-        picker.poll_clusters()
-        wait_until(lambda: picker._cluster_poll.done(), timeout=10_000)
+        wait_until(pairs.poll_clusters().done, timeout=10_000)
+        wait_until(pairs.poll_clusters().done, timeout=10_000)
 
     def entry():
         i = picker.target.findData("cluster:lab")
@@ -229,3 +237,100 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
     poll()
     assert "not answering" in entry()[0]
     assert entry()[1].isEnabled()  # chosen: it stays pickable
+
+
+class _Client:
+    """Stands in for EngineClient: nothing here loads or generates."""
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_pair_controller_answers_without_a_window_and_reads_off_the_gui_thread(
+        qtbot, aloop, home, tiny_target, mismatched_draft, monkeypatch):
+    """The picker's work is the session's PairController's: with no window
+    it lists the choices, works out a verdict (and the drafts that would
+    fit), polls the clusters and reads the drafts measured here, each read
+    on an executor thread, never the GUI thread; a picker widget given it
+    shows the same with no window to find a session in. Before, the widget
+    did all of this itself, reading the library on the GUI thread, and
+    found its session through ``self.window()``."""
+    import threading
+
+    from specchat.library import recommendations as rec
+    from specchat.ui import library_view
+    from specchat.ui.pair_picker import PairPicker
+    from specchat.ui.session import AppSession
+
+    on_gui: list[str] = []
+
+    def watched(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            if threading.current_thread() is threading.main_thread():
+                on_gui.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
+
+    for name in ("model_choices", "check_pair", "suggest_drafts", "cluster_states"):
+        watched(library_view, name)
+    watched(rec, "remembered")
+    target, other = str(tiny_target), str(mismatched_draft)
+    measured = rec.make_result(target, "hf:some/draft", "some draft", rec.machine(), "cpu/float32",
+                               drafted=10, accepted=8, judged=10, draft_cost=0.2,
+                               verify_slope=0.05, tokens=64, tokens_per_s=80.0,
+                               plain_tokens_per_s=50.0, prompts=1)
+    rec.remember(measured)
+
+    session = AppSession(_Client(), home / "c.sqlite3")
+    pairs = session.pairs
+    wait_until(pairs.reload_choices().done)
+    assert "bundled:smollm2-135m" in [c.ref for c in pairs.choices]
+    wait_until(pairs.poll_clusters().done)
+    assert pairs.clusters == []  # none defined here
+    verdicts: list = []
+    pairs.verdictChanged.connect(verdicts.append)
+    wait_until(pairs.check(target, other).done, timeout=30_000)
+    assert verdicts == [pairs.verdict] and pairs.verdict.compatible is False
+    assert "vocabulary size differs" in pairs.verdict.text
+    assert pairs.measured(target) == {}  # not read yet: read now, said when in
+    wait_until(lambda: pairs.measured(target) == {"hf:some/draft": measured})
+
+    picker = PairPicker(pairs)  # no window around it
+    qtbot.addWidget(picker)
+    assert picker.target.findData("bundled:smollm2-135m") >= 0
+    picker.set_pair(target, other)
+    wait_until(lambda: picker.verdict_label.text().startswith("✗ incompatible:"),
+               timeout=30_000)
+    assert not picker.load_button.isEnabled()
+    assert on_gui == []
+    session.close()
+
+
+def test_the_picker_widget_reads_and_asks_nothing_itself():
+    """The widget module draws and forwards: it imports nothing from the
+    library at run time and calls nothing that reads files, probes ranks or
+    runs work in an executor, nor looks its session up in its window."""
+    import ast
+    from pathlib import Path
+
+    from specchat.ui import pair_picker
+
+    tree = ast.parse(Path(pair_picker.__file__).read_text(encoding="utf-8"))
+    checked_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                    and getattr(node.test, "id", "") == "TYPE_CHECKING"
+                    for n in ast.walk(node)}
+    imported = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and id(node) not in checked_only}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for a in node.names}
+    assert not [m for m in imported if m.startswith("specchat.library") or m in (
+        "asyncio", "os", "pathlib", "socket", "subprocess")], imported
+    called = {n.attr if isinstance(n, ast.Attribute) else n.id for node in ast.walk(tree)
+              if isinstance(node, ast.Call) for n in [node.func]
+              if isinstance(n, ast.Attribute | ast.Name)}
+    readers = {"model_choices", "check_pair", "suggest_drafts", "cluster_states", "remembered",
+               "run_in_executor", "ensure_future", "window", "open", "read_text"}
+    assert called & readers == set()

@@ -27,8 +27,9 @@ def _draft_text(picker, ref: str) -> str:
 def test_find_the_best_draft(qtbot, window, monkeypatch, drafts, tiny_target, tiny_draft):
     monkeypatch.setattr(DraftFinder, "prompts", 1)
     monkeypatch.setattr(DraftFinder, "max_tokens", 8)
-    picker = window.picker
-    picker.reload_choices()
+    picker, pairs = window.picker, window.session.pairs
+    wait_until(pairs.reload_choices().done)  # the drafts just installed
+    wait_until(lambda: picker.draft.findData(drafts["noisy"]) >= 0)
     before = load(qtbot, window, tiny_target, tiny_draft)  # the pair in use: put back after
     target = str(tiny_target)
     picker.set_pair(target, None)
@@ -41,7 +42,7 @@ def test_find_the_best_draft(qtbot, window, monkeypatch, drafts, tiny_target, ti
     assert picker.finder_strip.isVisible() and picker.finder_strip.bar.isVisible()
     assert not picker.find_button.isEnabled()
     picker.finder_strip.cancel_button.click()
-    wait_until(lambda: not picker.finder.running, timeout=60_000)
+    wait_until(lambda: not pairs.finder.running, timeout=60_000)
     assert picker.finder_strip.text().startswith("Cancelled")
     assert not picker.finder_strip.cancel_button.isVisible()
     assert rec.remembered(target) == {}
@@ -50,10 +51,10 @@ def test_find_the_best_draft(qtbot, window, monkeypatch, drafts, tiny_target, ti
 
     # The whole search: progress through the plain run and the draft, then the ranking.
     seen: list[tuple[str, float]] = []
-    picker.finder.progressed.connect(lambda message, fraction: seen.append((message, fraction)))
+    pairs.finder.progressed.connect(lambda message, fraction: seen.append((message, fraction)))
     picker.set_pair(target, None)
     picker.find_button.click()
-    wait_until(lambda: not picker.finder.running, timeout=60_000)
+    wait_until(lambda: not pairs.finder.running, timeout=60_000)
     messages = [m for m, _ in seen]
     assert "Plain decoding: prompt 1 of 1" in messages and "noisy: prompt 1 of 1" in messages
     fractions = [f for _, f in seen]

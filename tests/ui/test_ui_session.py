@@ -59,7 +59,8 @@ def test_next_mode_comes_from_the_registry(qtbot, aloop, tmp_path):
 
 
 def test_plain_speeds_and_gauge_mode(qtbot):
-    from specchat.ui.gauges import GaugeStrip, LiveStats, PlainSpeeds
+    from specchat.ui.gauges import GaugeStrip
+    from specchat.ui.stats import LiveStats, PlainSpeeds
 
     speeds = PlainSpeeds()
     speeds.note(("t", "d"), ReplySummary(mode="plain", new_tokens=3, tokens_per_s=5.0))

@@ -314,10 +314,11 @@ def test_a_new_chat_that_could_not_be_created_is_created_by_the_next_turn(
 
     first = send_and_wait(qtbot, w, "Said while the disk is full")
     store.submit(lambda: None).result()  # every queued write has run (and failed)
-    wait_until(lambda: all(m.db_id is None for m in w.chat_model.messages), timeout=10_000)
+    wait_until(lambda: not any(m.saved for m in w.chat_model.messages), timeout=10_000)
     assert errors == ["Could not save this conversation: database or disk is full"]
     assert w.error_banner.isVisible() and errors[0] in w.error_banner.label.text()
-    assert stored_rows(path) == [] and w.conversation.conversation_id is None
+    assert stored_rows(path) == []
+    cid = w.conversation.conversation_id  # made with the chat, not by its row
 
     store.submit(lambda: _make_room(store._conn)).result()
     second = send_and_wait(qtbot, w, "And once there is room again")
@@ -329,8 +330,8 @@ def test_a_new_chat_that_could_not_be_created_is_created_by_the_next_turn(
                                  ("user", "And once there is room again", 1),
                                  ("assistant", second.text, 1)]
     with sqlite3.connect(path) as other:
-        assert other.execute("SELECT title FROM conversations").fetchall() == [
-            ("Said while the disk is full",)]
+        assert other.execute("SELECT id, title FROM conversations").fetchall() == [
+            (cid, "Said while the disk is full")]
     w.close()
 
 

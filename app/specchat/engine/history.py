@@ -77,12 +77,10 @@ class History:
         self.fingerprint: str | None = None
         self.path: Path | None = None
         self.enabled = True  # False: drafts ignore the history (the bench's cold runs)
-        # Renamed keys: a reply queued under the old key joins the new one.
-        self.aliases: dict[str, str] = {}
 
     # -- what the drafter reads ---------------------------------------------
     def span(self, key: str | None) -> tuple[int, int] | None:
-        doc = self.docs.get(self.aliases.get(key, key)) if key else None
+        doc = self.docs.get(key) if key else None
         return (doc.start, doc.end) if doc else None
 
     @property
@@ -93,14 +91,12 @@ class History:
     def clear(self) -> None:
         self.index = SuffixIndex()
         self.docs = {}
-        self.aliases = {}
 
     def put(self, key: str, tokens: Sequence[int], stamp: str = "") -> None:
         """The conversation ``key`` now reads ``tokens``. A conversation that
         only grew (the usual case: a new turn) and is the latest one is
         extended in place; otherwise its old text is removed and the new one
         appended."""
-        key = self.aliases.get(key, key)
         doc = self.docs.get(key)
         idx = self.index
         if doc is not None and doc.end == idx.n and len(tokens) >= doc.end - doc.start and \
@@ -116,19 +112,8 @@ class History:
         idx.extend(tokens)
         self.docs[key] = _Doc(stamp, start, idx.n)
 
-    def rename(self, old: str, new: str) -> None:
-        """A conversation's key changed (a new chat got its id in the store)."""
-        self.aliases[old] = new
-        if old not in self.docs or old == new:
-            return
-        if new in self.docs:
-            # First, while ``old`` is still a doc: this removal may compact
-            # the index, and the compaction must carry ``old``'s text along.
-            self.remove(new)
-        self.docs[new] = self.docs.pop(old)
-
     def remove(self, key: str) -> None:
-        doc = self.docs.pop(self.aliases.get(key, key), None)
+        doc = self.docs.pop(key, None)
         if doc is None:
             return
         self.index.remove(doc.start, doc.end)

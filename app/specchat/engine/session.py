@@ -308,9 +308,6 @@ class Engine:
                                  lambda msgs: chat.render(tok, msgs, cancelled),
                                  path, vocab=self._vocab)
 
-    def rename_conversation(self, old: str, new: str) -> None:
-        self.history.rename(old, new)
-
     def forget_conversation(self, key: str) -> None:
         """A conversation the user deleted leaves the history index."""
         self.history.remove(key)

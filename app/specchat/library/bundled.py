@@ -132,7 +132,7 @@ def shipped(name: str) -> bool:
     from importlib import metadata
 
     try:
-        for dist in get(name).distributions:
+        for dist, _glob in get(name).parts:
             metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         return False

@@ -266,7 +266,7 @@ def cmd_suggest(args, as_json: bool) -> int:
         return 0
     if not found:
         print(f"No compatible draft known for {args.target}: a draft needs the same "
-              "tokenizer and fewer parameters. Without one, prompt lookup (--lookup) still "
+              "tokenizer and fewer parameters. Without one, suffix matching (--lookup) still "
               "speculates.")
         return 0
     for s in found:

@@ -5,6 +5,12 @@ text, the token-origin runs (for colouring accepted draft tokens) and the
 reply's summary. A reply is saved while it streams with ``complete=0``; if
 the app dies mid-reply, the partial text is still there on the next start.
 
+Ids are made where a conversation or a message is made (``new_id``, a
+UUID), not by SQLite: the window knows a chat's id from its first message,
+so it never waits for a row to be numbered, the history index keys the chat
+by it from its first reply, and rows are written by upsert (writing one
+again updates it), so a turn whose write failed is simply written again.
+
 Rows are read back checked (``specchat.records``): SQLite keeps whatever a
 hand edit or another program puts in a column (a BLOB as a message's text,
 ``"fast"`` as a summary's speed). A conversation or message whose own fields
@@ -20,21 +26,23 @@ import json
 import logging
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specchat import records
 from specchat.store.summary import ReplySummary
 
-if TYPE_CHECKING:  # recovery.py builds on this module's message type
-    from specchat.store.recovery import UnsavedConversation
+
+def new_id() -> str:
+    """The id of a conversation or message, made with it (see the module docstring)."""
+    return uuid.uuid4().hex
 
 
 @dataclass
 class Conversation:
-    id: int
+    id: str
     title: str
     created_at: float
     updated_at: float
@@ -52,11 +60,19 @@ class MessageContent:
     summary: ReplySummary | None = None
     error: str | None = None
     complete: bool = True
+    id: str = field(default_factory=new_id)
 
 
 @dataclass
-class StoredMessage(MessageContent):
-    id: int = 0  # its row in the history
+class ChatContent:
+    """A conversation as the window has it: what ``save`` writes, and what a
+    recovery file keeps (recovery.py)."""
+
+    id: str
+    title: str
+    messages: list[MessageContent]
+    target: str | None = None
+    draft: str | None = None
 
 
 log = logging.getLogger("specchat.store")
@@ -78,8 +94,8 @@ def _conversation(row: sqlite3.Row, where: str) -> Conversation | None:
 
 
 def _text_fields(row: sqlite3.Row, where: str) -> bool:
-    """Whether a message row's role and text are text (else it is skipped, and said)."""
-    for name in ("role", "content"):
+    """Whether a message row's id, role and text are text (else it is skipped, and said)."""
+    for name in ("id", "role", "content"):
         if not isinstance(row[name], str):
             records.report(log, f"{where}: message {row['id']} was skipped: its {name} is "
                                 f"{records.described(row[name])}, not text.")
@@ -123,7 +139,7 @@ def _complete(value: object) -> bool:
 _PARTS = {"runs": _runs, "summary": _summary, "error": _error, "complete": _complete}
 
 
-def _message(row: sqlite3.Row, where: str) -> StoredMessage | None:
+def _message(row: sqlite3.Row, where: str) -> MessageContent | None:
     if not _text_fields(row, where):
         return None
     parts = {}
@@ -133,7 +149,7 @@ def _message(row: sqlite3.Row, where: str) -> StoredMessage | None:
         except records.BadRecord as exc:
             records.report(log, f"{where}: message {row['id']}: its {name} was dropped ({exc}).")
             parts[name] = read(None)
-    return StoredMessage(row["role"], row["content"], id=row["id"], **parts)
+    return MessageContent(row["role"], row["content"], id=row["id"], **parts)
 
 
 class ConversationStore:
@@ -147,13 +163,13 @@ class ConversationStore:
     # -- conversations ---------------------------------------------------
     def create(self, title: str = "New chat", target: str | None = None,
                draft: str | None = None) -> Conversation:
+        """A new, empty conversation (the window's own are written by ``save``)."""
         now = time.time()
-        cur = self._db.execute(
-            "INSERT INTO conversations(title, created_at, updated_at, target, draft) "
-            "VALUES (?, ?, ?, ?, ?)", (title, now, now, target, draft))
-        return Conversation(cur.lastrowid, title, now, now, target, draft)
+        conv = Conversation(new_id(), title, now, now, target, draft)
+        self.save(ChatContent(conv.id, title, [], target, draft))
+        return conv
 
-    def get(self, conversation_id: int) -> Conversation | None:
+    def get(self, conversation_id: str) -> Conversation | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id=?",
                                (conversation_id,)).fetchone()
         return _conversation(row, self._where) if row else None
@@ -166,39 +182,31 @@ class ConversationStore:
             rows = self._db.execute(
                 "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
                 " SELECT 1 FROM messages m WHERE m.conversation_id=c.id"
-                " AND m.content LIKE ?1 ESCAPE '\\') ORDER BY updated_at DESC, id DESC",
+                " AND m.content LIKE ?1 ESCAPE '\\') ORDER BY updated_at DESC, rowid DESC",
                 (pattern,)).fetchall()
         else:
             rows = self._db.execute(
-                "SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
+                "SELECT * FROM conversations ORDER BY updated_at DESC, rowid DESC").fetchall()
         return self._conversations(rows)
 
-    def rename(self, conversation_id: int, title: str) -> None:
+    def rename(self, conversation_id: str, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?",
                          (title.strip() or "Untitled", conversation_id))
 
-    def delete(self, conversation_id: int) -> None:
+    def delete(self, conversation_id: str) -> None:
         self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
-    def set_pair(self, conversation_id: int, target: str | None, draft: str | None) -> None:
-        self._db.execute("UPDATE conversations SET target=?, draft=? WHERE id=?",
-                         (target, draft, conversation_id))
-
-    def _touch(self, conversation_id: int) -> None:
-        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
-                         (time.time(), conversation_id))
-
-    def corpus(self) -> list[tuple[int, str, list[tuple[str, str]]]]:
+    def corpus(self) -> list[tuple[str, str, list[tuple[str, str]]]]:
         """Every conversation's text, as the engine's history index reads it:
         (id, stamp, [(role, content), ...]). The stamp changes whenever a
         message is added, edited or removed, so the index knows which
         conversations it must read again."""
-        out: list[tuple[int, str, list[tuple[str, str]]]] = []
+        out: list[tuple[str, str, list[tuple[str, str]]]] = []
         rows = self._db.execute(
             "SELECT m.id AS id, m.conversation_id AS cid, m.role AS role, m.content AS content, "
             "c.updated_at AS updated FROM messages m JOIN conversations c "
-            "ON c.id = m.conversation_id ORDER BY m.conversation_id, m.position, m.id")
-        current: int | None = None
+            "ON c.id = m.conversation_id ORDER BY c.rowid, m.position, m.rowid")
+        current: str | None = None
         for r in rows:
             if not _text_fields(r, self._where):
                 continue
@@ -209,30 +217,54 @@ class ConversationStore:
         return [(cid, f"{updated}:{len(msgs)}:{_digest(msgs)}", msgs) for cid, updated, msgs in out]
 
     # -- messages --------------------------------------------------------
-    def messages(self, conversation_id: int) -> list[StoredMessage]:
+    def messages(self, conversation_id: str) -> list[MessageContent]:
         rows = self._db.execute(
-            "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, id",
+            "SELECT * FROM messages WHERE conversation_id=? ORDER BY position, rowid",
             (conversation_id,)).fetchall()
         return [m for m in (_message(r, self._where) for r in rows) if m is not None]
 
-    def add_message(self, conversation_id: int, role: str, content: str, *,
-                    complete: bool = True) -> int:
-        # One transaction, taking the write lock first: if another program
-        # holds it, nothing is done and the store's thread can simply try
-        # the whole call again (a half-done call would add the row twice).
+    def add_message(self, conversation_id: str, role: str, content: str, *,
+                    complete: bool = True) -> str:
+        """Add a message after the others; its id."""
+        message = MessageContent(role, content, complete=complete)
         with self._transaction():
-            pos = self._db.execute(
-                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id=?",
-                (conversation_id,)).fetchone()[0]
-            cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, position, role, content, complete,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, pos, role, content, int(complete), time.time()))
-            self._touch(conversation_id)
-        return cur.lastrowid
+            self._upsert_message(conversation_id, message)
+            self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
+                             (time.time(), conversation_id))
+        return message.id
+
+    def save(self, chat: ChatContent) -> None:
+        """Write a conversation as the window has it: its row (added if new)
+        and each of ``chat.messages`` (added after the others, or for an id
+        the history has, updated in place). All or nothing, in one call, so
+        a turn that cannot be written fails once and is written again whole.
+        A conversation the history has keeps its title and pair (the person
+        may have renamed it); it is only touched."""
+        now = time.time()
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO conversations(id, title, created_at, updated_at, target, draft) VALUES"
+                " (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET updated_at=excluded.updated_at",
+                (chat.id, chat.title, now, now, chat.target, chat.draft))
+            for m in chat.messages:
+                self._upsert_message(chat.id, m)
+
+    def _upsert_message(self, conversation_id: str, m: MessageContent) -> None:
+        # (The WHERE clause also keeps SQLite from reading ON CONFLICT as a join's.)
+        self._db.execute(
+            "INSERT INTO messages(id, conversation_id, position, role, content, runs, summary,"
+            " error, complete, created_at) SELECT ?1, ?2, COALESCE(MAX(position), -1) + 1, ?3,"
+            " ?4, ?5, ?6, ?7, ?8, ?9 FROM messages WHERE conversation_id=?2 ON CONFLICT(id) DO"
+            " UPDATE SET content=excluded.content, runs=excluded.runs, summary=excluded.summary,"
+            " error=excluded.error, complete=excluded.complete",
+            (m.id, conversation_id, m.role, m.content, *_encoded(m.runs, m.summary), m.error,
+             int(m.complete), time.time()))
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
+        """One transaction, taking the write lock first: if another program
+        holds it, nothing is done and the store's thread can simply try the
+        whole call again (a half-done call would add rows twice)."""
         if self._db.in_transaction:  # a part of a larger one (restore)
             yield
             return
@@ -245,39 +277,29 @@ class ConversationStore:
                 self._db.execute("ROLLBACK")
             raise
 
-    def update_message(self, message_id: int, content: str, *,
+    def update_message(self, message_id: str, content: str, *,
                        runs: list[tuple[str, str]] | None = None,
                        summary: ReplySummary | None = None,
                        error: str | None = None, complete: bool = False) -> None:
         """Save a reply's current state (called while streaming and at the end)."""
         self._db.execute(
             "UPDATE messages SET content=?, runs=?, summary=?, error=?, complete=? WHERE id=?",
-            (content, json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs
-             else None, json.dumps(summary.to_json()) if summary else None, error, int(complete),
-             message_id))
+            (content, *_encoded(runs, summary), error, int(complete), message_id))
 
-    def delete_message(self, message_id: int) -> None:
+    def delete_message(self, message_id: str) -> None:
         self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
 
-    def restore(self, conversations: list[UnsavedConversation]) -> None:
+    def restore(self, conversations: list[ChatContent]) -> None:
         """Write conversations kept in a recovery file (recovery.py), all or
         nothing: one that still exists gets exactly the messages it had on
-        screen, the others are added as new conversations."""
+        screen (the newest state), the others are added under their ids."""
         with self._transaction():
             for c in conversations:
-                if c.id is not None and self.get(c.id) is not None:
-                    cid = c.id
-                    self._db.execute("DELETE FROM messages WHERE conversation_id=?", (cid,))
-                else:
-                    cid = self.create(c.title, c.target, c.draft).id
-                for m in c.messages:
-                    row = self.add_message(cid, m.role, m.content, complete=m.complete)
-                    self.update_message(row, m.content, runs=list(m.runs), summary=m.summary,
-                                        error=m.error, complete=m.complete)
-                self._touch(cid)
+                self._db.execute("DELETE FROM messages WHERE conversation_id=?", (c.id,))
+                self.save(c)
 
     # -- export ----------------------------------------------------------
-    def export_markdown(self, conversation_id: int) -> str:
+    def export_markdown(self, conversation_id: str) -> str:
         conv = self.get(conversation_id)
         if conv is None:
             raise KeyError(conversation_id)
@@ -291,6 +313,13 @@ class ConversationStore:
             if m.summary:
                 out += [f"*{m.summary.line()}*", ""]
         return "\n".join(out).rstrip() + "\n"
+
+
+def _encoded(runs: list[tuple[str, str]] | None, summary: ReplySummary | None
+             ) -> tuple[str | None, str | None]:
+    """A message's runs and summary as their columns hold them (JSON)."""
+    return (json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs else None,
+            json.dumps(summary.to_json()) if summary else None)
 
 
 def _digest(messages: list[tuple[str, str]]) -> str:

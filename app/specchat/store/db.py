@@ -30,11 +30,13 @@ log = logging.getLogger("specchat.store")
 class HistoryUnavailable(SpecChatError):
     """The history file could not be opened; ``str()`` says why, in words."""
 
-# Each entry upgrades the schema by one version (PRAGMA user_version).
-_MIGRATIONS: tuple[str, ...] = (
-    """
+# The conversations and their messages. Ids are text, made where a
+# conversation or message is made (a UUID, conversations.new_id), so the
+# window names its rows before they are written; a row written by hand
+# gets a random one.
+_CHATS = """
     CREATE TABLE conversations (
-        id INTEGER PRIMARY KEY,
+        id TEXT PRIMARY KEY NOT NULL DEFAULT (lower(hex(randomblob(16)))),
         title TEXT NOT NULL,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
@@ -42,8 +44,8 @@ _MIGRATIONS: tuple[str, ...] = (
         draft TEXT
     );
     CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        id TEXT PRIMARY KEY NOT NULL DEFAULT (lower(hex(randomblob(16)))),
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
         position INTEGER NOT NULL,
         role TEXT NOT NULL,
         content TEXT NOT NULL DEFAULT '',
@@ -54,10 +56,24 @@ _MIGRATIONS: tuple[str, ...] = (
         created_at REAL NOT NULL
     );
     CREATE INDEX messages_by_conversation ON messages(conversation_id, position);
-    CREATE TABLE settings (
-        key TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    );
+"""
+
+# PRAGMA user_version is the layout's version. A new file gets the newest
+# layout at once (entry 0); an older one is upgraded one version at a time
+# (entry v takes version v to v + 1).
+_MIGRATIONS: tuple[str, ...] = (
+    _CHATS + "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    # 1 -> 2: SQLite's integer ids become text, each its digits ("12"); every
+    # row is kept, in its order (the rowid).
+    "ALTER TABLE messages RENAME TO old_messages;"
+    "ALTER TABLE conversations RENAME TO old_conversations;"
+    "DROP INDEX messages_by_conversation;" + _CHATS + """
+    INSERT INTO conversations SELECT CAST(id AS TEXT), title, created_at, updated_at, target,
+        draft FROM old_conversations ORDER BY id;
+    INSERT INTO messages SELECT CAST(id AS TEXT), CAST(conversation_id AS TEXT), position, role,
+        content, runs, summary, error, complete, created_at FROM old_messages ORDER BY id;
+    DROP TABLE old_messages;
+    DROP TABLE old_conversations;
     """,
 )
 
@@ -90,8 +106,10 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
         # NORMAL in WAL mode: durable against an app crash or kill (what we
         # care about), and only a power cut can lose the last commits.
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
+        # Before foreign keys are on: a migration that rebuilds a table must
+        # not cascade the old one's deletion into the messages.
         _migrate(conn)
+        conn.execute("PRAGMA foreign_keys=ON")
         _check_layout(conn)
     except BaseException:
         conn.close()
@@ -257,9 +275,11 @@ def _check_layout(conn: sqlite3.Connection) -> None:
 
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+    steps = [(_MIGRATIONS[0], len(_MIGRATIONS))] if version == 0 else [
+        (_MIGRATIONS[v], v + 1) for v in range(version, len(_MIGRATIONS))]
+    for script, to in steps:
         try:
-            conn.executescript("BEGIN;" + script + f"PRAGMA user_version={i}; COMMIT;")
+            conn.executescript("BEGIN;" + script + f"PRAGMA user_version={to}; COMMIT;")
         except sqlite3.OperationalError as exc:
             # A plain SQL error here ("table conversations already exists")
             # means the file holds tables this version did not make.

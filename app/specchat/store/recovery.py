@@ -21,12 +21,12 @@ import os
 import secrets
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from specchat import records
-from specchat.store.conversations import MessageContent
+from specchat.store.conversations import ChatContent, MessageContent, new_id
 from specchat.store.summary import ReplySummary
 
 FOLDER = "unsaved"
@@ -37,21 +37,12 @@ MAX_BYTES = 256 * 2**20
 log = logging.getLogger("specchat.store")
 
 
-# A message as it was on screen: the same fields as a stored one, no row.
+# A message and a conversation as they were on screen: the same records the
+# window saves. The import replaces the messages of a conversation the
+# history has with these (the screen was the newest state) and adds the
+# others under their ids.
 UnsavedMessage = MessageContent
-
-
-@dataclass
-class UnsavedConversation:
-    """A conversation as it was on screen. ``id`` is its row in the history
-    if it had one (then the import replaces that conversation's messages with
-    these: the screen was the newest state), else None (a new conversation)."""
-
-    id: int | None
-    title: str
-    messages: list[UnsavedMessage]
-    target: str | None = None
-    draft: str | None = None
+UnsavedConversation = ChatContent
 
 
 class Unreadable(ValueError):
@@ -110,8 +101,16 @@ def _from_json(data: dict[str, Any]) -> UnsavedConversation:
     messages = [UnsavedMessage(str(m["role"]), str(m["content"]),
                                [(str(o), str(t)) for o, t in m.get("runs") or []],
                                ReplySummary.from_json(m["summary"]) if m.get("summary") else None,
-                               m.get("error"), bool(m.get("complete", True)))
+                               m.get("error"), bool(m.get("complete", True)),
+                               _id(m.get("id")) or new_id())
                 for m in data["messages"]]
-    cid = data.get("id")
-    return UnsavedConversation(cid if isinstance(cid, int) else None, str(data["title"]),
-                               messages, data.get("target"), data.get("draft"))
+    # An older version's chat that had no row yet had no id either.
+    return UnsavedConversation(_id(data.get("id")) or new_id(), str(data["title"]), messages,
+                               data.get("target"), data.get("draft"))
+
+
+def _id(value: object) -> str | None:
+    """An id as this version keeps it: text (older files have integers)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    return str(value)

@@ -14,10 +14,10 @@ Another program may hold the file's write lock for longer than SQLite's
 busy timeout (a backup, a sync tool, a second instance). Then the call at
 the head of the queue is tried again until the lock clears, and every call
 behind it waits its turn, so nothing is lost and nothing is reordered;
-``on_waiting`` tells the window while that lasts. A call may take what an
-earlier one returns (``Later``), so the window never has to wait for a row
-id before it can go on. Only closing stops the retrying, after
-``CLOSE_WAIT_S``: quitting must not hang on someone else's lock.
+``on_waiting`` tells the window while that lasts. The window never waits
+for a row's id: it makes ids itself (conversations.new_id). Only closing
+stops the retrying, after ``CLOSE_WAIT_S``: quitting must not hang on
+someone else's lock.
 
 The history may also not open at all (locked, disk full, a folder in its
 place, a layout this version does not know) or be a newer version's file.
@@ -36,7 +36,6 @@ import asyncio
 import logging
 import sqlite3
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -72,39 +71,6 @@ class HistoryNotSaved(SpecChatError):
     or none could be opened); the message says why."""
 
 
-class EarlierFailed(HistoryNotSaved):
-    """A call that takes what an earlier call returns (``Later``), when that
-    earlier call failed: it is not run. Its failure is the earlier one,
-    already reported, so :func:`report_failure` does not report it again."""
-
-
-class Later:
-    """What an earlier queued call returns (or its attribute ``attr``), as an
-    argument of a later call. The worker runs calls in order, so by the time
-    the later one runs the value is known: the window queues "add the row,
-    then update it" without waiting for the row's id in between, and so a
-    locked history never holds up a reply."""
-
-    def __init__(self, future: asyncio.Future, attr: str | None = None):
-        self.future = future
-        self.attr = attr
-
-
-class _Source:
-    """A Later as the worker thread sees it: the concurrent future behind it."""
-
-    def __init__(self, future: Future, attr: str | None):
-        self.future = future
-        self.attr = attr
-
-    def value(self) -> Any:
-        try:
-            result = self.future.result()  # done: it was queued before (FIFO)
-        except Exception as exc:
-            raise EarlierFailed(f"an earlier change it needs was not saved ({exc})") from exc
-        return getattr(result, self.attr) if self.attr else result
-
-
 class StoreWorker:
     """Owns the connection; runs calls on it one at a time, in order."""
 
@@ -121,8 +87,6 @@ class StoreWorker:
         self.recovered = 0  # conversations imported from recovery files at the last opening
         self._waiting = False
         self._on_waiting = on_waiting
-        self._origins: weakref.WeakKeyDictionary[asyncio.Future, Future] = (
-            weakref.WeakKeyDictionary())
         self._conn: sqlite3.Connection | None = None
         self._stores: dict[type, Any] = {}
         self.state = UNAVAILABLE
@@ -224,29 +188,8 @@ class StoreWorker:
         return self._pool.submit(fn, *args, **kwargs)
 
     def call(self, kind: type, name: str, args: tuple, kwargs: dict) -> Future:
-        """Queue the store method ``kind.name``, retried while the file is
-        locked. Later arguments are turned into their sources here, on the
-        caller's thread, where the asyncio futures live."""
-        args = tuple(self._source(a) for a in args)
-        kwargs = {k: self._source(v) for k, v in kwargs.items()}
+        """Queue the store method ``kind.name``, retried while the file is locked."""
         return self.submit(self._run, kind, name, args, kwargs)
-
-    def remember(self, future: asyncio.Future, source: Future) -> None:
-        self._origins[future] = source
-
-    def source_of(self, future: asyncio.Future) -> Future | None:
-        """The worker's own future behind one a Remote call returned: it is
-        done as soon as the call ran, even when the event loop has not yet
-        run (at quit, once ``close`` has drained the queue)."""
-        return self._origins.get(future)
-
-    def _source(self, value: Any) -> Any:
-        if not isinstance(value, Later):
-            return value
-        source = self._origins.get(value.future)
-        if source is None:
-            raise TypeError("Later takes a future returned by this store's own calls")
-        return _Source(source, value.attr)
 
     def _run(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
         try:
@@ -257,8 +200,6 @@ class StoreWorker:
             raise
 
     def _attempt(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
-        args = tuple(a.value() if isinstance(a, _Source) else a for a in args)
-        kwargs = {k: v.value() if isinstance(v, _Source) else v for k, v in kwargs.items()}
         method = getattr(self._stores[kind], name)
         try:
             while True:
@@ -326,10 +267,7 @@ class Remote(Generic[T]):
             raise AttributeError(name)
 
         def call(*args: Any, **kwargs: Any) -> asyncio.Future:
-            source = self._worker.call(self._kind, name, args, kwargs)
-            future = asyncio.wrap_future(source)
-            self._worker.remember(future, source)
-            return future
+            return asyncio.wrap_future(self._worker.call(self._kind, name, args, kwargs))
 
         return call
 
@@ -353,7 +291,7 @@ def report_failure(future: asyncio.Future, report: Callable[[str], None],
         if f.cancelled():
             return
         exc = f.exception()
-        if exc is not None and not isinstance(exc, EarlierFailed):
+        if exc is not None:
             report(f"Could not {doing}: {exc}")
 
     future.add_done_callback(done)

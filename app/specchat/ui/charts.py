@@ -1,8 +1,8 @@
 """Pictures of the speed: tokens/s over a reply, acceptance by draft position.
 
-The numbers come from the engine's StepEvents and are turned into plain
-series here (``SpeedTrace``, ``PositionTally``: no Qt, tested on their own);
-the widgets only draw what they are given, with pyqtgraph. Drawing is
+The numbers come from the engine's StepEvents, turned into plain series by
+stats.py (``SpeedTrace``, ``PositionTally``: no Qt, tested on their own);
+the widgets here only draw what they are given, with pyqtgraph. Drawing is
 throttled: a chart takes new data at every flush of the reply (about 30 a
 second) but redraws at most every ``REDRAW_S``, so a long reply never costs
 the window more than a few short redraws a second.
@@ -10,10 +10,7 @@ the window more than a few short redraws a second.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
@@ -21,90 +18,9 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from specchat.ui import theme
-
-if TYPE_CHECKING:
-    from specchat.ui.gauges import GaugeValues
+from specchat.ui.stats import GaugeValues, PositionRate
 
 REDRAW_S = 0.25
-SPEED_WINDOW_S = 2.0  # the gauge's window too: the chart and the number agree
-
-
-# -- view models (pure) ------------------------------------------------------------
-
-
-class SpeedTrace:
-    """Tokens/s over a reply, one point per verify step: the rate over the
-    last ``window_s`` seconds of engine time (a step can add K+1 tokens at
-    once, so a per-step rate would jump about)."""
-
-    def __init__(self, window_s: float = SPEED_WINDOW_S):
-        self.window_s = window_s
-        self._window: deque[tuple[float, int]] = deque([(0.0, 0)])  # (elapsed_s, total tokens)
-        self.points: list[tuple[float, float]] = []  # (elapsed_s, tokens/s)
-
-    def add(self, elapsed_s: float, total_tokens: int) -> None:
-        self._window.append((elapsed_s, total_tokens))
-        cutoff = elapsed_s - self.window_s
-        while len(self._window) > 2 and self._window[1][0] <= cutoff:
-            self._window.popleft()
-        self.points.append((elapsed_s, self.rate))
-
-    @property
-    def rate(self) -> float:
-        (t0, n0), (t1, n1) = self._window[0], self._window[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-@dataclass(frozen=True)
-class PositionRate:
-    position: int  # 1 = the first drafted token of a step
-    drafted: int  # steps that drafted this position
-    accepted: int  # ... and had it accepted
-    rejected: int  # ... and had it rejected (the first rejection of the step)
-
-    @property
-    def rate(self) -> float:
-        """How often a drafted token at this position was kept."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-class PositionTally:
-    """Acceptance by draft position. A step that drafted k tokens and had n
-    accepted kept positions 1..n, rejected position n+1 and never reached
-    the ones after it; so position i's rate is the chance that a block gets
-    at least i tokens in, which is what decides whether drafting i tokens
-    pays (why K is what it is)."""
-
-    def __init__(self):
-        self.drafted: list[int] = []
-        self.accepted: list[int] = []
-        self.rejected: list[int] = []
-
-    def add(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        grow = drafted - len(self.drafted)
-        if grow > 0:
-            for counts in (self.drafted, self.accepted, self.rejected):
-                counts.extend([0] * grow)
-        for i in range(drafted):
-            self.drafted[i] += 1
-        for i in range(min(accepted, drafted)):
-            self.accepted[i] += 1
-        if accepted < drafted:
-            self.rejected[accepted] += 1
-
-    def rates(self) -> tuple[PositionRate, ...]:
-        return tuple(PositionRate(i + 1, d, a, r) for i, (d, a, r)
-                     in enumerate(zip(self.drafted, self.accepted, self.rejected, strict=True)))
-
-
-def acceptance_by_position(steps: Iterable[tuple[int, int]]) -> tuple[PositionRate, ...]:
-    """``PositionTally`` over (drafted, accepted) per step, at once."""
-    tally = PositionTally()
-    for drafted, accepted in steps:
-        tally.add(drafted, accepted)
-    return tally.rates()
 
 
 # -- widgets ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
+from specchat.store.conversations import new_id
 from specchat.store.summary import ReplySummary
 
 MessageRole = Qt.ItemDataRole.UserRole + 1
@@ -31,7 +32,8 @@ class ChatMessage:
     error: str | None = None
     streaming: bool = False
     complete: bool = True
-    db_id: int | None = None
+    id: str = field(default_factory=new_id)  # its row's id in the history, from the start
+    saved: bool = False  # its row is written, or queued to be (False again if that fails)
     version: int = 0
     uid: int = field(default_factory=lambda: next(_uids))
     steps: int = 0  # engine steps received; none yet while the prompt is read

@@ -30,11 +30,12 @@ from specchat.engine import modes
 from specchat.engine.events import GenerationResult, StepEvent, Summary
 from specchat.errors import SpecChatError
 from specchat.ui import links, theme
-from specchat.ui.charts import SpeedChart, SpeedTrace
+from specchat.ui.charts import SpeedChart
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
 from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
 from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
+from specchat.ui.stats import SpeedTrace
 
 HIGH_ACCEPTANCE = 0.6  # above it, a slow speculative run is the steps' cost, not rejections
 EVEN = 0.03  # within 3% of plain: "about as fast"

@@ -81,12 +81,22 @@ class CompareRunner:
         engine = self.session.engine
         engine.hold(HOLDER)
         try:
-            self._task = asyncio.ensure_future(self._run(prompt, on_phase, on_step))
+            self._task = asyncio.ensure_future(self._released(prompt, on_phase, on_step))
         except BaseException:
             engine.release(HOLDER)
             raise
+        # Also when the task is cancelled before it ever runs (no finally then).
         self._task.add_done_callback(lambda _f: engine.release(HOLDER))
         return self._task
+
+    async def _released(self, prompt: str, on_phase, on_step) -> CompareOutcome:
+        """The runs, the engine released as they end: by the time the task
+        is done a chat message can go (a done callback runs a moment later,
+        and a message sent in between was refused as if Compare still ran)."""
+        try:
+            return await self._run(prompt, on_phase, on_step)
+        finally:
+            self.session.engine.release(HOLDER)
 
     def cancel(self) -> None:
         """Stop the run going on now (the engine checks every step) and skip

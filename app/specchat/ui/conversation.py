@@ -1,15 +1,20 @@
-"""The open conversation: switching, sending, regenerating, editing the
-last turn, and keeping its rows in SQLite.
+"""The open conversation: switching, sending (or keeping a message until
+the models load), regenerating, editing the last turn, loading a pair when
+no reply is under way, and keeping its rows in SQLite.
 
 One reply streams at a time; its streaming, gauges and partial saves are a
 Reply's (reply.py). This controller decides what is in the chat model and
 what the history holds, through the store's own thread (store/worker.py):
 reading a conversation is awaited, writes go on without the window waiting.
 
-A row that could not be written (a full disk; a new chat whose creation
-failed takes its rows with it) goes back to unsaved: the next turn, or
-Retry, writes it again, and its failure is reported once. What is still
-unsaved at quit is handed to the session, which keeps it in a recovery file.
+A chat and its messages get their ids where they are made (a new chat with
+its first message), so nothing waits for the store to number a row, and
+the history index knows the chat by that id from its first reply. A turn's
+rows are written in one call (the conversation's row with them, if new):
+if it fails (a full disk), it fails once and is said once, its messages go
+back to unsaved, and the next turn, or Retry, writes them again. What is
+still unsaved at quit is handed to the session, which keeps it in a
+recovery file.
 """
 
 from __future__ import annotations
@@ -20,21 +25,22 @@ from dataclasses import replace
 from PySide6.QtCore import QObject, Signal
 
 from specchat.engine.events import GenerateRequest, Message
-from specchat.store.conversations import StoredMessage
-from specchat.store.recovery import UnsavedConversation, UnsavedMessage
-from specchat.store.worker import Later, report_failure
+from specchat.store.conversations import ChatContent, MessageContent, new_id
+from specchat.store.worker import report_failure
 from specchat.ui.chat_model import ChatMessage, ChatModel
-from specchat.ui.history_index import new_chat_key, stored_key
+from specchat.ui.history_index import stored_key
 from specchat.ui.reply import Reply
 from specchat.ui.requests import build_request
 from specchat.ui.session import AppSession
 
 TITLE_CHARS = 48
+NOT_SENT_CANCELLED = "Not sent: loading was cancelled. Your message is still here."
+NOT_SENT_FAILED = "Not sent: the models did not load. Your message is still here."
 
 
-def _chat_message(m: StoredMessage) -> ChatMessage:
+def _chat_message(m: MessageContent) -> ChatMessage:
     return ChatMessage(m.role, m.content, [list(r) for r in m.runs], m.summary, m.error,
-                       False, m.complete, m.id)
+                       False, m.complete, m.id, saved=True)
 
 
 class ConversationController(QObject):
@@ -43,7 +49,9 @@ class ConversationController(QObject):
     replyFinished = Signal(object)  # ReplySummary
     errorRaised = Signal(str)
     conversationsChanged = Signal()
-    conversationOpened = Signal(int)
+    conversationOpened = Signal(object)  # its id, or None for a new chat
+    sent = Signal()  # a message was sent: the composer may let it go
+    queueChanged = Signal(bool, str)  # a message waits for the models, or no longer (and why)
 
     def __init__(self, session: AppSession, model: ChatModel, parent=None):
         super().__init__(parent)
@@ -51,15 +59,15 @@ class ConversationController(QObject):
         self.engine = session.engine
         self.store = session.conversations
         self.model = model
-        self.conversation_id: int | None = None
-        self._history_key: str | None = None
-        self._view = 0  # counts open() calls: a late read or create must not land in a newer view
+        self.conversation_id: str | None = None  # None: a new chat, until its first message
         self._opening: asyncio.Future | None = None
-        self._creating: Later | None = None  # a new chat's id, while its row is queued
+        self.queued: str | None = None  # a message sent while the models load
         self.reply: Reply | None = None
         self.task: asyncio.Future | None = None
         self._failed_at_open = session.store.failed_writes
         session.keep_at_quit(self.unsaved)
+        self.engine.loaded.connect(self._send_queued)
+        self.engine.loadFailed.connect(self._load_failed)
 
     # -- state -------------------------------------------------------------
     @property
@@ -76,28 +84,24 @@ class ConversationController(QObject):
         return self.generating or self.opening
 
     # -- conversations ---------------------------------------------------
-    def open(self, conversation_id: int | None) -> None:
+    def open(self, conversation_id: str | None) -> None:
         """Show a conversation (None: a new, empty chat). Its messages are
         read on the store's thread and shown when they arrive."""
         if self.generating:
             self.stop()
+        self.unqueue()  # it was written for the conversation that was open
         self.conversation_id = conversation_id
-        # The history index's key for this conversation (history_index.py).
-        self._history_key = stored_key(conversation_id) if conversation_id is not None else None
-        self._creating = None
-        self._view += 1
         self._failed_at_open = self.session.store.failed_writes
         self.model.set_messages([])
+        self._opening = None
         if conversation_id is None:
-            self._opening = None
-            self.conversationOpened.emit(0)
+            self.conversationOpened.emit(None)
             return
-        view = self._view
-        self._opening = self.store.messages(conversation_id)
-        self._opening.add_done_callback(lambda f: self._show(view, conversation_id, f))
+        read = self._opening = self.store.messages(conversation_id)
+        read.add_done_callback(lambda f: self._show(conversation_id, f))
 
-    def _show(self, view: int, conversation_id: int, read: asyncio.Future) -> None:
-        if view != self._view:
+    def _show(self, conversation_id: str, read: asyncio.Future) -> None:
+        if read is not self._opening:
             return  # another conversation was opened meanwhile
         self._opening = None
         if read.cancelled():
@@ -112,99 +116,96 @@ class ConversationController(QObject):
         first = next((m.text for m in self.model.messages if m.role == "user"), "")
         return " ".join(first.split())[:TITLE_CHARS] or "New chat"
 
-    def _conversation_ref(self) -> int | Later:
-        """The open conversation's id, or (for a new chat) the id its queued
-        creation will have: nothing here waits for the store, so a locked
-        history never holds up a reply."""
-        if self.conversation_id is not None:
-            return self.conversation_id
-        if self._creating is None:
-            view = self._view
-            created = self.store.create(self._title(), self.engine.target_ref,
-                                        self.engine.draft_ref)
-            report_failure(created, self.errorRaised.emit, "save this conversation")
-            creating = self._creating = Later(created, "id")
-            created.add_done_callback(lambda f: self._created(view, creating, f))
-        return self._creating
-
-    def _created(self, view: int, creating: Later, created: asyncio.Future) -> None:
-        if view != self._view or self._creating is not creating:
-            if not created.cancelled() and created.exception() is None:
-                self.conversationsChanged.emit()
-            return  # another conversation is shown now
-        self._creating = None  # on failure too: the next turn (or Retry) creates it again
-        if created.cancelled() or created.exception() is not None:
-            return  # its rows fail with it, and go back to unsaved (_queue_message)
-        self.conversation_id = created.result().id
-        if self._history_key is not None and self._history_key != stored_key(self.conversation_id):
-            # The history index knows this chat by its session key so far.
-            new = stored_key(self.conversation_id)
-            self.session.history_index.rename(self._history_key, new)
-            self._history_key = new
-        self.conversationsChanged.emit()
+    def _chat(self, messages: list[ChatMessage]) -> ChatContent:
+        """``messages`` of the open chat as the store writes them."""
+        return ChatContent(
+            self.conversation_id, self._title(),
+            [MessageContent(m.role, m.text, [(o, t) for o, t in m.runs], m.summary, m.error,
+                            m.complete and not m.streaming, m.id) for m in messages],
+            self.engine.target_ref, self.engine.draft_ref)
 
     def save_unsaved(self) -> None:
         """Write the messages on screen that are not in the history (said
-        while it could not be opened, or whose rows failed): once the history
-        is back, nothing said meanwhile is lost. A reply still streaming is
-        written when it ends."""
-        if self.busy or not self.session.saving:
+        while it could not be opened, or whose write failed): once the
+        history is back, nothing said meanwhile is lost. A reply still
+        streaming is written when it ends."""
+        if not self.busy and self.session.saving:
+            self._save([m for m in self.model.messages if not m.saved])
+
+    def _save(self, messages: list[ChatMessage]) -> None:
+        """Queue ``messages``' rows, and the chat's if it is new, as one write
+        the window does not wait for. If it fails, they go back to unsaved,
+        so the next save writes them again instead of failing on them forever."""
+        if not messages:
             return
-        missing = [m for m in self.model.messages if m.db_id is None]
-        if missing:
-            conv = self._conversation_ref()
-            for m in missing:
-                self._queue_message(conv, m)
+        for m in messages:
+            m.saved = True
+        written = report_failure(self.store.save(self._chat(messages)), self.errorRaised.emit,
+                                 "save this conversation")
 
-    def _queue_message(self, conv: int | Later, m: ChatMessage) -> None:
-        """Queue ``m``'s row, and its reply state if it has one. If the row
-        cannot be written, ``m`` goes back to unsaved (``db_id`` None), so
-        the next save writes it again instead of failing on it forever."""
-        added = self.store.add_message(conv, m.role, m.text, complete=m.complete)
-        report_failure(added, self.errorRaised.emit, "save this conversation")
-        ref = m.db_id = Later(added)
+        def done(f: asyncio.Future) -> None:
+            if f.cancelled() or f.exception() is not None:
+                for m in messages:
+                    m.saved = False
+            else:
+                self.conversationsChanged.emit()  # the sidebar lists a new chat at once
 
-        def failed(f: asyncio.Future) -> None:
-            if (f.cancelled() or f.exception() is not None) and m.db_id is ref:
-                m.db_id = None
+        written.add_done_callback(done)
 
-        added.add_done_callback(failed)
-        if m.runs or m.summary is not None or m.error is not None:
-            report_failure(
-                self.store.update_message(ref, m.text, runs=m.runs, summary=m.summary,
-                                          error=m.error, complete=m.complete),
-                self.errorRaised.emit, "save this conversation")
-
-    def unsaved(self) -> UnsavedConversation | None:
+    def unsaved(self) -> ChatContent | None:
         """The chat on screen, if some of it may not be in the history: a
         message never written, or a write that failed since it was opened
         (the lock still held at quit, a full disk). Asked at quit, once the
         store's queue is done (AppSession.close), for the recovery file."""
         msgs = self.model.messages
-        if not msgs or (all(m.db_id is not None for m in msgs)
+        if not msgs or (all(m.saved for m in msgs)
                         and self.session.store.failed_writes == self._failed_at_open):
             return None
-        return UnsavedConversation(
-            self._saved_id(), self._title(),
-            [UnsavedMessage(m.role, m.text, [(o, t) for o, t in m.runs], m.summary, m.error,
-                            m.complete and not m.streaming) for m in msgs],
-            self.engine.target_ref, self.engine.draft_ref)
+        return self._chat(msgs)
 
-    def _saved_id(self) -> int | None:
-        """The open conversation's row, also when its creation ran but the
-        event loop has not yet been told (at quit)."""
-        if self.conversation_id is not None:
-            return self.conversation_id
-        source = self.session.store.source_of(self._creating.future) if self._creating else None
-        if source is not None and source.done() and source.exception() is None:
-            return source.result().id
-        return None
+    # -- loading and waiting for it -------------------------------------------
+    def load(self, target: str, draft: str | None) -> bool:
+        """Load a pair, unless a reply or an opening conversation needs the
+        engine, or another run holds it (then say why); whether it started."""
+        holder = self.engine.held_by
+        if self.busy:
+            self.errorRaised.emit("Wait for the reply to finish (or stop it) before loading "
+                                  "models.")
+        elif holder is not None:
+            self.errorRaised.emit(f"Wait for {holder} to finish (or cancel it) before loading "
+                                  "models.")
+        else:
+            self.engine.load(target, draft)
+            return True
+        return False
+
+    def unqueue(self, why: str = "") -> None:
+        """The waiting message is not sent: it stays where it was written
+        (``why`` says so there, if given)."""
+        if self.queued is not None:
+            self.queued = None
+            self.queueChanged.emit(False, why)
+
+    def _send_queued(self, *_args) -> None:
+        text, self.queued = self.queued, None
+        if text is not None:
+            self.queueChanged.emit(False, "")
+            self.send(text)
+
+    def _load_failed(self, *_args) -> None:
+        self.unqueue(NOT_SENT_CANCELLED if self.engine.load_cancelled else NOT_SENT_FAILED)
 
     # -- turns -------------------------------------------------------------
     def send(self, text: str) -> bool:
-        """Add a user message and start the reply. False if it cannot start."""
+        """Add a user message and start the reply; while the models load,
+        keep it and send it once they are loaded (what a chat app does).
+        Whether it was sent now (``sent`` says so too)."""
         text = text.strip()
         if not text or self.busy:
+            return False
+        if self.engine.loading:
+            self.queued = text
+            self.queueChanged.emit(True, "")
             return False
         if not self.engine.ready:
             self.errorRaised.emit("No model is loaded yet: wait for loading to finish, or "
@@ -212,8 +213,11 @@ class ConversationController(QObject):
             return False
         if self._held():
             return False
+        if self.conversation_id is None:
+            self.conversation_id = new_id()  # a chat is made by its first message
         self.model.append(ChatMessage("user", text))
         self._start_reply()
+        self.sent.emit()
         return True
 
     def _held(self) -> bool:
@@ -251,8 +255,8 @@ class ConversationController(QObject):
 
     def _drop_from(self, row: int) -> None:
         for m in self.model.remove_from(row):
-            if m.db_id is not None:
-                report_failure(self.store.delete_message(m.db_id), self.errorRaised.emit,
+            if m.saved:
+                report_failure(self.store.delete_message(m.id), self.errorRaised.emit,
                                "delete the old message")
 
     def stop(self) -> None:
@@ -268,10 +272,9 @@ class ConversationController(QObject):
         """Show the reply's bubble now; the task saves the turn's rows, then
         runs the engine."""
         mode = self.session.next_mode()
-        if self._history_key is None:
-            self._history_key = new_chat_key()
+        # The history index's key: the chat's own id, from its first reply.
         request = replace(build_request(self.session.settings, self._history(), mode),
-                          history_key=self._history_key)
+                          history_key=stored_key(self.conversation_id))
         msg = ChatMessage("assistant", "", streaming=True, complete=False)
         self.model.append(msg)
         reply = self.reply = Reply(msg, self.model, self.store, mode,
@@ -282,20 +285,16 @@ class ConversationController(QObject):
         self.generatingChanged.emit(True)
 
     async def _turn(self, reply: Reply, request: GenerateRequest) -> None:
-        # The turn's rows (with any earlier ones not yet in the history) are
-        # queued before the first token and every save of the reply after
-        # them, in order on the store's thread; their ids are Later values
-        # the store fills in, so the reply streams at once even while another
-        # program holds the history's lock. While the history cannot be
-        # written nothing is queued: the window says so, and save_unsaved
-        # writes the chat once the history is back.
+        # The turn's rows (with any earlier ones not yet in the history, and
+        # the reply's, empty so far) are queued before the first token and
+        # every save of the reply after them, in order on the store's
+        # thread; nothing waits for them, so the reply streams at once even
+        # while another program holds the history's lock. While the history
+        # cannot be written nothing is queued: the window says so, and
+        # save_unsaved writes the chat once the history is back.
         queued = self.session.saving
         if queued:
-            conv = self._conversation_ref()
-            for m in self.model.messages:
-                if m.db_id is None and m is not reply.message:
-                    self._queue_message(conv, m)
-            self._queue_message(conv, reply.message)  # empty, complete=False, so far
+            self._save([m for m in self.model.messages if not m.saved])
         summary = await reply.stream(self.engine, request)
         if summary is not None:
             self.session.plain_speeds.note(self.engine.pair_key, summary)

@@ -25,6 +25,9 @@ from PySide6.QtCore import QCoreApplication, QObject, Signal
 from specchat.errors import SpecChatError
 from specchat.library import draft_search
 from specchat.library import recommendations as rec
+from specchat.store.conversations import ConversationStore
+from specchat.store.worker import Remote
+from specchat.ui.engine_controller import EngineController
 
 HOLDER = "Find the best draft"
 log = logging.getLogger("specchat.ui")
@@ -40,9 +43,12 @@ class DraftFinder(QObject):
     max_tokens = rec.DEFAULT_MAX_TOKENS
     HISTORY_CHATS = 20  # conversations read at most for the sample
 
-    def __init__(self, session, parent=None):
+    def __init__(self, engine: EngineController, conversations: Remote[ConversationStore],
+                 parent: QObject | None = None):
+        """``conversations``: where the person's recent prompts are read."""
         super().__init__(parent)
-        self.session = session
+        self.engine = engine
+        self.conversations = conversations
         self._cancelled = threading.Event()
         self._task: asyncio.Future | None = None
         self._running = False  # from start until the engine is released
@@ -60,7 +66,7 @@ class DraftFinder(QObject):
 
     def busy_reason(self) -> str | None:
         """Why a search cannot start now, in words; None when it can."""
-        engine = self.session.engine
+        engine = self.engine
         if self.running:
             return None
         if engine.held_by is not None:
@@ -76,7 +82,7 @@ class DraftFinder(QObject):
         if reason is not None or self.running:
             raise SpecChatError(reason or "The search is already running.")
         self._cancelled = threading.Event()
-        engine = self.session.engine
+        engine = self.engine
         engine.hold(HOLDER)
         self._running = True
         try:
@@ -93,7 +99,7 @@ class DraftFinder(QObject):
         self._cancelled.set()
 
     async def _run(self, target: str) -> None:
-        engine = self.session.engine
+        engine = self.engine
         loop = asyncio.get_running_loop()
         before = engine.pair_key if engine.pair is not None else None
         outcome: rec.Recommendation | None = None
@@ -128,7 +134,7 @@ class DraftFinder(QObject):
     async def _history_prompts(self) -> list[str]:
         """The person's recent prompts, newest first (none if the history
         cannot be read: the built-in prompts do then)."""
-        store = self.session.conversations
+        store = self.conversations
         try:
             chats = []
             for c in (await store.list())[:self.HISTORY_CHATS]:

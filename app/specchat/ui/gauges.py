@@ -1,9 +1,6 @@
-"""Live numbers for the reply in progress, and the strip that shows them.
+"""The strip of live numbers for the reply in progress (made by
+stats.py's LiveStats from the engine's steps).
 
-Accepted tokens arrive in bursts (a step can add K+1 tokens at once), so the
-speed shown is a rate over the last two seconds of engine time, not the
-last step's; acceptance and tokens per step are cumulative for the reply.
-"vs plain" compares with the last plain reply on the same pair (PlainSpeeds).
 "from" says where the reply's tokens came from (the draft model, this
 conversation, the user's history; the rest is the target's own), in the
 Colour-tokens colours. Under the numbers, the charts (ui/charts.py) draw
@@ -11,9 +8,6 @@ the speed over the reply and the acceptance by draft position.
 """
 
 from __future__ import annotations
-
-from collections import Counter
-from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter
@@ -29,12 +23,11 @@ from PySide6.QtWidgets import (
 
 from specchat import origins
 from specchat.engine import modes
-from specchat.engine.events import StepEvent
-from specchat.store.summary import ReplySummary, origin_shares, shares_text
+from specchat.store.summary import origin_shares, shares_text
 from specchat.ui import theme
-from specchat.ui.charts import ChartsPanel, PositionRate, PositionTally, SpeedTrace
+from specchat.ui.charts import ChartsPanel
+from specchat.ui.stats import GaugeValues
 
-MIN_BASE_TOKENS = 8  # a shorter plain reply says little about the pair's speed
 # The mode label while break-even auto-off decodes plainly (engine/draft_policy.py).
 PAUSED_TEXT = "speculation paused: slower than plain here"
 PAUSED_TIP = ("Speculating was measured slower than plain decoding on this machine just now, "
@@ -42,98 +35,6 @@ PAUSED_TIP = ("Speculating was measured slower than plain decoding on this machi
               "(Settings: speculation auto-off). Only the speed changes: at temperature 0 "
               "the reply is token for token the same.")
 MODE_TIP = "How this reply is decoded"
-
-
-@dataclass(frozen=True)
-class GaugeValues:
-    tokens: int = 0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens_per_s: float = 0.0
-    k: int = 0
-    k_auto: bool = True  # K chosen per step by the policy (K auto), not fixed in the menu
-    drafter: str | None = None
-    mode: modes.Mode | None = None
-    speedup: float | None = None  # vs the last plain reply on this pair
-    live: bool = False
-    by_origin: tuple[tuple[str, int], ...] = ()  # tokens per origin ("target", "draft", ...)
-    plain_tokens_per_s: float | None = None  # the last plain reply on this pair
-    speed_points: tuple[tuple[float, float], ...] = ()  # (elapsed s, tokens/s) per step
-    positions: tuple[PositionRate, ...] = ()  # acceptance by draft position
-    paused: bool = False  # auto-off is decoding plainly: speculating was slower here
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
-
-    @property
-    def origins(self) -> dict[str, int]:
-        return dict(self.by_origin)
-
-
-class PlainSpeeds:
-    """The speed of the last plain reply on each pair: what "vs plain" divides by."""
-
-    def __init__(self):
-        self._tokens_per_s: dict[tuple, float] = {}
-
-    def note(self, pair_key: tuple, summary: ReplySummary) -> None:
-        if not modes.get(summary.mode).speculative and summary.new_tokens >= MIN_BASE_TOKENS:
-            self._tokens_per_s[pair_key] = summary.tokens_per_s
-
-    def get(self, pair_key: tuple) -> float | None:
-        return self._tokens_per_s.get(pair_key)
-
-
-class LiveStats:
-    def __init__(self, mode: modes.Mode | None = None, window_s: float = 2.0,
-                 fixed_k: int | None = None):
-        """``fixed_k``: the request's K (None: adaptive), so the gauge can say
-        which K it shows; an adaptive K may exceed the menu's fixed choices."""
-        self.mode = mode
-        self.fixed_k = fixed_k
-        self.speed = SpeedTrace(window_s)
-        self.position_tally = PositionTally()
-        self.by_origin: Counter[str] = Counter()
-        self.tokens = self.steps = self.drafted = self.accepted = 0
-        self.k = 0
-        self.drafter: str | None = None
-        self.paused = False
-
-    def add(self, ev: StepEvent) -> None:
-        self.tokens = ev.total_tokens
-        if not ev.token_ids:  # the end-of-reply text flush, not a verify step
-            return
-        self.steps += 1
-        self.drafted += ev.drafted
-        self.accepted += ev.accepted
-        if ev.k:
-            self.k = ev.k
-        self.drafter = ev.drafter or self.drafter
-        # A probe is a step of the pause (it ends it only if the next step speculates).
-        self.paused = ev.paused or ev.probe
-        self.speed.add(ev.elapsed_s, ev.total_tokens)
-        self.position_tally.add(ev.drafted, ev.accepted)
-        self.by_origin = Counter(dict(ev.origin_totals))
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.speed.rate
-
-    def values(self, speedup_base: float | None = None, live: bool = True) -> GaugeValues:
-        tps = self.tokens_per_s
-        speculative = self.mode is None or self.mode.speculative
-        speedup = tps / speedup_base if speedup_base and speculative else None
-        return GaugeValues(self.tokens, self.steps, self.drafted, self.accepted, tps, self.k,
-                           self.fixed_k is None, self.drafter, self.mode, speedup, live,
-                           tuple(sorted(self.by_origin.items())), speedup_base,
-                           tuple(self.speed.points), self.position_tally.rates(),
-                           self.paused)
 
 
 class _Gauge(QWidget):

@@ -8,17 +8,16 @@ the store for the rest). Neither step runs on the GUI thread. A deleted
 conversation leaves the index at once; replies join it as they end (the
 engine does that itself, under the request's ``history_key``).
 
-Keys: ``conv:<id>`` for a stored conversation. A chat begun in this session
-replies under ``chat:<random>`` until the store gives it an id; then its
-key in the index is renamed to ``conv:<id>``, so deleting it, or the next
-sync, finds it, and its own earlier turns are never mistaken for history.
+Keys: ``conv:<id>`` for a conversation, whose id is made with its first
+message (store/conversations.py): a chat begun in this session replies
+under the key the next sync reads it by, so deleting it, or that sync,
+finds it, and its own earlier turns are never mistaken for history.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 from PySide6.QtCore import QObject, Signal
 
@@ -27,12 +26,8 @@ from specchat.engine.events import Message
 log = logging.getLogger("specchat.ui")
 
 
-def stored_key(conversation_id: int) -> str:
+def stored_key(conversation_id: str) -> str:
     return f"conv:{conversation_id}"
-
-
-def new_chat_key() -> str:
-    return f"chat:{uuid.uuid4().hex[:12]}"
 
 
 class HistoryIndex(QObject):
@@ -87,13 +82,7 @@ class HistoryIndex(QObject):
         log.info(self.last)
         self.synced.emit(self.last)
 
-    def rename(self, old: str, new: str) -> None:
-        """A chat begun in this session was stored: its key becomes the
-        store's, so deleting it (or the next sync) finds it."""
-        if self.session.engine.pair is not None:
-            self.session.engine.client.call(lambda eng: eng.rename_conversation(old, new))
-
-    def forget(self, conversation_id: int) -> None:
+    def forget(self, conversation_id: str) -> None:
         """A deleted conversation leaves the index."""
         key = stored_key(conversation_id)
         for gone in self._reading:

@@ -1,27 +1,25 @@
 """What the windows need from the model library, as plain values.
 
-The library (specchat.library) is imported lazily and its errors are
-caught: the picker must still open, with what can be listed, if a file on
-disk is damaged. Its results are typed dataclasses, read field by field.
-Nothing here touches MLX.
+The library's errors are caught here: the picker must still open, with what
+can be listed, if a file on disk is damaged. Its results are typed
+dataclasses, read field by field. Nothing here touches MLX.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from specchat.library import bundled, compatibility, index, paths
+from specchat.library import catalog as cat
+from specchat.library.bundled import PreparedModel
+from specchat.library.catalog import Catalog, CatalogModel
+from specchat.library.compatibility import CompatReport
+from specchat.library.errors import LibraryError
+from specchat.library.index import InstalledModel
+from specchat.library.sources import cluster
+from specchat.library.sources.cluster import ClusterState
 from specchat.library.units import params_text, size_text
 
-if TYPE_CHECKING:
-    from specchat.library.bundled import PreparedModel
-    from specchat.library.catalog import Catalog, CatalogModel
-    from specchat.library.compatibility import CompatReport
-    from specchat.library.index import InstalledModel
-    from specchat.library.sources.cluster import ClusterState
-
-FALLBACK_TARGET = "bundled:qwen2.5-coder-1.5b"
-FALLBACK_DRAFT = "bundled:qwen2.5-coder-0.5b"
 BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
                 "bundled:smollm2-135m")
 
@@ -49,18 +47,11 @@ class Verdict:
 
 
 def default_pair() -> tuple[str, str | None]:
-    try:
-        from specchat.library import bundled
-
-        return bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT
-    except (ImportError, AttributeError):
-        return FALLBACK_TARGET, FALLBACK_DRAFT
+    return bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT
 
 
 def installed_models() -> list[InstalledModel]:
     try:
-        from specchat.library import index
-
         return list(index.list_installed())
     except Exception:  # noqa: BLE001 - an unreadable index must not break the window
         return []
@@ -70,8 +61,6 @@ def built_in_models() -> list[PreparedModel]:
     """The built-in models converted so far (``<home>/bundled``): not index
     entries, but on disk all the same, so the Models dialog lists them."""
     try:
-        from specchat.library import bundled
-
         return bundled.prepared()
     except Exception:  # noqa: BLE001 - an unreadable folder must not break the window
         return []
@@ -79,8 +68,6 @@ def built_in_models() -> list[PreparedModel]:
 
 def catalog() -> Catalog | None:
     try:
-        from specchat.library import catalog as cat
-
         return cat.load_catalog()
     except Exception:  # noqa: BLE001
         return None
@@ -96,10 +83,8 @@ def _shipped(ref: str) -> bool:
     """Whether this installation carries the built-in model (a packaged app
     carries only the default pair)."""
     try:
-        from specchat.library import bundled
-
         return bundled.shipped(ref)
-    except Exception:  # noqa: BLE001 - offer it: loading it says what is wrong
+    except LibraryError:  # not a built-in name: offer it, loading it says what is wrong
         return True
 
 
@@ -139,8 +124,6 @@ def cluster_states() -> list[ClusterState]:
     """The clusters defined here and whether their ranks answer (dials
     them: call it off the GUI thread); none when they cannot be read."""
     try:
-        from specchat.library.sources import cluster
-
         return cluster.states()
     except Exception:  # noqa: BLE001 - a damaged cluster folder must not break the window
         return []
@@ -164,12 +147,8 @@ def check_pair(target: str, draft: str | None) -> Verdict:
     """Can ``draft`` speculate for ``target``? Reads tokenizer files (and may
     be slow for models not yet on disk): call it off the GUI thread."""
     if not draft:
-        return Verdict(True, ("No draft model: prompt lookup drafts from the conversation.",))
-    try:
-        from specchat.library import compatibility
-    except ImportError:
-        return Verdict(None, ("The compatibility check is not available; the engine checks "
-                              "the pair when it loads.",))
+        return Verdict(True, ("No draft model: suffix matching drafts from the conversation "
+                              "and your history.",))
     try:
         # allow_work=False: a verdict must never start a minutes-long
         # conversion of a bundled model or a GGUF file.
@@ -192,15 +171,11 @@ def _verdict(report: CompatReport) -> Verdict:
 
 def suggest_drafts(target: str) -> list[str]:
     try:
-        from specchat.library import compatibility
-
         return [s.ref for s in compatibility.suggest_drafts(target)]
     except Exception:  # noqa: BLE001
         return []
 
 
 def disk_usage() -> int:
-    from specchat.library import paths
-
     return paths.disk_usage()
 

@@ -25,7 +25,7 @@ class LoadBanner(Banner):
 
     def _started(self, target: str, draft: str | None) -> None:
         self._models = 2 if draft else 1
-        what = target + (f" + {draft}" if draft else " (prompt lookup)")
+        what = target + (f" + {draft}" if draft else " (suffix matching)")
         self.show_message(f"Loading {what}…", None, progress=True)
 
     def _progress(self, stage: str, message: str, fraction: float | None) -> None:
@@ -47,7 +47,7 @@ def progress_line(stage: str, message: str, fraction: float | None, models: int)
 
 
 def pair_name(pair: LoadedPair) -> str:
-    return f"{pair.target.name} + {pair.draft.name if pair.draft else 'prompt lookup'}"
+    return f"{pair.target.name} + {pair.draft.name if pair.draft else 'suffix matching'}"
 
 
 class PairStatus(QLabel):

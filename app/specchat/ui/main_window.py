@@ -60,8 +60,7 @@ class MainWindow(QMainWindow):
     # -- layout ----------------------------------------------------------------
     def _build(self) -> None:
         self.sidebar = Sidebar(self.session.conversations)
-        self.picker = PairPicker()
-        self.picker.attach(self.session)
+        self.picker = PairPicker(self.session.pairs)
         self.options = OptionsBar(self.session)
         self.chat_view = ChatView()
         self.chat_view.setModel(self.chat_model)
@@ -111,7 +110,9 @@ class MainWindow(QMainWindow):
         self.composer.stopRequested.connect(c.stop)
         self.composer.regenerateRequested.connect(self.regenerate)
         self.composer.editRequested.connect(self.edit_last)
-        self.composer.unqueueRequested.connect(self._unqueue)
+        self.composer.unqueueRequested.connect(c.unqueue)
+        c.queueChanged.connect(self._queue_changed)
+        c.sent.connect(self._sent)
         c.generatingChanged.connect(self.update_state)
         c.conversationOpened.connect(self.update_state)
         c.gaugesChanged.connect(self.gauges.show_values)
@@ -140,9 +141,10 @@ class MainWindow(QMainWindow):
     # -- start / close -----------------------------------------------------
     def start(self) -> None:
         """Begin work that needs the running event loop: the lag monitor,
-        the verdict check and the first load."""
+        the picker's lists, the verdict check and the first load."""
         self.chat_view.warm_up()
         self.session.lag.start()
+        self.session.pairs.start()
         self.lag_status.start()
         if self.initial_pair is not None:
             target, draft = self.initial_pair
@@ -206,14 +208,18 @@ class MainWindow(QMainWindow):
     # -- chat actions ------------------------------------------------------------
     def send(self, text: str) -> None:
         self.error_banner.hide()
-        if self.session.engine.loading and not self.conversation.busy:
-            # What a chat app does: keep it, say why it waits, send it when ready.
-            self.composer.set_queued(True)
-            return
-        if self.conversation.send(text):
-            self.composer.clear()
-            self.chat_view.stick_to_bottom()
+        self.conversation.send(text)
         self.update_state()
+
+    def _sent(self) -> None:
+        self.composer.clear()
+        self.chat_view.stick_to_bottom()
+
+    def _queue_changed(self, queued: bool, why: str) -> None:
+        """A message waits for the models in the composer (or no longer: why)."""
+        self.composer.set_queued(queued)
+        if why:
+            self.composer.show_note(why)
 
     def regenerate(self) -> None:
         self.error_banner.hide()
@@ -226,26 +232,13 @@ class MainWindow(QMainWindow):
             self.composer.set_text(text)
         self.update_state()
 
-    def _unqueue(self, why: str | None = None) -> None:
-        """The waiting message stays in the composer, unsent (and says why)."""
-        if self.composer.queued:
-            self.composer.set_queued(False)
-            if why:
-                self.composer.show_note(why)
-
-    def _send_queued(self) -> None:
-        if self.composer.queued:
-            self.composer.set_queued(False)
-            self.send(self.composer.text())
-
-    def open_conversation(self, conversation_id: int | None) -> None:
-        self._unqueue()  # it was written for the conversation that was open
+    def open_conversation(self, conversation_id: str | None) -> None:
         self.conversation.open(conversation_id)
         self.sidebar.select(conversation_id)
         self.gauges.clear()
         self.update_state()
 
-    def _conversation_deleted(self, conversation_id: int) -> None:
+    def _conversation_deleted(self, conversation_id: str) -> None:
         self.session.history_index.forget(conversation_id)
         if self.conversation.conversation_id == conversation_id:
             self.open_conversation(None)
@@ -256,15 +249,8 @@ class MainWindow(QMainWindow):
 
     # -- models --------------------------------------------------------------------
     def load_pair(self, target: str, draft: str | None) -> None:
-        if self.conversation.busy:
-            self.show_error("Wait for the reply to finish (or stop it) before loading models.")
-            return
-        if self.session.engine.held_by is not None:
-            self.show_error(f"Wait for {self.session.engine.held_by} to finish (or cancel it) "
-                            "before loading models.")
-            return
         self.error_banner.hide()
-        self.session.engine.load(target, draft)
+        self.conversation.load(target, draft)  # or says why not
         self.update_state()
 
     def _load_started(self, *_args) -> None:
@@ -276,17 +262,14 @@ class MainWindow(QMainWindow):
         self.session.update_settings(last_target=engine.target_ref, last_draft=engine.draft_ref)
         self.picker.set_pair(engine.target_ref, engine.draft_ref)
         self.update_state()
-        self._send_queued()
 
     def _load_failed(self, message: str) -> None:
         if self.session.engine.load_cancelled:
             self.statusBar().showMessage("Loading cancelled.", 5000)
             self.picker.set_pair(*self.picker.selection())  # back to the verdict
-            self._unqueue("Not sent: loading was cancelled. Your message is still here.")
         else:
             self.picker.show_refusal(message)
             self.show_error(message)
-            self._unqueue("Not sent: the models did not load. Your message is still here.")
         self.update_state()
 
     # -- dialogs -------------------------------------------------------------------
@@ -294,7 +277,7 @@ class MainWindow(QMainWindow):
         from specchat.ui.model_manager import ModelManager
 
         dlg = ModelManager(self.session.engine.client, self)
-        dlg.modelsChanged.connect(self.picker.reload_choices)
+        dlg.modelsChanged.connect(self.session.pairs.reload_choices)
         dlg.show()
         self.model_manager = dlg
         return dlg

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from specchat.library import refs
+from specchat.library import importing, refs
 from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
 
@@ -288,11 +288,6 @@ class ModelManager(QDialog):
 
     async def _import(self, path: str, name: str | None, row: TaskRow) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            from specchat.library import importing
-        except ImportError:
-            row.fail("Imports are not available in this build (specchat.library.importing).")
-            return
 
         def progress(message: str, fraction: float | None = None) -> None:
             loop.call_soon_threadsafe(row.fraction, fraction, str(message))

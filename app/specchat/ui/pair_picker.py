@@ -1,18 +1,18 @@
 """Choosing the target and the draft, with the compatibility verdict.
 
 The lists come from the library (built-in, installed, catalog); both boxes
-also take a typed reference (a folder, a .gguf file, hf:org/repo). The
-verdict is computed off the GUI thread, since it reads tokenizer files; an
-incompatible pair cannot be loaded, and the reason stays visible.
+also take a typed reference (a folder, a .gguf file, hf:org/repo). An
+incompatible pair cannot be loaded, and the reason stays visible. This is
+only the widget: what it shows is read, probed and measured off the GUI
+thread by its PairController (pair_controller.py), which the session owns.
 
 The verdict is one short line ("✓ compatible · draft 2.8× smaller"); the
 full reasoning is its tooltip, and a click unfolds it under the line. A
 refusal keeps its reason in that line, cut to the width with "…".
 
 A cluster (``specchat cluster``) is offered as a target, "<model> on
-cluster <name>", once its other ranks answer; the picker asks them every
-few seconds, off the GUI thread, and greys the entry out with the reason
-while they do not.
+cluster <name>", once its other ranks answer; they are asked every few
+seconds, and the entry is greyed out with the reason while they do not.
 
 "Find the best draft" measures the installed drafts for the chosen target
 (ui/draft_finder.py) with a progress bar and Cancel; every draft measured
@@ -22,10 +22,10 @@ draft list ("Qwen2.5 Coder 0.5B … — 1.6× measured").
 
 from __future__ import annotations
 
-import asyncio
 import re
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -39,17 +39,17 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.errors import SpecChatError
-from specchat.library import recommendations as rec
-from specchat.ui import library_view
-from specchat.ui.draft_finder import DraftFinder
-from specchat.ui.library_view import ModelChoice, Verdict
+from specchat.ui.library_view import ModelChoice, Verdict, cluster_choice
+from specchat.ui.pair_controller import PairController
 
-LOOKUP_LABEL = "No draft: prompt lookup"
-CLUSTER_POLL_MS = 5000  # how often the picker asks the clusters' ranks whether they answer
+if TYPE_CHECKING:
+    from specchat.library import recommendations as rec
+
+LOOKUP_LABEL = "No draft: suffix matching"
 MIN_CHARS = 22  # of a model box: a model's name with its size
 HELP = {
     "target": "The model whose replies you get (a name, folder, .gguf or hf:org/repo)",
-    "draft": "A small model with the same tokenizer that proposes tokens, or prompt lookup "
+    "draft": "A small model with the same tokenizer that proposes tokens, or suffix matching "
              "(no second model)",
 }
 
@@ -74,7 +74,7 @@ def verdict_headline(verdict: Verdict) -> str:
         return "? " + (reasons[0] if reasons else "checked when the pair loads")
     text = verdict.text
     if reasons and reasons[0].startswith("No draft"):
-        return "✓ no draft model: prompt lookup drafts from the conversation"
+        return "✓ no draft model: suffix matching drafts from the conversation and your history"
     parts = ["✓ compatible"]
     smaller = _SMALLER.search(text)
     if smaller:
@@ -168,7 +168,7 @@ def outcome_text(outcome: rec.Recommendation) -> tuple[str, str]:
     if best is not None:
         head = f"Best draft: {best.name} — {best.summary()}"
     elif outcome.ranked:
-        head = "No draft beats plain decoding here; prompt lookup needs none"
+        head = "No draft beats plain decoding here; suffix matching needs none"
     else:
         head = "No installed draft could be measured for this target"
     if outcome.refused:
@@ -223,13 +223,18 @@ class FinderStrip(QWidget):
 
 
 class PairPicker(QFrame):
-    loadRequested = Signal(str, object)  # target, draft (None = prompt lookup)
-    manageRequested = Signal()
-    verdictChanged = Signal(object)  # Verdict
+    """The boxes, the verdict, Load, Models… and the search's line: a view
+    over a PairController (pair_controller.py), which reads and asks
+    everything off the GUI thread; this draws what it holds and hands it
+    the person's clicks."""
 
-    def __init__(self, parent=None):
+    loadRequested = Signal(str, object)  # target, draft (None = suffix matching)
+    manageRequested = Signal()
+
+    def __init__(self, pairs: PairController, parent=None):
         super().__init__(parent)
         self.setObjectName("PairBar")
+        self.pairs = pairs
         self.target = QComboBox()
         self.draft = QComboBox()
         for box in (self.target, self.draft):
@@ -271,59 +276,52 @@ class PairPicker(QFrame):
         verdict_row.addWidget(self.find_button)
         lay.addLayout(verdict_row)
         lay.addWidget(self.finder_strip)
-        self._session = None
         self._busy = False
-        self.finder = None  # a DraftFinder, made on first use
-        self.verdict: Verdict | None = None
         self._refused = False  # the label shows the engine's refusal of the last load
-        self._check_task: asyncio.Future | None = None
-        self._generation = 0
-        self.clusters: list = []  # ClusterStates, as last polled
-        self._cluster_poll: asyncio.Future | None = None
-        self.reload_choices()
+        self._shown: tuple | None = None  # what the lists were built from
+        self._rebuild()
         self.target.currentTextChanged.connect(self._changed)
         self.draft.currentTextChanged.connect(self._changed)
+        self.target.currentTextChanged.connect(self._target_changed)
         self.load_button.clicked.connect(self._load_clicked)
         self.manage_button.clicked.connect(self.manageRequested)
         self.find_button.clicked.connect(self.find_best_draft)
         self.finder_strip.cancel_button.clicked.connect(self.cancel_finding)
-        self.target.currentTextChanged.connect(self._target_changed)
-        self._cluster_timer = QTimer(self)
-        self._cluster_timer.setInterval(CLUSTER_POLL_MS)
-        self._cluster_timer.timeout.connect(self.poll_clusters)
-        self._cluster_timer.start()
-        QTimer.singleShot(0, self.poll_clusters)
+        pairs.choicesChanged.connect(self._choices_changed)
+        pairs.verdictChanged.connect(self._verdict_changed)
+        pairs.measuredChanged.connect(self.show_measured)
+        pairs.finder.progressed.connect(self._finder_progress)
+        pairs.finder.finished.connect(self._found)
+        pairs.finder.failed.connect(self._find_failed)
 
     # -- contents ----------------------------------------------------------
-    def reload_choices(self, choices: list[ModelChoice] | None = None) -> None:
+    def _choices_changed(self) -> None:
+        """The lists again, if what they show changed, unless the person is
+        choosing: a rebuilt list would take the half-typed text and the
+        cursor (the next poll tries again)."""
+        pairs = self.pairs
+        if self._shown != (pairs.choices, pairs.clusters, pairs.loaded_target) \
+                and not self._in_use():
+            self._rebuild()
+
+    def _rebuild(self) -> None:
         keep = self.selection() if self.target.count() else None
-        choices = choices if choices is not None else library_view.model_choices()
-        self._choices = choices
+        pairs = self.pairs
+        loaded = pairs.loaded_target
+        self._shown = (pairs.choices, pairs.clusters, loaded)
         for box in (self.target, self.draft):
             box.blockSignals(True)
             box.clear()
         self.draft.addItem(LOOKUP_LABEL, None)
-        for c in choices:
-            for box in (self.target, self.draft):
-                box.addItem(c.label, c.ref)
-                box.setItemData(box.count() - 1, c.label, LABEL_ROLE)
-                box.setItemData(box.count() - 1, c.detail or c.ref, DETAIL_ROLE)
-                box.setItemData(box.count() - 1, _full_name(c.label, c.detail or c.ref),
-                                Qt.ItemDataRole.ToolTipRole)
-        keep_target = keep[0] if keep else None
-        engine = getattr(self.session(), "engine", None)
-        loaded = getattr(engine, "target_ref", None) if getattr(engine, "pair", None) else None
-        for state in self.clusters:  # targets only: the draft runs here
-            c = library_view.cluster_choice(state, loaded_here=state.ref == loaded)
-            self.target.addItem(c.label, c.ref)
-            i = self.target.count() - 1
-            self.target.setItemData(i, c.label, LABEL_ROLE)
-            self.target.setItemData(i, c.detail, DETAIL_ROLE)
-            self.target.setItemData(i, _full_name(c.label, c.detail), Qt.ItemDataRole.ToolTipRole)
-            if state.waiting is not None and c.ref not in (keep_target, loaded):
+        for c in pairs.choices:
+            self._add(self.target, c)
+            self._add(self.draft, c)
+        for state in pairs.clusters:  # targets only: the draft runs here
+            self._add(self.target, cluster_choice(state, state.ref == loaded))
+            if state.waiting is not None and state.ref not in (keep and keep[0], loaded):
                 # The chosen entry stays usable, and so does the loaded one
                 # (its ranks serve this app, so they do not answer probes).
-                self.target.model().item(i).setEnabled(False)
+                self.target.model().item(self.target.count() - 1).setEnabled(False)
         for box in (self.target, self.draft):
             box.blockSignals(False)
         if keep:
@@ -334,31 +332,16 @@ class PairPicker(QFrame):
             self._show_start(box)
             self._show_full_name(box)
 
-    def poll_clusters(self) -> None:
-        """Ask the clusters' ranks whether they answer, off the GUI thread;
-        the lists change only when the answer does."""
-        if self._cluster_poll is not None and not self._cluster_poll.done():
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._cluster_poll = asyncio.ensure_future(self._poll_clusters())
-
-    async def _poll_clusters(self) -> None:
-        states = await asyncio.get_running_loop().run_in_executor(
-            None, library_view.cluster_states)
-        try:
-            if states == self.clusters or self._in_use():
-                return  # nothing new, or the person is choosing (the next poll)
-        except RuntimeError:  # the window closed meanwhile: its Qt objects are gone
-            return
-        self.clusters = states
-        self.reload_choices(self._choices)
+    @staticmethod
+    def _add(box: QComboBox, c: ModelChoice) -> None:
+        box.addItem(c.label, c.ref)
+        i = box.count() - 1
+        box.setItemData(i, c.label, LABEL_ROLE)
+        box.setItemData(i, c.detail or c.ref, DETAIL_ROLE)
+        box.setItemData(i, _full_name(c.label, c.detail or c.ref), Qt.ItemDataRole.ToolTipRole)
 
     def _in_use(self) -> bool:
-        """Whether the person has a list open or is typing in a box: a
-        rebuilt list would take the half-typed text and the cursor."""
+        """Whether the person has a list open or is typing in a box."""
         return any(box.view().isVisible() or box.lineEdit().hasFocus()
                    for box in (self.target, self.draft))
 
@@ -414,62 +397,36 @@ class PairPicker(QFrame):
 
     # -- verdict -----------------------------------------------------------
     def _changed(self, *_args) -> None:
-        target, draft = self.selection()
-        self._generation += 1
         self._refused = False  # another pair, or a fresh look at this one
-        if not target:
-            self.show_verdict(Verdict(False, ("Choose a target model.",)))
-            return
-        self.verdict_label.show_verdict("Checking the pair…")
-        self.verdict_label.setProperty("ok", "")
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._check_task = asyncio.ensure_future(self._check(self._generation, target, draft))
+        if self.pairs.check(*self.selection()) is not None:
+            self.verdict_label.show_verdict("Checking the pair…")
+            self.verdict_label.setProperty("ok", "")
 
-    async def _check(self, generation: int, target: str, draft: str | None) -> None:
-        loop = asyncio.get_running_loop()
-        verdict = await loop.run_in_executor(None, library_view.check_pair, target, draft)
-        if verdict.compatible is False:
-            # Refusing is not enough: say what would work with this target.
-            names = await loop.run_in_executor(None, library_view.suggest_drafts, target)
-            names = [n for n in names if n != draft][:3]
-            if names:
-                verdict = Verdict(False, (*verdict.reasons,
-                                          "drafts that fit this target: " + ", ".join(names)))
-        if generation != self._generation:
-            return
+    def _verdict_changed(self, verdict: Verdict) -> None:
         if self._refused:  # the engine's refusal came first: it stays up
-            self.verdict = verdict
-            self.load_button.setEnabled(verdict.compatible is not False)
+            self.load_button.setEnabled(not self._busy and verdict.compatible is not False)
         else:
             self.show_verdict(verdict)
 
-    async def wait_checked(self) -> Verdict | None:
-        if self._check_task is not None:
-            await self._check_task
-        return self.verdict
-
     def show_verdict(self, verdict: Verdict) -> None:
-        self.verdict = verdict
         self._refused = False
-        self.verdict_label.show_verdict(verdict_headline(verdict), verdict_details(verdict))
-        self.verdict_label.setProperty(
-            "ok", {True: "true", False: "false", None: "unknown"}[verdict.compatible])
-        self.verdict_label.style().unpolish(self.verdict_label)
-        self.verdict_label.style().polish(self.verdict_label)
-        self.load_button.setEnabled(verdict.compatible is not False)
-        self.verdictChanged.emit(verdict)
+        self._show_line(verdict_headline(verdict), verdict_details(verdict),
+                        {True: "true", False: "false", None: "unknown"}[verdict.compatible])
+        # A verdict that comes in while a reply or Compare has the engine
+        # leaves Load off (set_busy turns it back on).
+        self.load_button.setEnabled(not self._busy and verdict.compatible is not False)
 
     def show_refusal(self, message: str) -> None:
         """The engine refused to load the pair: show why, in the same place."""
         self._refused = True
-        self.verdict_label.show_verdict(REFUSED + " ".join(message.split()), message)
-        self.verdict_label.setProperty("ok", "false")
+        self._show_line(REFUSED + " ".join(message.split()), message, "false")
+        self.load_button.setEnabled(True)  # the person may fix files and retry
+
+    def _show_line(self, headline: str, details: str, ok: str) -> None:
+        self.verdict_label.show_verdict(headline, details)
+        self.verdict_label.setProperty("ok", ok)
         self.verdict_label.style().unpolish(self.verdict_label)
         self.verdict_label.style().polish(self.verdict_label)
-        self.load_button.setEnabled(True)  # the person may fix files and retry
 
     def load_started(self) -> None:
         """A new load makes the last refusal stale (the person may have fixed
@@ -477,39 +434,32 @@ class PairPicker(QFrame):
         if not self._refused:
             return
         self._refused = False
-        if self.verdict is not None:
-            self.show_verdict(self.verdict)
+        if self.pairs.verdict is not None:
+            self.show_verdict(self.pairs.verdict)
         else:
             self.verdict_label.show_verdict("")
+
+    def _loadable(self) -> bool:
+        verdict = self.pairs.verdict
+        return verdict is None or verdict.compatible is not False
 
     def set_busy(self, busy: bool) -> None:
         """While a reply streams or a conversation opens (or a search holds
         the engine), no load and no search starts."""
-        self.load_button.setEnabled(not busy and (
-            self.verdict is None or self.verdict.compatible is not False))
+        self.load_button.setEnabled(not busy and self._loadable())
         self._busy = busy
         self._enable_find()
 
     def _load_clicked(self) -> None:
         target, draft = self.selection()
-        if target and (self.verdict is None or self.verdict.compatible is not False):
+        if target and self._loadable():
             self.loadRequested.emit(target, draft)
 
     # -- measured drafts ----------------------------------------------------------
-    def attach(self, session) -> None:
-        """The AppSession whose engine and history a search uses."""
-        self._session = session
-
-    def session(self):
-        """The attached session, else the window's (MainWindow.session)."""
-        return self._session if self._session is not None else getattr(
-            self.window(), "session", None)
-
     def show_measured(self) -> None:
         """Put each draft's measured speedup for the chosen target on this
         machine (remembered in the library) next to its name in the list."""
-        target = self._ref(self.target)
-        results = rec.remembered(target) if target else {}
+        results = self.pairs.measured(self._ref(self.target))
         box = self.draft
         current = box.currentIndex()
         box.blockSignals(True)
@@ -536,27 +486,21 @@ class PairPicker(QFrame):
     def _target_changed(self, *_args) -> None:
         """Another target: its own measurements, and no stale outcome."""
         self.show_measured()
-        if self.finder is None or not self.finder.running:
+        if not self.pairs.finder.running:
             self.finder_strip.hide()
         self._enable_find()
 
     def _enable_find(self) -> None:
-        running = self.finder is not None and self.finder.running
-        self.find_button.setEnabled(not running and not self._busy
+        self.find_button.setEnabled(not self.pairs.finder.running and not self._busy
                                     and bool(self._ref(self.target)))
 
     def find_best_draft(self) -> None:
         """Measure the installed drafts for the chosen target and rank them."""
-        session, target = self.session(), self._ref(self.target)
-        if session is None or not target:
+        target = self._ref(self.target)
+        if not target:
             return
-        if self.finder is None:
-            self.finder = DraftFinder(session, self)
-            self.finder.progressed.connect(self._finder_progress)
-            self.finder.finished.connect(self._found)
-            self.finder.failed.connect(self._find_failed)
         try:
-            self.finder.start(target)
+            self.pairs.find(target)
         except SpecChatError as exc:
             self.finder_strip.done(str(exc))
             return
@@ -565,12 +509,12 @@ class PairPicker(QFrame):
 
     def _finder_progress(self, message: str, fraction: float) -> None:
         self.finder_strip.running(message, fraction)
-        if self.finder.cancelling:
+        if self.pairs.finder.cancelling:
             self.finder_strip.cancelling()
 
     def cancel_finding(self) -> None:
-        if self.finder is not None and self.finder.running:
-            self.finder.cancel()
+        if self.pairs.finder.running:
+            self.pairs.finder.cancel()
             self.finder_strip.cancelling()
 
     def _found(self, outcome: rec.Recommendation) -> None:

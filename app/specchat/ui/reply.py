@@ -23,8 +23,8 @@ from specchat.store.summary import ReplySummary
 from specchat.store.worker import Remote, report_failure
 from specchat.ui.chat_model import ChatMessage, ChatModel
 from specchat.ui.engine_controller import EngineController
-from specchat.ui.gauges import LiveStats
 from specchat.ui.requests import reply_summary
+from specchat.ui.stats import LiveStats
 
 FLUSH_S = 0.033
 SAVE_S = 0.25
@@ -118,9 +118,9 @@ class Reply(QObject):
         After the window closed the store refuses it, and the last periodic
         save stands (the reply shows as interrupted)."""
         msg = self.message
-        if msg.db_id is None:
-            return  # its row could not be written: the error was shown then
+        if not msg.saved:
+            return  # its row could not be written (said then): the next turn writes it whole
         report_failure(
-            self.store.update_message(msg.db_id, msg.text, runs=msg.runs, summary=msg.summary,
+            self.store.update_message(msg.id, msg.text, runs=msg.runs, summary=msg.summary,
                                       error=msg.error, complete=complete),
             self.errorRaised.emit, "save the reply")

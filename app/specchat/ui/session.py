@@ -5,7 +5,8 @@ read the settings from it, change them through ``update_settings`` (which
 saves), and follow ``settingsChanged`` instead of being handed values. The
 session owns the engine (EngineController and its client thread), the store
 (its thread and the conversation and settings stores), the lag monitor,
-the per-pair plain speeds and the local API server that Settings turns on
+the per-pair plain speeds, the pair picker's controller (``pairs``,
+ui/pair_controller.py) and the local API server that Settings turns on
 (``api``, ui/local_api.py); closing it finishes the queued writes, and keeps
 what could still not be written (the chats on screen) in a recovery file
 the next start adds to the history (store/recovery.py).
@@ -27,11 +28,12 @@ from specchat.store.conversations import ConversationStore
 from specchat.store.settings import AppSettings, checked_changes
 from specchat.store.worker import READ_ONLY, UNAVAILABLE, Remote, StoreWorker, report_failure
 from specchat.ui.engine_controller import EngineController
-from specchat.ui.gauges import PlainSpeeds
 from specchat.ui.history_index import HistoryIndex
 from specchat.ui.lag import LagMonitor
 from specchat.ui.local_api import LocalApi
+from specchat.ui.pair_controller import PairController
 from specchat.ui.requests import reply_mode
+from specchat.ui.stats import PlainSpeeds
 
 log = logging.getLogger("specchat.ui")
 
@@ -63,6 +65,8 @@ class AppSession(QObject):
         self.api.failed.connect(self.failed)
         # The engine's index of earlier conversations, for suffix drafting.
         self.history_index = HistoryIndex(self, self)
+        # What the pair picker shows: choices, verdicts, clusters, measured drafts.
+        self.pairs = PairController(self.engine, self.conversations, self)
 
     @property
     def settings(self) -> AppSettings:
@@ -159,6 +163,7 @@ class AppSession(QObject):
         load still finishing must not reach the views any more."""
         self.engine.blockSignals(True)
         self.lag.stop()
+        self.pairs.close()
         self.api.stop()  # its requests' engine jobs are cancelled with it
         self._save()
         self.engine.close()

@@ -66,7 +66,7 @@ class ConversationListModel(QAbstractListModel):
         self.rename(self.items[index.row()].id, str(value))
         return True
 
-    def rename(self, conversation_id: int, title: str) -> None:
+    def rename(self, conversation_id: str, title: str) -> None:
         if not self.writable:
             return
         report_failure(self.store.rename(conversation_id, title), self.failed.emit,
@@ -94,13 +94,13 @@ class ConversationListModel(QAbstractListModel):
         query.add_done_callback(show)
         return query
 
-    def row_of(self, conversation_id: int) -> int:
+    def row_of(self, conversation_id: str) -> int:
         return next((i for i, c in enumerate(self.items) if c.id == conversation_id), -1)
 
 
 class Sidebar(QWidget):
     openRequested = Signal(object)  # conversation id, or None for a new chat
-    deleted = Signal(int)
+    deleted = Signal(str)
     failed = Signal(str)
 
     def __init__(self, store: Remote[ConversationStore], parent=None):
@@ -148,7 +148,7 @@ class Sidebar(QWidget):
         self.model.failed.connect(self.failed)
         # A reset (a query returned) keeps the open conversation selected.
         self.model.modelReset.connect(lambda: self.select(self.current_id))
-        self.current_id: int | None = None
+        self.current_id: str | None = None
         self._current: Conversation | None = None  # the open conversation, once listed
         self._read_only: str | None = None  # why the history cannot be written, if so
         self.model.reload()
@@ -175,13 +175,13 @@ class Sidebar(QWidget):
     def refresh(self) -> asyncio.Future:
         return self.model.reload()
 
-    def relist(self, current_id: int | None) -> asyncio.Future:
+    def relist(self, current_id: str | None) -> asyncio.Future:
         """The conversations changed (one was created, or a reply was saved):
         list them again, with ``current_id`` selected once they are in."""
         self.current_id = current_id
         return self.refresh()
 
-    def select(self, conversation_id: int | None) -> None:
+    def select(self, conversation_id: str | None) -> None:
         self.current_id = conversation_id
         row = self.model.row_of(conversation_id) if conversation_id else -1
         if row >= 0:
@@ -252,7 +252,7 @@ class Sidebar(QWidget):
                 return None
         return asyncio.ensure_future(self._export(conv.id, path))
 
-    async def _export(self, conversation_id: int, path: str) -> str | None:
+    async def _export(self, conversation_id: str, path: str) -> str | None:
         try:
             text = await self.store.export_markdown(conversation_id)
             with open(path, "w", encoding="utf-8") as f:
