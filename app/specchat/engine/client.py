@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specchat.engine.events import GenerateRequest, LoadProgress
+from specchat.engine.modes import OWN_HEAD
 from specchat.engine.worker import EngineThread, Job
 
 Resolver = Callable[[str, Callable[[str, float | None], None], object], Path]
@@ -56,12 +57,15 @@ class EngineClient:
                 return cb
 
             t_path = self._resolver(target, progress("target"), job.cancelled)
-            d_path = self._resolver(draft, progress("draft"), job.cancelled) if draft else None
+            own_head = draft == OWN_HEAD  # the target's own MTP head: nothing to resolve
+            d_path = self._resolver(draft, progress("draft"), job.cancelled) \
+                if draft and not own_head else None
             engine = self._engine_here()
             if self._preflight is not None:
                 self._preflight(Path(t_path), Path(d_path) if d_path else None,
                                 engine.loaded_bytes())
-            return engine.load(t_path, d_path, lambda stage, msg: progress(stage)(msg))
+            return engine.load(t_path, OWN_HEAD if own_head else d_path,
+                               lambda stage, msg: progress(stage)(msg))
 
         return self._thread.submit(work, loop)
 

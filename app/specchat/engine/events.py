@@ -205,6 +205,7 @@ class LoadedPair:
     speculative_ok: bool
     reason: str | None  # why speculative decoding with the draft is unavailable
     mtp: bool = False  # the target ships an MTP head that can draft for it (modes.MTP)
+    own_head: bool = False  # the draft chosen is that head (``--draft mtp``): no draft model
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,14 @@ class Engine:
         draft: str | Path | None = None,
         progress: Callable[[str, str], None] | None = None,
     ) -> LoadedPair:
-        """Load a target and an optional draft (folders). Reuses an already
-        loaded model of the same path. Refuses a draft whose tokenizer differs."""
+        """Load a target and an optional draft (folders; a draft model, an
+        EAGLE-3 head, or ``modes.OWN_HEAD``: the target's own MTP head).
+        Reuses an already loaded model of the same path. Refuses a draft whose
+        tokenizer differs, and a head made for another target."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
-        draft_path = str(Path(draft).expanduser().resolve()) if draft else None
+        own_head = draft == modes.OWN_HEAD
+        draft_path = str(Path(draft).expanduser().resolve()) if draft and not own_head else None
         if draft_path == target_path:  # it would "speculate" at twice the cost of plain decoding
             name = Path(target_path).name
             raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
@@ -104,6 +107,10 @@ class Engine:
                 self._load_head(Path(draft_path), say)
             else:
                 self._load_draft_model(draft_path, say)
+        if own_head and self._mtp_head is None:
+            raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights in its "
+                              "folder), so it cannot draft for itself: choose a draft model, or "
+                              "draft from the conversation (suffix matching).")
         head_bytes = {}
         if self._mtp_head is not None:  # a layer, and the target's output layer
             head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
@@ -126,6 +133,7 @@ class Engine:
             speculative_ok=reason is None,
             reason=reason,
             mtp=self._mtp_head is not None,
+            own_head=own_head,
         )
         return self._pair
 
