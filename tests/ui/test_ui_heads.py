@@ -6,8 +6,11 @@ loads as the draft and is named."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from specchat.engine import modes
+from specchat.library import importing
 from specchat.ui import library_view, theme
 from tinymodels import add_mtp, build_arch, build_eagle3
 from ui_support import load, send_and_wait, wait_until
@@ -52,3 +55,16 @@ def test_an_eagle3_head_loads_as_the_draft_and_is_named(qtbot, window, tiny_dir,
     assert pair.draft.model_type == "eagle3"
     msg = send_and_wait(qtbot, window, "Hello, world! Hello, world!")
     assert msg.summary.drafted_by.get("eagle3", {}).get("drafted", 0) > 0
+
+
+def test_a_head_is_listed_under_its_target(home, tiny_dir, tiny_target, tiny_draft):
+    target = importing.import_path(tiny_target, name="my-target")
+    head = build_eagle3(tiny_dir / "ui-eagle3-listed", tiny_target)
+    config = json.loads((head / "config.json").read_text())
+    config["speculators_config"] = {"verifier": {"name_or_path": "my-target"}}
+    (head / "config.json").write_text(json.dumps(config))
+    other = importing.import_path(tiny_draft, name="another")
+    listed = importing.import_path(head, name="my-head")
+    order = library_view.heads_under_targets([listed, other, target])
+    assert [m.name for m in order] == ["another", "my-target", "my-head"]
+    assert library_view.source_text(listed).endswith("(EAGLE-3 head for my-target)")

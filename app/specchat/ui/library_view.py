@@ -58,6 +58,33 @@ def installed_models() -> list[InstalledModel]:
         return []
 
 
+def _made_for(head: InstalledModel, model: InstalledModel) -> bool:
+    """Whether an EAGLE-3 head names ``model`` as the one it drafts for."""
+    made_for = (head.head or {}).get("for") or ""
+    return bool(made_for) and made_for in (model.name, model.source.removeprefix("hf:"),
+                                           model.path)
+
+
+def heads_under_targets(models: list[InstalledModel]) -> list[InstalledModel]:
+    """Models in their order, each followed by the draft heads made for it;
+    heads whose target is not installed come last."""
+    heads = [m for m in models if m.head]
+    out: list[InstalledModel] = []
+    for m in models:
+        if m.head:
+            continue
+        out.append(m)
+        out += [h for h in heads if _made_for(h, m) and h not in out]
+    return out + [h for h in heads if h not in out]
+
+
+def source_text(m: InstalledModel) -> str:
+    """Where a model came from, and for a draft head which model it drafts for."""
+    if not m.head:
+        return m.source
+    return f"{m.source} (EAGLE-3 head for {m.head.get('for') or 'its target'})"
+
+
 def built_in_models() -> list[PreparedModel]:
     """The built-in models converted so far (``<home>/bundled``): not index
     entries, but on disk all the same, so the Models dialog lists them."""

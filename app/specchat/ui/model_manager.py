@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from specchat.library import importing, refs
+from specchat.library import importing, paths, refs
 from specchat.library.units import params_text, size_text
 from specchat.ui import library_view
 
@@ -172,14 +172,12 @@ class ModelManager(QDialog):
     # -- listing -------------------------------------------------------------
     def refresh(self) -> None:
         try:
-            from specchat.library import paths
-
             home = paths.home()
             used = size_text(library_view.disk_usage())
             self.where.setText(f"Models are stored in {home}  ·  {used} used")
         except Exception as exc:  # noqa: BLE001
             self.where.setText(f"Model folder unavailable: {exc}")
-        models = library_view.installed_models()
+        models = library_view.heads_under_targets(library_view.installed_models())
         listed = {m.source for m in models}
         built = [b for b in library_view.built_in_models() if b.model.ref not in listed]
         self._built_in = built
@@ -187,8 +185,9 @@ class ModelManager(QDialog):
         self.installed.setRowCount(len(self._installed_rows))
         cells = [(b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
                   b.model.params) for b in built]
-        cells += [(m.name, m.source, size_text(m.size_bytes),
-                   params_text(m.params) if m.params else "") for m in models]
+        cells += [(("↳ " if m.head else "") + m.name, library_view.source_text(m),
+                   size_text(m.size_bytes), params_text(m.params) if m.params else "")
+                  for m in models]
         for i, row in enumerate(cells):
             for j, v in enumerate(row):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
