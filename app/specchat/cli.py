@@ -115,7 +115,10 @@ def _add_bench(sub) -> None:
     b.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     b.add_argument("--draft", required=True, type=_model_ref,
-                   help="draft model sharing the target's tokenizer")
+                   help="draft model sharing the target's tokenizer (or an EAGLE-3 head)")
+    b.add_argument("--head", type=_model_ref, metavar="HEAD",
+                   help="an EAGLE-3 head for the target, loaded beside the draft model, so "
+                        "the head modes run in the same process as the draft model's")
     b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
     b.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND",
@@ -127,8 +130,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--temperature", type=_value("temperature"), default=0.0,
                    help="0 = greedy (default)")
     b.add_argument("--seed", type=_value("seed"), default=0, help="sampling seed (default 0)")
-    b.add_argument("--modes", nargs="+", default=names, choices=names, metavar="MODE",
-                   help="modes to run, interleaved per prompt (default: all of " + ", ".join(names) + ")")
+    b.add_argument("--modes", nargs="+", choices=names, metavar="MODE",
+                   help="modes to run, interleaved per prompt (default: those of " + ", ".join(names)
+                   + " that the models loaded can run)")
     b.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="keep N processes spinning on the CPU beside the bench, to measure "
                         "speed on a busy machine (default 0)")

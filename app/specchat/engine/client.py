@@ -42,9 +42,10 @@ class EngineClient:
         return self._engine
 
     def load(self, target: str, draft: str | None = None,
-             loop: asyncio.AbstractEventLoop | None = None) -> Job:
-        """Resolve references (import/download if needed) and load the pair.
-        Emits LoadProgress; the result is a LoadedPair."""
+             loop: asyncio.AbstractEventLoop | None = None, head: str | None = None) -> Job:
+        """Resolve references (import/download if needed) and load the pair
+        (and a head beside its draft model: Engine.load). Emits
+        LoadProgress; the result is a LoadedPair."""
 
         def work(job: Job):
             def progress(stage: str):
@@ -60,12 +61,13 @@ class EngineClient:
             own_head = draft == OWN_HEAD  # the target's own MTP head: nothing to resolve
             d_path = self._resolver(draft, progress("draft"), job.cancelled) \
                 if draft and not own_head else None
+            h_path = self._resolver(head, progress("draft"), job.cancelled) if head else None
             engine = self._engine_here()
             if self._preflight is not None:
                 self._preflight(Path(t_path), Path(d_path) if d_path else None,
                                 engine.loaded_bytes())
             return engine.load(t_path, OWN_HEAD if own_head else d_path,
-                               lambda stage, msg: progress(stage)(msg))
+                               lambda stage, msg: progress(stage)(msg), head=h_path)
 
         return self._thread.submit(work, loop)
 

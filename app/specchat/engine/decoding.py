@@ -153,13 +153,21 @@ def start(d: Decoding) -> Progress:
     return run
 
 
+def _seeded(sampling) -> bool:
+    return not sampling.greedy and sampling.seed is not None
+
+
 def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
     """The drafter's block for this step, capped by the policy and by the
     token budget (the target's own token needs one)."""
     if d.drafter is None or remaining <= 1:
         return None
-    if run.tally.steps == 0 and not d.drafter.ready(run.context):
-        return None  # the first token first: the drafter reads the prompt after it
+    if run.tally.steps == 0 and not _seeded(d.request.sampling) and not d.drafter.ready(run.context):
+        # The first token first: the drafter reads the prompt after it. Not
+        # for a seeded sampled reply: whether the drafter is ready depends on
+        # what an earlier reply left in its cache, and the seed promises the
+        # same tokens whatever came before, so it drafts from the first step.
+        return None
     policy = d.policy
     ctl = DraftControl(
         sampling=d.request.sampling,

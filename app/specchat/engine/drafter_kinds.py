@@ -34,10 +34,11 @@ class DrafterKind:
     cap: int  # longest block
     calibrated: bool = False  # confidences are probabilities: stop blocks by them
     # Per drafted token, in target forwards. A kind that needs a draft model
-    # or the target's MTP head costs what the engine measures for the pair.
+    # or a head costs what the engine measures for the pair.
     cost: float = 0.0
-    # What it needs loaded besides the target: "" nothing, "draft" a draft
-    # model, "mtp" the target's own MTP head (events.LoadedPair.mtp).
+    # What it needs loaded besides the target (events.LoadedPair.loaded):
+    # "" nothing, "draft" the pair's draft (a draft model, or a head chosen
+    # as the draft), "head" an EAGLE-3 head, "mtp" the target's own MTP head.
     needs: str = ""
     # It reads the target's hidden states, so it cannot draft on past tokens
     # the target has not computed yet (hybrid.py never chains it after a
@@ -67,6 +68,12 @@ class DrafterKind:
     def uses_draft_model(self) -> bool:
         return self.needs == "draft"
 
+    @property
+    def made_on_load(self) -> bool:
+        """Its drafter is made when its model loads and goes with it (the
+        engine builds the others on first use and keeps them with the target)."""
+        return self.needs in ("draft", "head")
+
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
     """A constructor imported when first called, so the registry imports no MLX."""
@@ -75,6 +82,10 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
 
 def _draft_model(parts: Any) -> Any:
     return parts.draft_model
+
+
+def _head(parts: Any) -> Any:
+    return parts.head
 
 
 # The draft model's block length is the early stop's call, up to 12.
@@ -144,8 +155,9 @@ MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0
                            calibrated=True, needs="mtp", reads_target=True,
                            origin=origins.MTP))
 
-# An EAGLE-3 head loaded as the draft (eagle3.py): it stands where a draft
-# model would (the "draft" of a pair, the modes that use one), reads the
-# target's hidden states, and costs what its bytes say against the target's.
-EAGLE3 = register(DrafterKind("eagle3", _draft_model, prior=0.7, cap=10, calibrated=True,
-                              needs="draft", reads_target=True, origin=origins.HEAD))
+# An EAGLE-3 head (eagle3.py): chosen as the pair's draft it stands where a
+# draft model would (the modes that use "the draft" run it); loaded beside a
+# draft model (``specchat bench --head``) the head modes run it. It reads the
+# target's hidden states and costs what its bytes say against the target's.
+EAGLE3 = register(DrafterKind("eagle3", _head, prior=0.7, cap=10, calibrated=True,
+                              needs="head", reads_target=True, origin=origins.HEAD))

@@ -83,6 +83,7 @@ class Parts:
     target: Any = None  # kv.CacheSlot: the target's cache (its runner can tap hidden states)
     draft_model: Any = None  # draft_model.ModelDrafter, when a draft model is loaded
     mtp_head: Any = None  # mtp.MTPModule, when the target ships one
+    head: Any = None  # eagle3.Eagle3Drafter: an EAGLE-3 head, the draft or beside it
     history: Any = None  # history.History: the user's earlier conversations
 
 

@@ -98,6 +98,11 @@ MTP = register(Mode("mtp", "the model's own MTP head", ("mtp",),
 MTP_HYBRID = register(Mode("mtp+suffix", "the model's own MTP head + suffix match",
                            ("suffix", "mtp")))
 
+HEAD = register(Mode("head", "draft head", ("eagle3",),
+                     description="An EAGLE-3 head drafts: one layer reading the target's own "
+                     "hidden states, a few percent of a target forward per token."))
+HEAD_HYBRID = register(Mode("head+suffix", "draft head + suffix match", ("suffix", "eagle3")))
+
 SSD = register(Mode(
     "ssd", "draft model, drafting ahead while the target verifies (SSD)", ("ssd",),
     description="Speculative speculative decoding: while the target verifies a block, the draft "

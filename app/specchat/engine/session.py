@@ -49,6 +49,9 @@ class Engine:
         self._vocab = 0
         # The draft's drafter: a draft model's, or an EAGLE-3 head's (eagle3.py).
         self._model_drafter: ModelDrafter | eagle3.Eagle3Drafter | None = None
+        # An EAGLE-3 head: the draft, or one loaded beside a draft model.
+        self._head: eagle3.Eagle3Drafter | None = None
+        self.head: LoadedModel | None = None  # the one beside a draft model
         self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
         # Drafters other than the draft model's, built on first use and kept
         # (with their state: a suffix index, the MTP head's cache) while the
@@ -66,11 +69,14 @@ class Engine:
         target: str | Path,
         draft: str | Path | None = None,
         progress: Callable[[str, str], None] | None = None,
+        head: str | Path | None = None,
     ) -> LoadedPair:
         """Load a target and an optional draft (folders; a draft model, an
-        EAGLE-3 head, or ``modes.OWN_HEAD``: the target's own MTP head).
-        Reuses an already loaded model of the same path. Refuses a draft whose
-        tokenizer differs, and a head made for another target."""
+        EAGLE-3 head, or ``modes.OWN_HEAD``: the target's own MTP head), and
+        optionally an EAGLE-3 head beside a draft model (``head``: the bench
+        runs both in one process). Reuses an already loaded model of the
+        same path. Refuses a draft whose tokenizer differs, and a head made
+        for another target."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
         own_head = draft == modes.OWN_HEAD
@@ -104,9 +110,11 @@ class Engine:
         elif self.draft is None or self.draft.info.path != draft_path:
             self._drop_draft()
             if Path(draft_path).is_dir() and is_head(read_config(Path(draft_path))):
-                self._load_head(Path(draft_path), say)
+                self.draft, self._head = self._load_head(Path(draft_path), say)
+                self._model_drafter = self._head
             else:
                 self._load_draft_model(draft_path, say)
+        self._load_head_beside(head, say)
         if own_head and self._mtp_head is None:
             raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights in its "
                               "folder), so it cannot draft for itself: choose a draft model, or "
@@ -115,6 +123,8 @@ class Engine:
         if self._mtp_head is not None:  # a layer, and the target's output layer
             head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
                                                   + self._slot.runner.head_bytes())
+        if self._head is not None:  # its layer and its own (draft-vocabulary) output layer
+            head_bytes[drafter_kinds.EAGLE3.name] = self._head.bytes_per_token()
         self._cost = CostModel.for_pair(
             self._slot.runner.bytes_per_token(),
             self._model_drafter.bytes_per_token() if self._model_drafter else None,
@@ -134,6 +144,7 @@ class Engine:
             reason=reason,
             mtp=self._mtp_head is not None,
             own_head=own_head,
+            head=self.head.info if self.head is not None else None,
         )
         return self._pair
 
@@ -150,9 +161,24 @@ class Engine:
         special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
         self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
 
-    def _load_head(self, folder: Path, say) -> None:
-        """An EAGLE-3 head as the draft: checked against the target in words,
-        drafting from the target's own hidden states (eagle3.py)."""
+    def _load_head_beside(self, head: str | Path | None, say) -> None:
+        path = str(Path(head).expanduser().resolve()) if head else None
+        if self.head is not None and self.head.info.path != path:
+            self.head = self._head = None
+            gc.collect()
+        if path is None or self.head is not None:
+            return
+        if self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name:
+            raise EngineError("The draft is a head already: load the other head as the draft "
+                              "instead (one head at a time).")
+        if not (Path(path).is_dir() and is_head(read_config(Path(path)))):
+            raise EngineError(f"{Path(path).name} is not an EAGLE-3 draft head (its config.json "
+                              "names no eagle3 architecture).")
+        self.head, self._head = self._load_head(Path(path), say)
+
+    def _load_head(self, folder: Path, say) -> tuple[LoadedModel, eagle3.Eagle3Drafter]:
+        """An EAGLE-3 head: checked against the target in words, drafting
+        from the target's own hidden states (eagle3.py)."""
         name = model_name(folder)
         say("draft", f"loading the draft head {name}")
         head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
@@ -162,12 +188,12 @@ class Engine:
                          weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
                          vocab_size=head.config.vocab_size, trimmable=True,
                          untrimmable_reason=None)
-        self.draft = LoadedModel(model=head, tokenizer=self.target.tokenizer,
-                                 config=eagle3.read_config(folder), info=info)
-        self._model_drafter = drafter
+        return LoadedModel(model=head, tokenizer=self.target.tokenizer,
+                           config=eagle3.read_config(folder), info=info), drafter
 
     def _drop_target(self) -> None:
         self._drop_draft()
+        self.head = self._head = None
         self.target = None
         self._slot = None
         self._mtp_head = None
@@ -177,6 +203,8 @@ class Engine:
 
     def _drop_draft(self) -> None:
         if self.draft is not None:
+            if self._head is self._model_drafter:
+                self._head = None
             self.draft = None
             self._model_drafter = None
             gc.collect()
@@ -188,7 +216,7 @@ class Engine:
 
     def loaded_bytes(self) -> int:
         """Weight bytes held now (what loading another pair could free)."""
-        return sum(m.info.weight_bytes for m in (self.target, self.draft) if m is not None)
+        return sum(m.info.weight_bytes for m in (self.target, self.draft, self.head) if m is not None)
 
     # Read-only views for measuring tools (bench, benchmarks/): they time the
     # very runner and drafter decoding uses, and print the costs its policy
@@ -230,8 +258,8 @@ class Engine:
         anyway; this frees memory)."""
         if self._slot is not None:
             self._slot.reset()
-        if self._model_drafter is not None:
-            self._model_drafter.reset()
+        for drafter in {id(d): d for d in (self._model_drafter, self._head) if d}.values():
+            drafter.reset()
         for drafter in self._drafters.values():
             drafter.reset()
 
@@ -267,8 +295,8 @@ class Engine:
         if not self._pair.speculative_ok and (
                 not self.target.info.trimmable or mode.needs_draft_model):
             raise EngineError(self._pair.reason)
-        have = {n for n, part in (("draft", self._model_drafter), ("mtp", self._mtp_head))
-                if part is not None}
+        have = {n for n, part in (("draft", self._model_drafter), ("mtp", self._mtp_head),
+                                  ("head", self._head)) if part is not None}
         wanted = mode
         mode = mode.runs_with(have)
         if mode is None:
@@ -285,8 +313,8 @@ class Engine:
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
         parts = Parts(target=self._slot, draft_model=self._model_drafter,
-                      mtp_head=self._mtp_head, history=self.history)
-        if kind.uses_draft_model:  # built around the draft model, and kept with it
+                      mtp_head=self._mtp_head, head=self._head, history=self.history)
+        if kind.made_on_load:  # made when its model loaded, and kept with it
             return kind.make(parts)
         if kind.name not in self._drafters:
             self._drafters[kind.name] = kind.make(parts)

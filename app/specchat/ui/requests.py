@@ -34,9 +34,7 @@ def reply_mode(settings: AppSettings, pair: LoadedPair | None,
     chosen = modes.MODES.get(settings.spec_mode or "")
     if auto is modes.PLAIN or chosen is None or not chosen.speculative:
         return auto
-    have = {"draft"} if has_draft else set()
-    if pair is not None and pair.own_head:
-        have.add("mtp")
+    have = pair.loaded() if pair is not None else set()
     if not chosen.needs <= have:
         # The engine would run it on its other drafters, or refuse it.
         return chosen.runs_with(have) or auto
