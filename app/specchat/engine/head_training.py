@@ -9,7 +9,13 @@ text. The head starts from the target (its output layer's rows for the
 draft vocabulary, the target's embedding shared) and trains with EAGLE-3's
 training-time test: each position also drafts two tokens further from the
 head's own output, attending to the target's rows before it and its own
-chain, as it will when it drafts; later steps weigh less (0.8^j).
+chain, as it will when it drafts; later steps weigh less (0.8^j). Labelling a piece costs a target forward and
+an update only a head's, so each labelled piece is kept (its features in
+half precision) and learnt from ``passes`` times on average, in windows of
+``train_len`` tokens; the learning rate warms up over the first updates.
+The draft vocabulary is the text's 8192 most frequent ids by default: a
+head trained on thousands, not millions, of tokens learns a small output
+layer better than a large one.
 
 It runs on the engine thread (submit ``train`` with ``EngineClient.call``):
 a time budget, a checkpoint every ``checkpoint_s`` that a killed run resumes
@@ -52,10 +58,14 @@ class TrainPlan:
     samples: tuple[tuple[Message, ...], ...]  # chats to label and learn from
     out: str  # the head's folder
     minutes: float = 60.0
-    seq_len: int = 512
-    draft_vocab: int = 32768
+    seq_len: int = 512  # tokens the target labels in one forward
+    train_len: int = 128  # tokens one update learns from (a window of a labelled piece)
+    passes: float = 4.0  # updates per labelled token, on average (labelling is the cost)
+    buffer_tokens: int = 200_000  # labelled tokens kept for those updates (oldest go first)
+    draft_vocab: int = 8192
     steps: int = 3  # draft positions trained (training-time test depth)
-    lr: float = 3e-4
+    lr: float = 1e-3
+    warmup: int = 30  # updates over which the learning rate rises from 0
     seed: int = 0
     checkpoint_s: float = 120.0
     held_out: float = 0.1  # share of samples kept out for the acceptance report
@@ -65,7 +75,7 @@ class TrainPlan:
 
 @dataclass(frozen=True)
 class TrainProgress:
-    stage: str  # "preparing", "training", "checkpoint", "done"
+    stage: str  # "preparing", "labelling" (a piece done), "training", "checkpoint", "done"
     step: int
     tokens: int  # training tokens seen (positions learnt from)
     elapsed_s: float
@@ -199,7 +209,12 @@ class _Trainer:
         self.rows = mx.array(self.state.draft_ids, dtype=mx.int32)
         self.t2d = mx.full((c.vocab_size,), -1, dtype=mx.int32)
         self.t2d[self.rows] = mx.arange(len(self.state.draft_ids), dtype=mx.int32)
-        self.optimizer = optim.AdamW(learning_rate=plan.lr, weight_decay=0.0)
+        warmup = max(plan.warmup, 1)
+        self.optimizer = optim.AdamW(
+            learning_rate=lambda step: plan.lr * mx.minimum((step + 1) / warmup, 1.0),
+            weight_decay=0.0)
+        self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
+        self.rng = random.Random(plan.seed + 1)
         if self.resumed:
             self._load()
         else:
@@ -346,6 +361,23 @@ class _Trainer:
             rows += T
         return tuple(h / max(rows, 1) for h in hits)
 
+    # -- what the updates learn from ----------------------------------------------------
+    def _keep(self, feats: mx.array, labels: mx.array, ids: mx.array) -> None:
+        """Keep a labelled piece (features in half precision) for several
+        updates: labelling costs a target forward, an update a head's."""
+        self.buffer.append((feats.astype(mx.float16), labels, ids))
+        mx.eval(self.buffer[-1])
+        while sum(ids.shape[0] for _, _, ids in self.buffer) > self.plan.buffer_tokens:
+            self.buffer.pop(0)
+
+    def _window(self) -> tuple[mx.array, mx.array, mx.array]:
+        """A random window of ``train_len`` tokens of a random kept piece."""
+        feats, labels, ids = self.buffer[self.rng.randrange(len(self.buffer))]
+        n = ids.shape[0]
+        start = self.rng.randrange(max(n - self.plan.train_len, 0) + 1)
+        end = start + self.plan.train_len
+        return feats[start:end].astype(mx.float32), ids[start:end], labels[start:end]
+
     # -- the loop ------------------------------------------------------------------------
     def run(self, report: Callable[[TrainProgress], None], cancelled: threading.Event | None):
         budget = self.plan.minutes * 60.0
@@ -364,21 +396,26 @@ class _Trainer:
             st.curve.append({"tokens": 0, "accept": list(acc)})
             progress("training", accept=acc, message="the untrained head, held out")
         loss = None
+        owed = 0.0  # updates still due on what is labelled
         while time.perf_counter() - start < budget:
             if cancelled is not None and cancelled.is_set():
                 break
             if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
                 break
-            seq = self.train[order[st.cursor % len(order)]]
-            feats, labels = self.label(seq)
-            ids = mx.array(seq, dtype=mx.int32)
-            value, grads = self.loss_and_grad(feats, ids, labels)
+            if owed <= 0 or not self.buffer:
+                seq = self.train[order[st.cursor % len(order)]]
+                self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
+                st.cursor += 1
+                st.tokens += len(seq) - 1
+                owed += self.plan.passes * (len(seq) - 1) / self.plan.train_len
+                progress("labelling", loss)
+                continue
+            value, grads = self.loss_and_grad(*self._window())
             self.optimizer.update(self.head, grads)
             mx.eval(self.head.parameters(), self.optimizer.state, value)
             loss = float(value.item())
             st.step += 1
-            st.cursor += 1
-            st.tokens += len(seq) - 1
+            owed -= 1
             if time.perf_counter() - last_ckpt >= self.plan.checkpoint_s:
                 acc = self.accept()
                 st.curve.append({"tokens": st.tokens, "accept": list(acc)})

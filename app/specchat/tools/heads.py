@@ -86,7 +86,8 @@ def add_parser(sub, model_ref) -> None:
     t.add_argument("--max-chars", type=int, default=4_000_000,
                    help="at most this much text from files")
     t.add_argument("--no-history", action="store_true", help="leave your conversations out")
-    t.add_argument("--draft-vocab", type=int, default=32768)
+    t.add_argument("--draft-vocab", type=int, default=8192,
+                   help="the ids the head proposes from: the text's most frequent (default 8192)")
     t.add_argument("--steps", type=int, help="stop after this many steps in all, too")
     t.add_argument("--checkpoint-s", type=float, default=120.0,
                    help="seconds between checkpoints (each measures held-out acceptance)")
@@ -117,7 +118,8 @@ def main(args) -> int:
                 "resumed": p.resumed, "message": p.message}
         if args.json:
             print(json.dumps(line), flush=True)
-        elif p.stage != "training" or p.accept or p.step % 20 == 0:
+        elif p.stage not in ("training", "labelling") or p.accept or (
+                p.stage == "training" and p.step % 20 == 0):
             extra = f", held-out acceptance by position {acc}" if acc else ""
             loss = f", loss {p.loss:.3f}" if p.loss is not None else ""
             note = f" ({p.message})" if p.message else ""
