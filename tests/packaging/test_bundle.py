@@ -277,11 +277,12 @@ def test_generate_from_the_installed_package(installed, untouched, tmp_path, tin
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     cwd.mkdir()
     env = inst.clean_env(home)
-    args = ["generate", "--target", str(tiny_target), "--draft", str(tiny_draft),
+    args = ["generate", "--target", str(tiny_target),
             "--prompt", "def fibonacci(n):", "--max-tokens", "48", "--json"]
     log = tmp_path / "generate.strace"
-    spec = subprocess.run(inst.traced([str(inst.INSTALLED), *args], log), env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    spec = subprocess.run(inst.traced([str(inst.INSTALLED), *args, "--draft", str(tiny_draft)],
+                                      log),
+                          env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert spec.returncode == 0, spec.stderr[-4000:]
     plain = subprocess.run([str(inst.INSTALLED), *args, "--plain"], env=env, cwd=cwd,
                            capture_output=True, text=True, timeout=600)
