@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from specchat.engine.events import GenerateRequest, LoadProgress
+from specchat.engine.events import GenerateRequest, LoadProgress, TrainPlan
 from specchat.engine.modes import OWN_HEAD
 from specchat.engine.worker import EngineThread, Job
 
@@ -76,6 +76,18 @@ class EngineClient:
 
         def work(job: Job):
             return self._engine_here().generate(request, job.cancelled, job.emit)
+
+        return self._thread.submit(work, loop)
+
+    def train_head(self, plan: TrainPlan, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Train (or go on training) an EAGLE-3 head for the loaded target.
+        Emits TrainProgress; ``cancel()`` stops it at the next step with its
+        checkpoint saved; the result is the training record (a dict)."""
+
+        def work(job: Job):
+            from specchat.engine import head_training
+
+            return head_training.train(self._engine_here(), plan, job.emit, job.cancelled)
 
         return self._thread.submit(work, loop)
 

@@ -46,44 +46,10 @@ from specchat.engine import chat
 from specchat.engine.compat import facts_from_tokenizer
 from specchat.engine.eagle3 import Eagle3Head, HeadConfig
 from specchat.engine.errors import EngineError
-from specchat.engine.events import Message
+from specchat.engine.events import TrainPlan, TrainProgress
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 STATE = "specchat-training.json"  # beside the head: where a run resumes from
-HELD_PIECES = 16  # held-out pieces the acceptance is measured on, at most
-
-
-@dataclass(frozen=True)
-class TrainPlan:
-    samples: tuple[tuple[Message, ...], ...]  # chats to label and learn from
-    out: str  # the head's folder
-    minutes: float = 60.0
-    seq_len: int = 512  # tokens the target labels in one forward
-    train_len: int = 128  # tokens one update learns from (a window of a labelled piece)
-    passes: float = 4.0  # updates per labelled token, on average (labelling is the cost)
-    buffer_tokens: int = 200_000  # labelled tokens kept for those updates (oldest go first)
-    draft_vocab: int = 8192
-    steps: int = 3  # draft positions trained (training-time test depth)
-    lr: float = 1e-3
-    warmup: int = 30  # updates over which the learning rate rises from 0
-    seed: int = 0
-    checkpoint_s: float = 120.0
-    held_out: float = 0.1  # share of samples kept out for the acceptance report
-    max_steps: int | None = None  # stop after this many steps too (a reproducible run)
-    held_pieces: int = HELD_PIECES  # held-out pieces the acceptance is measured on
-
-
-@dataclass(frozen=True)
-class TrainProgress:
-    stage: str  # "preparing", "labelling" (a piece done), "training", "checkpoint", "done"
-    step: int
-    tokens: int  # training tokens seen (positions learnt from)
-    elapsed_s: float
-    budget_s: float
-    loss: float | None = None
-    accept: tuple[float, ...] = ()  # held-out greedy acceptance of draft positions 1..steps
-    resumed: bool = False
-    message: str = ""
 
 
 @dataclass

@@ -12,64 +12,18 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import sysconfig
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-from specchat.engine.events import Message
+from specchat.engine.events import Message, TrainPlan, TrainProgress
+from specchat.library import trained_heads
 from specchat.tools.history import read_history
-
-TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
-FILE_CHARS = 12_000  # at most this much of one file (a sample is a few thousand tokens)
 
 
 def history_chats(limit: int) -> list[tuple[Message, ...]]:
     """The person's conversations, as chats."""
     corpus = read_history(lambda store: store.corpus(), "training on files only") or []
-    return [tuple(Message(role, content) for role, content in msgs) for _, _, msgs in corpus
-            if msgs][:limit]
-
-
-def _files(roots: list[Path]) -> Iterator[Path]:
-    for root in roots:
-        if root.is_file():
-            yield root
-            continue
-        for path in sorted(root.rglob("*")):
-            if path.suffix in TEXT_SUFFIXES and path.is_file() and not path.is_symlink():
-                yield path
-
-
-def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
-    """Text files as chats: a request naming the file, its text the answer."""
-    out, total = [], 0
-    for path in _files(roots):
-        try:
-            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
-        except (OSError, UnicodeDecodeError):
-            continue
-        if len(text.strip()) < 200:
-            continue
-        kind = "Python module" if path.suffix == ".py" else "document"
-        out.append((Message("user", f"Show me the {kind} {path.name}."),
-                    Message("assistant", text)))
-        total += len(text)
-        if total >= max_chars:
-            break
-    return out
-
-
-def default_texts() -> list[Path]:
-    """The installed packages' documentation and sources."""
-    return [Path(sysconfig.get_paths()["purelib"])]
-
-
-def default_out(target: str) -> Path:
-    from specchat.library import paths
-
-    name = Path(target.rstrip("/")).name.split(":")[-1] or "target"
-    return paths.models_dir(create=True) / f"{name}-eagle3-specchat"
+    return trained_heads.corpus_chats(corpus, limit)
 
 
 def add_parser(sub, model_ref) -> None:
@@ -98,18 +52,18 @@ def add_parser(sub, model_ref) -> None:
 
 
 def main(args) -> int:
-    from specchat.engine import head_training
     from specchat.engine.errors import EngineError
     from specchat.library.engine_link import make_client
+    from specchat.library.errors import LibraryError
 
     chats = [] if args.no_history else history_chats(10_000)
-    texts = args.texts or default_texts()
-    chats += file_chats(texts, args.max_chars)
-    out = Path(args.out) if args.out else default_out(args.target)
-    plan = head_training.TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
-                                   draft_vocab=args.draft_vocab, seed=args.seed,
-                                   checkpoint_s=args.checkpoint_s, max_steps=args.steps,
-                                   held_pieces=args.held_out)
+    chats += trained_heads.file_chats(args.texts or trained_heads.default_texts(),
+                                      args.max_chars)
+    out = Path(args.out) if args.out else trained_heads.default_out(args.target)
+    plan = TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
+                     draft_vocab=args.draft_vocab, seed=args.seed,
+                     checkpoint_s=args.checkpoint_s, max_steps=args.steps,
+                     held_pieces=args.held_out)
 
     def report(p) -> None:
         acc = " ".join(f"{a:.0%}" for a in p.accept)
@@ -126,15 +80,26 @@ def main(args) -> int:
             print(f"[{p.stage}] step {p.step}, {p.tokens:,} tokens, {p.elapsed_s / 60:.1f} of "
                   f"{p.budget_s / 60:.0f} min{loss}{extra}{note}", file=sys.stderr, flush=True)
 
-    stop = threading.Event()  # Ctrl-C: the run stops at the next step, saving its checkpoint
     client = make_client()
-    old = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stopped, job = threading.Event(), None
+
+    def stop(*_args) -> None:  # Ctrl-C: the run stops at the next step, saving its checkpoint
+        stopped.set()
+        if job is not None:
+            job.cancel()
+
+    old = signal.signal(signal.SIGINT, stop)
     try:
         client.load(args.target).wait()
-        record = client.call(lambda engine: head_training.train(engine, plan, report, stop)).wait()
-    except EngineError as exc:
+        job = client.train_head(plan)
+        if stopped.is_set():
+            job.cancel()
+        record = job.wait(on_event=lambda ev: report(ev) if isinstance(ev, TrainProgress)
+                          else None)
+        trained_heads.list_trained(out, args.target)
+    except (EngineError, LibraryError) as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)
-        return 1
+        return 130 if stopped.is_set() else 1
     finally:
         signal.signal(signal.SIGINT, old)
         client.close()
@@ -143,7 +108,7 @@ def main(args) -> int:
           f"--draft {out}" + (". Held-out acceptance by position: "
                               + ", ".join(f"{a:.0%}" for a in last.get("accept", [])) if last
                               else ""), file=sys.stderr)
-    if stop.is_set():
+    if stopped.is_set():
         print("specchat: training stopped (Ctrl-C); run the same command to go on from the "
               "checkpoint", file=sys.stderr)
         return 130

@@ -274,10 +274,13 @@ class MainWindow(QMainWindow):
 
     # -- dialogs -------------------------------------------------------------------
     def open_model_manager(self):
+        from specchat.ui.head_training import HeadTraining
         from specchat.ui.model_manager import ModelManager
 
-        dlg = ModelManager(self.session.engine.client, self)
+        dlg = ModelManager(self.session.engine.client, self, HeadTraining(self.session))
         dlg.modelsChanged.connect(self.session.pairs.reload_choices)
+        self.session.engine.loaded.connect(dlg.update_training)  # what can be trained now
+        self.session.engine.heldChanged.connect(dlg.update_training)
         dlg.show()
         self.model_manager = dlg
         return dlg
