@@ -243,9 +243,11 @@ class TrainPlan:
     passes: float = 4.0  # updates per labelled token, on average (labelling is the cost)
     buffer_tokens: int = 200_000  # labelled tokens kept for those updates (oldest go first)
     draft_vocab: int = 8192
+    intermediate: int = 0  # the head's MLP width (0: twice the target's hidden size)
     steps: int = 3  # draft positions trained (training-time test depth)
-    lr: float = 1e-3
+    lr: float = 5e-4
     warmup: int = 30  # updates over which the learning rate rises from 0
+    clip: float = 1.0  # gradients clipped to this norm (a bad window cannot undo the rest)
     seed: int = 0
     checkpoint_s: float = 120.0
     held_out: float = 0.1  # share of samples kept out for the acceptance report

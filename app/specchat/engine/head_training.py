@@ -6,7 +6,9 @@ labels are the target's own: one forward over each sample gives both its
 next-token choice at every position and the hidden states of the three
 layers the head reads (eagle3.py), so the head learns the target, not the
 text. The head starts from the target (its output layer's rows for the
-draft vocabulary, the target's embedding shared) and trains with EAGLE-3's
+draft vocabulary and its final norm, both kept frozen, so the head learns
+to reach the target's output space rather than a new one; the target's
+embedding shared) and trains with EAGLE-3's
 training-time test: each position also drafts two tokens further from the
 head's own output, attending to the target's rows before it and its own
 chain, as it will when it drafts; later steps weigh less (0.8^j). Labelling a piece costs a target forward and
@@ -107,12 +109,12 @@ def _draft_ids(train: list[list[int]], vocab: int, n: int, always: Sequence[int]
     return sorted({*top, *(t for t in always if 0 <= t < vocab)})[:n]
 
 
-def head_config(engine, draft_vocab: int) -> HeadConfig:
+def head_config(engine, draft_vocab: int, intermediate: int = 0) -> HeadConfig:
     cfg = engine.target.config.get("text_config", engine.target.config)
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     return HeadConfig(
-        hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size", 4 * hidden)),
+        hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
         num_layers=1, num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -167,7 +169,7 @@ class _Trainer:
         self.train, self.held = _sequences(engine, plan)
         self.layers = len(self.runner.trunk.layers)
         self.state, self.resumed = self._start()
-        c = head_config(engine, len(self.state.draft_ids))
+        c = head_config(engine, len(self.state.draft_ids), self._intermediate())
         self.config = c
         self.read = c.read_layers(self.layers)
         self.runner.tap_layers(self.read)
@@ -181,14 +183,19 @@ class _Trainer:
             weight_decay=0.0)
         self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
         self.rng = random.Random(plan.seed + 1)
+        w = self.runner.head_weight()
         if self.resumed:
             self._load()
-        else:
-            w = self.runner.head_weight()
-            if w is not None:  # the target's own output layer, its draft-vocabulary rows
-                self.head.lm_head.weight = w[self.rows].astype(mx.float32)
+        elif w is not None:  # the target's own output layer (its draft-vocabulary rows)
+            self.head.lm_head.weight = w[self.rows].astype(mx.float32)
+            norm = getattr(self.runner.trunk, "norm", None)  # and its final norm
+            if isinstance(norm, nn.RMSNorm):
+                self.head.norm.weight = norm.weight.astype(mx.float32)
         self.head.d2t = self.rows - mx.arange(len(self.state.draft_ids), dtype=mx.int32)
         self.head.freeze(keys=["d2t"])
+        if w is not None:  # kept as the target's: the head learns to reach its output space
+            self.head.lm_head.freeze()
+            self.head.norm.freeze()
         mx.eval(self.head.parameters())
         self.loss_and_grad = nn.value_and_grad(self.head, self._loss)
 
@@ -211,6 +218,15 @@ class _Trainer:
         ends = sorted(self.engine.end_ids)
         draft = _draft_ids(self.train, vocab, min(self.plan.draft_vocab, vocab), ends)
         return _State(target=fp, draft_ids=draft), False
+
+    def _intermediate(self) -> int:
+        """The MLP width: the plan's, or the one a resumed head was made with."""
+        config = self.out / "config.json"
+        if self.resumed and config.is_file():
+            layer = json.loads(config.read_text(encoding="utf-8")).get(
+                "transformer_layer_config", {})
+            return int(layer.get("intermediate_size") or 0) or self.plan.intermediate
+        return self.plan.intermediate
 
     def _load(self) -> None:
         weights = mx.load(str(self.out / "model.safetensors"))
@@ -377,6 +393,8 @@ class _Trainer:
                 progress("labelling", loss)
                 continue
             value, grads = self.loss_and_grad(*self._window())
+            if self.plan.clip:
+                grads, _ = optim.clip_grad_norm(grads, self.plan.clip)
             self.optimizer.update(self.head, grads)
             mx.eval(self.head.parameters(), self.optimizer.state, value)
             loss = float(value.item())
