@@ -34,7 +34,7 @@ def test_the_picker_offers_the_models_own_head_and_a_reply_drafts_with_it(qtbot,
     assert "drafts for itself with its own MTP head" in window.session.pairs.verdict.text
     pair = load(qtbot, window, mtp_target, modes.OWN_HEAD)
     assert pair.own_head and pair.draft is None
-    assert window.windowTitle().startswith("SpecChat — ui-qwen3_5-mtp + its own MTP head")
+    assert window.windowTitle().startswith("ui-qwen3_5-mtp + its own MTP head")
     msg = send_and_wait(qtbot, window, "Hello, world! Hello, world!")
     assert msg.summary.mode == modes.MTP_HYBRID.name
     assert msg.summary.drafted_by.get("mtp", {}).get("drafted", 0) > 0

@@ -125,7 +125,7 @@ class ModelManager(QDialog):
     def __init__(self, engine_client=None, parent=None, trainer=None):
         super().__init__(parent)
         self.trainer: head_training.HeadTraining | None = trainer
-        self.setWindowTitle("SpecChat — models")
+        self.setWindowTitle("Models — SpecChat")
         self.resize(820, 560)
         self.client = engine_client
         self.where = QLabel()
