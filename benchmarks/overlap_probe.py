@@ -203,7 +203,7 @@ def serve_draft(path: str, context: int) -> None:
     """The control's second process: draft forwards until told to stop on
     stdin, then their intervals as one JSON line."""
     from specchat.engine import compute
-    from specchat.engine.drafters import ModelDrafter
+    from specchat.engine.draft_model import ModelDrafter
     from specchat.engine.loading import load_folder
 
     blas.set_threads(1)

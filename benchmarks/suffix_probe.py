@@ -103,7 +103,7 @@ def main() -> int:
           {k: round(v, 1) for k, v in out["history_update_per_token"].items()})
 
     # A drafting query: both corpora, the continuation scored.
-    d = SuffixDrafter(h)
+    d = SuffixDrafter(history=h)
     rng = np.random.default_rng(0)
     times = []
     for _ in range(300):

@@ -124,7 +124,7 @@ def main() -> int:
                                   draft=DraftSettings(mode="plain"))
             ids = engine.prompt_ids(req)
             reply = list(engine.generate(req).token_ids)
-            s = replay(SuffixDrafter(history), ids, reply, 24)
+            s = replay(SuffixDrafter(history=history), ids, reply, 24)
             print(p.id, s, file=sys.stderr, flush=True)
             for k, v in s.items():
                 total[k] = total.get(k, 0) + v

@@ -31,10 +31,11 @@ MLX = ("mlx", "mlx_lm")
 # is refused, so a new dependency between layers is a change to this table
 # and to the doc's, never a quiet import. Every module belongs to exactly
 # one rule (a new top-level module needs its line here).
-BASE = ("specchat.errors", "specchat.values", "specchat.records")
+BASE = ("specchat.errors", "specchat.values", "specchat.records", "specchat.origins")
 ENGINE_VALUE_TYPES = ("specchat.engine.events", "specchat.engine.modes", "specchat.engine.errors")
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "errors": (),
+    "origins": (),
     "values": ("specchat.errors",),
     "records": ("specchat.errors", "specchat.values"),
     "home": (),
@@ -63,7 +64,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 # Third-party packages a part must not import (the window and the local API
 # never import MLX: only the engine thread does, lazily).
 MUST_NOT: dict[str, tuple[str, ...]] = {
-    **{part: (*QT, *MLX) for part in ("errors", "values", "records", "home", "applog", "startup")},
+    **{part: (*QT, *MLX) for part in ("errors", "origins", "values", "records", "home", "applog",
+                                      "startup")},
     "engine": QT,
     "library": QT,
     "store": (*QT, *MLX),

@@ -74,14 +74,17 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int | None = None,
                 seed: int = 0, logit_scale: float = 3.0, noise_from: Path | None = None,
                 noise: float = 0.0, grow_from: Path | None = None,
-                extra_config: dict | None = None) -> Path:
+                extra_config: dict | None = None, amplify: dict[str, float] | None = None) -> Path:
     """A random model.
 
     With ``noise_from``, copy that model's weights and add relative Gaussian
     noise (a draft that agrees with its target often). With ``grow_from``,
     copy that model into the first layers and make the remaining layers
     nearly transparent (small output projections): a bigger model that
-    computes almost the same function, i.e. a target for that draft."""
+    computes almost the same function, i.e. a target for that draft.
+    ``amplify`` scales the weights whose names end with a key (a model with a
+    tied head whose layers barely move the residual only repeats its input
+    token)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
@@ -116,7 +119,7 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
         src = mx.load(str(grow_from / "model.safetensors"))
         base_layers = json.loads((grow_from / "config.json").read_text())["num_hidden_layers"]
         for k, v in params.items():
-            layer = int(k.split(".")[2]) if k.startswith("model.layers.") else None
+            layer = int(k.split("layers.")[1].split(".")[0]) if ".layers." in f".{k}" else None
             if layer is None or layer < base_layers:
                 params[k] = src[k]
             elif k.endswith(("o_proj.weight", "down_proj.weight")):
@@ -125,11 +128,18 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
         src = mx.load(str(noise_from / "model.safetensors"))
         params = {}
         for k, v in src.items():
+            if k.startswith("mtp."):  # the source's MTP head is not the draft's
+                continue
             std = mx.std(v) if v.size > 1 else mx.array(0.0)
             params[k] = v + noise * std * mx.random.normal(v.shape)
     else:
-        head = "lm_head.weight" if "lm_head.weight" in params else "model.embed_tokens.weight"
-        params[head] = params[head] * logit_scale
+        heads = [k for k in params if k.endswith("lm_head.weight")] or \
+            [k for k in params if k.endswith("embed_tokens.weight")]
+        params[heads[0]] = params[heads[0]] * logit_scale
+        for k in params:
+            for suffix, factor in (amplify or {}).items():
+                if k.endswith(suffix):
+                    params[k] = params[k] * factor
     model.update(tree_unflatten(list(params.items())))
     mx.eval(model.parameters())
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
@@ -141,7 +151,7 @@ def prune_draft_head(engine, keep: int) -> None:
     """Give a loaded engine's draft the pruned output head that real
     150k-vocabulary drafts get (tiny vocabularies are never pruned on their
     own): only ids below ``keep``, the end tokens, and ids seen in context."""
-    from specchat.engine.drafters import ModelDrafter
+    from specchat.engine.draft_model import ModelDrafter
 
     engine._model_drafter = ModelDrafter(engine.draft, extra_ids=sorted(engine.end_ids),
                                          prune=True, keep=keep)
@@ -187,4 +197,108 @@ def build_python_renderer_tokenizer(folder: Path, renderer: str = "deepseek_v32"
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template_type"] = renderer
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+# Tiny configs of the architectures people run now, for mlx-lm's own model
+# classes: hybrids with recurrent state (Gated DeltaNet, Mamba 2, short
+# convolutions) and a sliding window shorter than the tests' contexts.
+ARCHS: dict[str, dict] = {
+    "qwen3_5": dict(model_type="qwen3_5", layers=4, extra_config=dict(
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        head_dim=16)),
+    "qwen3_next": dict(model_type="qwen3_next", layers=4, extra_config=dict(
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        head_dim=16, num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1,
+        shared_expert_intermediate_size=0, moe_intermediate_size=0, mlp_only_layers=[],
+        norm_topk_prob=True, partial_rotary_factor=0.25)),
+    "gemma3_text": dict(model_type="gemma3_text", layers=4, extra_config=dict(
+        sliding_window=8, sliding_window_pattern=2, head_dim=16, query_pre_attn_scalar=16)),
+    "falcon_h1": dict(model_type="falcon_h1", layers=2, extra_config=dict(
+        mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
+        mamba_d_conv=4, mamba_expand=1, head_dim=16)),
+    "nemotron_h": dict(model_type="nemotron_h", layers=4, extra_config=dict(
+        hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8,
+        n_groups=1, conv_kernel=4, head_dim=16, mamba_hidden_act="silu", mlp_hidden_act="relu2",
+        attention_bias=False, mlp_bias=False, use_conv_bias=True, mamba_proj_bias=False,
+        use_bias=False, layer_norm_epsilon=1e-5, residual_in_fp32=False, chunk_size=16,
+        time_step_limit=[0.0, 100.0], time_step_min=0.001, time_step_max=0.1,
+        time_step_floor=1e-4)),
+    "lfm2": dict(model_type="lfm2", layers=4, extra_config=dict(
+        conv_L_cache=3, conv_bias=False, full_attn_idxs=[1, 3], block_dim=64, block_ff_dim=128,
+        block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        norm_eps=1e-5), amplify={"w2.weight": 8.0, "out_proj.weight": 8.0}),
+}
+
+
+def build_arch(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 5,
+               noise_from: Path | None = None, noise: float = 0.0) -> Path:
+    """A random model of one of ``ARCHS`` (a draft of it: ``noise_from``
+    its target, with relative noise)."""
+    return build_model(folder, tokenizer_dir, seed=seed, noise_from=noise_from, noise=noise,
+                       **ARCHS[arch])
+
+
+def add_mtp(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
+    """Give a tiny Qwen3.5 folder an MTP head (``mtp.*`` weights beside the
+    model's, as Qwen's checkpoints ship it; mlx-lm's sanitize drops them)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+    from specchat.engine.mtp import MTPModule
+
+    model, _ = load_model(folder)
+    lm = model.language_model
+    mx.random.seed(seed)
+    head = MTPModule(type(lm.model.layers[0]), lm.args, 1)
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    for k, v in tree_flatten(head.parameters()):
+        weights[f"mtp.{k}"] = v * scale if k.endswith("weight") and v.ndim > 1 else v
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vocab: int = 256,
+                 seed: int = 11, hidden: int | None = None, layer_ids=None) -> Path:
+    """A random EAGLE-3 head for ``target`` in a published layout: "eagle3"
+    (EAGLE-3's own: a flat config, ``midlayer.`` weights) or "speculators"
+    (vLLM's: ``transformer_layer_config``, ``layers.0.`` weights). Its draft
+    vocabulary is every other id of the target's from 0 (``d2t`` maps it)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from specchat.engine.eagle3 import Eagle3Head, HeadConfig
+
+    tcfg = json.loads((target / "config.json").read_text())
+    width = hidden or tcfg["hidden_size"]
+    layer = {"hidden_size": width, "intermediate_size": width * 2, "num_hidden_layers": 1,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "vocab_size": tcfg["vocab_size"], "max_position_embeddings": 2048}
+    extra = {"draft_vocab_size": draft_vocab, "target_hidden_size": width}
+    if layer_ids is not None:
+        extra["eagle_aux_hidden_state_layer_ids"] = list(layer_ids)
+    if layout == "speculators":
+        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                  "transformer_layer_config": layer, **extra}
+    else:
+        config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
+                  **extra}
+    mx.random.seed(seed)
+    head = Eagle3Head(HeadConfig.from_config(config))
+    weights = {}
+    for k, v in tree_flatten(head.parameters()):
+        if k.startswith("embed_tokens.") or k == "d2t":
+            continue  # the target's embedding is shared; d2t below
+        name = k.replace("layers.0.", "midlayer.", 1) if layout == "eagle3" else k
+        weights[name] = v * 3.0 if k == "lm_head.weight" else v
+    ids = np.arange(draft_vocab) * 2 % tcfg["vocab_size"]
+    weights["d2t"] = mx.array(ids - np.arange(draft_vocab), dtype=mx.int64)
+    t2d = np.zeros(tcfg["vocab_size"], dtype=bool)
+    t2d[ids] = True
+    weights["t2d"] = mx.array(t2d)
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder

@@ -115,7 +115,10 @@ def _add_bench(sub) -> None:
     b.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     b.add_argument("--draft", required=True, type=_model_ref,
-                   help="draft model sharing the target's tokenizer")
+                   help="draft model sharing the target's tokenizer (or an EAGLE-3 head)")
+    b.add_argument("--head", type=_model_ref, metavar="HEAD",
+                   help="an EAGLE-3 head for the target, loaded beside the draft model, so "
+                        "the head modes run in the same process as the draft model's")
     b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
     b.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND",
@@ -127,8 +130,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--temperature", type=_value("temperature"), default=0.0,
                    help="0 = greedy (default)")
     b.add_argument("--seed", type=_value("seed"), default=0, help="sampling seed (default 0)")
-    b.add_argument("--modes", nargs="+", default=names, choices=names, metavar="MODE",
-                   help="modes to run, interleaved per prompt (default: all of " + ", ".join(names) + ")")
+    b.add_argument("--modes", nargs="+", choices=names, metavar="MODE",
+                   help="modes to run, interleaved per prompt (default: those of " + ", ".join(names)
+                   + " that the models loaded can run)")
     b.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="keep N processes spinning on the CPU beside the bench, to measure "
                         "speed on a busy machine (default 0)")
@@ -208,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
     mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
     mode.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
@@ -228,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_models(sub)
     cluster_cmd.add_parser(sub, _model_ref)
+    from specchat.tools import heads
+
+    heads.add_parser(sub, _model_ref)
     _add_serve(sub)
     return parser
 
@@ -237,7 +244,7 @@ def _add_serve(sub) -> None:
     s.add_argument("--target", type=_model_ref,
                    help="target model (default: the built-in default pair)")
     mode = s.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer")
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
     mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
     s.add_argument("--plain", action="store_true",
                    help="plain decoding with the target only (not with --lookup)")
@@ -333,6 +340,10 @@ def _run(argv: list[str] | None) -> int:
             from specchat.tools import bench
 
             return bench.main(args)
+        if args.command == "heads":
+            from specchat.tools import heads
+
+            return heads.main(args)
         if args.command == "models" and args.models_command == "recommend":
             return recommend.main(args)
         if args.command == "models":
@@ -345,8 +356,10 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _request_from(args) -> tuple:
+    own_head = args.draft == modes.OWN_HEAD
     mode = modes.for_pair(speculative=bool(args.lookup or args.draft),
-                          has_draft=bool(args.draft), lookup=not args.no_lookup)
+                          has_draft=bool(args.draft) and not own_head, lookup=not args.no_lookup,
+                          mtp=own_head)
     if not args.prompt.strip():
         raise EngineError("The prompt is empty: pass --prompt with some text.")
     messages = []
@@ -434,6 +447,12 @@ def serve_pair(args) -> tuple[str, str | None]:
     return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
 
 
+def _draft_to_load(draft: str | None) -> str | None:
+    """The draft model to load for a draft reference: none for the target's
+    own MTP head (``--draft mtp``)."""
+    return None if draft == modes.OWN_HEAD else draft
+
+
 def cmd_serve(args) -> int:
     from specchat.server.listener import LocalServer, api_key_from, check_bind  # uvicorn
 
@@ -457,8 +476,9 @@ def cmd_serve(args) -> int:
 
     client = make_client()
     try:
-        pair = client.load(target, draft).wait(on_event=progress)
-        mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok)
+        pair = client.load(target, _draft_to_load(draft)).wait(on_event=progress)
+        mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
+                              mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),
                              args.max_tokens_cap or MAX_TOKENS_CAP, on_activity=activity)
         server = LocalServer(service, args.host, args.port, key, args.allow_remote,

@@ -16,6 +16,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from specchat.engine.errors import EngineError
+from specchat.engine.folders import NAME, clusters_dir, is_cluster_folder
+from specchat.library import refs
+from specchat.library.sources.cluster import defined, states
+
+# engine/distributed is optional: imported where a command needs it, never at start-up.
+
 
 def add_parser(sub, model_ref) -> None:
     c = sub.add_parser("cluster", help="run the target across several machines (MLX's ring backend)")
@@ -49,16 +56,7 @@ def add_parser(sub, model_ref) -> None:
         sp.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def clusters_dir() -> Path:
-    from specchat.engine.distributed.hostfile import clusters_dir
-
-    return clusters_dir()
-
-
 def folder_of(name: str) -> Path:
-    from specchat.engine.distributed.hostfile import NAME
-    from specchat.engine.errors import EngineError
-
     if not NAME.match(name):
         raise EngineError(f"A cluster name is letters, digits, '.', '_' and '-'; got {name!r}.")
     return clusters_dir() / name
@@ -66,10 +64,9 @@ def folder_of(name: str) -> Path:
 
 def read(name: str):
     from specchat.engine.distributed import hostfile
-    from specchat.engine.errors import EngineError
 
     folder = folder_of(name)
-    if not hostfile.is_cluster_folder(folder):
+    if not is_cluster_folder(folder):
         known = ", ".join(list_names()) or "none yet"
         raise EngineError(f"No cluster named {name!r} (defined: {known}); create it with "
                           "`specchat cluster create`.")
@@ -77,8 +74,6 @@ def read(name: str):
 
 
 def list_names() -> list[str]:
-    from specchat.library.sources.cluster import defined
-
     return defined()
 
 
@@ -87,9 +82,6 @@ def main(args: argparse.Namespace) -> int:
 
     cmd = args.cluster_command
     if cmd == "create":
-        from specchat.engine.errors import EngineError
-        from specchat.library import refs
-
         folder = folder_of(args.name)
         model = refs.resolve(args.model)
         try:
@@ -108,7 +100,6 @@ def main(args: argparse.Namespace) -> int:
         elif not names:
             print("No clusters yet: specchat cluster create NAME ...")
         else:
-            from specchat.library.sources.cluster import states
 
             for st in states():  # dials each rank, as the app's pair picker does
                 print(f"{st.name}: {st.model}, {st.ranks} ranks, "

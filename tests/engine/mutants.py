@@ -61,9 +61,9 @@ MUTANTS = {
         "apply temperature before top-p and top-k instead of after",
     ),
     "wide-draft-ids": (
-        "engine/drafters.py",
-        "logits = self._target_ids_only(self._logits(feed).astype(mx.float32), ctl.vocab)",
-        "logits = self._logits(feed).astype(mx.float32)",
+        "engine/draft_model.py",
+        "return out[..., :self.vocab] if out.shape[-1] > self.vocab else out",
+        "return out",
         "let a draft with a wider output layer propose ids the target lacks",
     ),
 }

@@ -13,6 +13,7 @@ import pytest
 from specchat.engine.errors import EngineError
 from specchat.tools.prompts import load_prompts
 from specchat.tools.variants import VARIANTS
+from tinymodels import build_eagle3
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"tokens_per_s", "acceptance_rate", "tokens_per_step", "speedup_vs_plain",
@@ -102,7 +103,8 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     assert p.returncode == 0, p.stderr
     rep = json.loads(out.read_text())
     assert set(rep) >= {"machine", "models", "modes", "by_kind"}
-    assert set(rep["modes"]) == set(VARIANTS)
+    # Every mode the pair can run (the head modes need a head: --head).
+    assert set(rep["modes"]) == {n for n in VARIANTS if not n.startswith("head")}
     for mode, stats in rep["modes"].items():
         assert FIELDS <= set(stats), mode
         assert stats["tokens_per_s"] > 0
@@ -159,12 +161,12 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
     out = tmp_path / "report.json"
     p = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts", str(prompts),
                "--kinds", "multiturn",
-               "--max-tokens", "24", "--modes", "plain", "spec", "suffix", "spec-lookup",
+               "--max-tokens", "24", "--modes", "plain", "spec", "suffix",
                "--history", "session", "--json", str(out))
     assert p.returncode == 0, p.stderr
     rep = json.loads(out.read_text())
     assert rep["settings"]["history"] == "session" and rep["settings"]["prompts"] == 2
-    assert set(rep["modes"]) == {"plain", "spec", "suffix", "spec-lookup", "spec-cold", "suffix-cold"}
+    assert set(rep["modes"]) == {"plain", "spec", "suffix", "spec-cold", "suffix-cold"}
     for mode, stats in rep["modes"].items():
         if mode != "plain":
             assert stats["identical_to_plain"] is True, (mode, stats["divergences"])
@@ -177,3 +179,40 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
                  str(prompts), "--ids", "m1", "nope")
     assert bad.returncode == 1 and "has no prompt nope" in bad.stderr
     assert "suffix drafts: accepted/drafted by source and match length" in p.stdout
+
+
+def test_bench_with_a_draft_head(tmp_path, tiny_dir, tiny_target, tiny_draft):
+    """An EAGLE-3 head beside the draft model (--head): the head modes, the
+    draft model's and mlx-lm's run in one process and all reproduce plain
+    decoding. A head as the draft: the draft modes run on it, its cost is
+    one head forward (a fraction of the target's), and modes only a draft
+    model can run are refused in words."""
+    head = build_eagle3(tiny_dir / "eagle3-bench", tiny_target, layout="eagle3")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "c1", "kind": "code", "messages": [
+        {"role": "user", "content": "Write a stack."}]}) + "\n")
+    out = tmp_path / "report.json"
+    base = ["--target", str(tiny_target), "--prompts", str(prompts), "--max-tokens", "12"]
+    both = ["plain", "spec", "head", "head+suffix", "mlx-lm-spec-k2"]
+    p = _bench(*base, "--draft", str(tiny_draft), "--head", str(head), "--modes", *both,
+               "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["models"]["head"]["model_type"] == "eagle3"
+    assert rep["models"]["draft"]["model_type"] != "eagle3"
+    assert list(rep["modes"]) == both
+    for mode in both[1:]:
+        assert rep["modes"][mode]["identical_to_plain"] is True, mode
+        assert rep["modes"][mode]["acceptance_rate"] is not None, mode
+
+    p = _bench(*base, "--draft", str(head), "--json", str(out))  # the head as the draft
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["models"]["draft"]["model_type"] == "eagle3"
+    assert not any(m.startswith("mlx-lm-spec") or m == "ssd" for m in rep["modes"])
+    assert {"spec", "spec-k2", "head", "head+suffix"} <= set(rep["modes"])
+    assert 0 < rep["costs"]["draft_over_target"] < 1
+    p = _bench(*base, "--draft", str(head), "--modes", "plain", "mlx-lm-spec-k2", "ssd")
+    assert p.returncode != 0
+    assert "mlx-lm-spec-k2 needs a draft model, and the draft is a head" in p.stderr
+    assert "ssd needs a draft model" in p.stderr

@@ -24,7 +24,7 @@ REQUESTS = [
     {"mode": "plain", "prompt": PROMPT, "max_tokens": 48},
     {"mode": "draft", "prompt": PROMPT, "max_tokens": 48},  # adaptive K
     {"mode": "draft", "k": 3, "prompt": PROMPT, "max_tokens": 48},
-    {"mode": "lookup", "prompt": "Hello, world! Hello, world! Hello,", "max_tokens": 32},
+    {"mode": "suffix", "prompt": "Hello, world! Hello, world! Hello,", "max_tokens": 32},
     {"mode": "draft", "k": 4, "prompt": PROMPT, "max_tokens": 32, "temperature": 0.8, "seed": 7},
 ]
 LONG = {"mode": "plain", "prompt": PROMPT, "max_tokens": 200}

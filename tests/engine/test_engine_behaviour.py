@@ -133,7 +133,7 @@ def test_stop_string_ends_the_reply_and_is_never_streamed(engine, tiny_tokenizer
     start = len(text) // 2
     stop = text[start:start + 3]
     assert stop and text.index(stop) > 0
-    for mode, k in [("plain", None), ("draft", 4), ("hybrid", None), ("lookup", None)]:
+    for mode, k in [("plain", None), ("draft", 4), ("hybrid", None), ("suffix", None)]:
         pieces = []
         r = engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=60, stop_strings=(stop,),
                                             draft=DraftSettings(mode=mode, k=k)),
@@ -145,7 +145,7 @@ def test_stop_string_ends_the_reply_and_is_never_streamed(engine, tiny_tokenizer
 
 
 def test_max_tokens_one(engine):
-    for mode in ("plain", "draft", "hybrid", "lookup"):
+    for mode in ("plain", "draft", "hybrid", "suffix"):
         r = gen(engine, mode, max_tokens=1)
         assert len(r.token_ids) == 1 and r.summary.finish_reason == "length"
 
@@ -219,7 +219,7 @@ def test_untrimmable_target_refuses_speculation_but_runs_plain(sliding_target, t
     pair = e.load(sliding_target, tiny_draft)
     assert not pair.speculative_ok
     assert "sliding-window" in pair.reason
-    for mode in ("draft", "hybrid", "lookup"):
+    for mode in ("draft", "hybrid", "suffix"):
         with pytest.raises(EngineError, match="sliding-window"):
             gen(e, mode)
     r = gen(e, "plain", max_tokens=60)  # longer than the window

@@ -3,13 +3,19 @@ every rarer id the conversation has used, so edits can copy rare tokens."""
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
-from specchat.engine import drafter_kinds, drafters, modes
+from specchat import origins
+from specchat.engine import draft_model, drafter_kinds, modes
+from specchat.engine.draft_model import PrunedHead
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
-from specchat.engine.drafters import Proposal, PrunedHead
+from specchat.engine.drafters import Drafter, Proposal
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest
 from specchat.engine.modes import Mode
@@ -38,7 +44,7 @@ def test_pruned_head_adds_context_ids_as_they_appear():
 
 
 def test_pruned_head_forgets_old_context_rows_past_its_budget(monkeypatch):
-    monkeypatch.setattr(drafters, "CONTEXT_ROWS_MAX", 3)
+    monkeypatch.setattr(draft_model, "CONTEXT_ROWS_MAX", 3)
     head = PrunedHead(_weight(), keep=64)
     head.cover([100, 101])
     head.cover([102, 103])
@@ -134,26 +140,9 @@ def test_ids_past_the_draft_vocabulary_are_clamped(tiny_qwen_target, tiny_qwen_d
         assert spec.token_ids == plain.token_ids
 
 
-# -- prompt lookup through repeats -------------------------------------------------------------
+# -- suffix matching through repeats ----------------------------------------------------------
 
-def test_lookup_proposes_through_a_repeat_not_one_period():
-    from specchat.engine.lookup import NgramIndex
-
-    idx = NgramIndex(2, 6)
-    assert idx.propose([7, 8, 9] * 6, 10) == ([7, 8, 9, 7, 8, 9, 7, 8, 9, 7], 6)
-    assert NgramIndex(2, 6).propose([5] * 10, 8) == ([5] * 8, 6)
-    # A line repeated: the whole next line and on, not its first token or two.
-    line = [11, 12, 13, 14, 15, 16, 17, 10]
-    assert NgramIndex(2, 6).propose(line * 3, 16) == ((line * 2), 6)
-    # Where the earlier occurrence went on differently, that is proposed.
-    ctx = [1, 2, 3, 4, 5, 6, 20, 21, 1, 2, 3]
-    assert NgramIndex(2, 6).propose(ctx, 5) == ([4, 5, 6, 20, 21], 3)
-    # A chance match a few tokens back, not yet a repeat: only what followed it.
-    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1], 6) == ([5, 1], 1)
-    assert NgramIndex(1, 4).propose([9, 4, 1, 5, 1, 5, 1], 6) == ([5, 1, 5, 1, 5, 1], 3)
-
-
-def test_lookup_drafts_long_blocks_on_a_repeating_reply(tiny_target):
+def test_suffix_drafts_long_blocks_on_a_repeating_reply(tiny_target):
     """A reply that repeats itself (this tiny target falls into a loop, as
     greedy decoding of small models does): once the loop is in the context,
     each step drafts well past one period of it, and the reply stays exactly
@@ -166,10 +155,10 @@ def test_lookup_drafts_long_blocks_on_a_repeating_reply(tiny_target):
     period, start = _loop(plain)
     assert start < 60, "the reference reply should loop early"
     steps = []
-    lookup = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
-                                             draft=DraftSettings(mode="lookup")),
+    suffix = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=240,
+                                             draft=DraftSettings(mode="suffix")),
                              on_step=steps.append)
-    assert lookup.token_ids == plain
+    assert suffix.token_ids == plain
     # Steps that start after two periods of the loop are in the context.
     done, late = 0, []
     for ev in steps:
@@ -178,7 +167,6 @@ def test_lookup_drafts_long_blocks_on_a_repeating_reply(tiny_target):
         done += len(ev.token_ids)
     assert late and max(late) > period + 1  # more than one period's worth in one step
     assert sum(late) / len(late) > 4
-
 
 
 def _loop(ids) -> tuple[int, int]:
@@ -196,19 +184,22 @@ def _loop(ids) -> tuple[int, int]:
 
 # -- a drafter of one's own -------------------------------------------------------------------
 
-class RepeatLast:
-    """Proposes the last token again, as many times as the policy allows."""
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
-    name = "repeat"
 
-    def prepare(self, prompt):
-        pass
-
-    def propose(self, context, ctl):
-        return Proposal(tokens=[context[-1]] * ctl.cap(self.name), source=self.name)
-
-    def reset(self):
-        pass
+def _doc_example() -> tuple[str, list[str]]:
+    """docs/architecture.md's drafter example: the module's code, and its
+    registration lines (commented there, as they go in other files)."""
+    text = DOCS.read_text()
+    block = text[text.index("**Drafter**"):].split("```python\n", 1)[1].split("```", 1)[0]
+    code = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
+    groups: list[list[str]] = []
+    for line in block.splitlines():
+        if line.startswith("#     "):
+            groups[-1].append(line[len("#     "):])
+        elif line.startswith("# "):  # says which file the lines after it go in
+            groups.append([])
+    return code, ["\n".join(g) for g in groups if g]
 
 
 @pytest.fixture
@@ -216,30 +207,61 @@ def registries(monkeypatch):
     """Registrations made in a test end with it."""
     monkeypatch.setattr(drafter_kinds, "KINDS", dict(drafter_kinds.KINDS))
     monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
+    monkeypatch.setattr(origins, "ORIGINS", dict(origins.ORIGINS))
 
 
-def test_a_new_drafter_is_a_module_and_a_registration(registries, tiny_target):
-    drafter_kinds.register(DrafterKind("repeat", RepeatLast, prior=0.5, cap=4))
-    modes.register(Mode("repeat", "repeat the last token", ("repeat",)))
+class RepeatLast(Drafter):
+    name = "repeat"
+
+    def propose(self, context, ctl):
+        return Proposal(tokens=[context[-1]] * ctl.cap(self.name), source=self.name)
+
+
+def test_the_architecture_example_drafter(registries, monkeypatch, tiny_target):
+    """The example in docs/architecture.md, run as written: a module and its
+    registrations make a drafter whose output is plain decoding's, and whose
+    accepted tokens are counted and tinted as its own."""
+    code, registrations = _doc_example()
+    module = types.ModuleType("specchat.engine.repeat")
+    exec(compile(code, "specchat/engine/repeat.py", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "specchat.engine.repeat", module)
+    env = {"register": None, "Origin": origins.Origin, "DrafterKind": DrafterKind,
+           "_lazy": drafter_kinds._lazy, "Mode": Mode}
+    for line, registry in zip(registrations, (origins, drafter_kinds, modes), strict=True):
+        exec(line, {**env, "register": registry.register})
     engine = Engine()
     engine.load(tiny_target)
     prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 4
     plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=60,
                                             draft=DraftSettings(mode="plain")))
     for k in (None, 3):
+        steps = []
         r = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=60,
-                                            draft=DraftSettings(mode="repeat", k=k)))
+                                            draft=DraftSettings(mode="repeat", k=k)),
+                            on_step=steps.append)
         assert r.token_ids == plain.token_ids
         assert r.summary.mode == "repeat"
         assert r.summary.drafted > 0 and set(r.summary.drafted_by) == {"repeat"}
+        # Accepted repeats are the drafter's own origin, counted once, in the engine.
+        assert set(r.summary.tokens_by_origin) == {"target", "repeat"}
+        assert r.summary.tokens_by_origin["repeat"] == r.summary.accepted
+        assert {o for ev in steps for o in ev.origins} == {"target", "repeat"}
+    assert origins.get("repeat").tint == ("#e8d5f5", "#4b2f63")
+
+
+def test_a_drafter_kind_needs_a_registered_origin(registries):
+    with pytest.raises(ValueError, match="register its origin 'echo'"):
+        DrafterKind("echo", RepeatLast, prior=0.5, cap=4)
 
 
 def test_the_policy_reads_a_drafters_declared_cost(registries):
     """Draft length comes from what a kind declares, not from its name: the
     same prior and cap, at no cost a block is worth drafting; at two target
     forwards per token it never is (only a probe every few steps)."""
-    drafter_kinds.register(DrafterKind("free", RepeatLast, prior=0.5, cap=4))
-    drafter_kinds.register(DrafterKind("dear", RepeatLast, prior=0.5, cap=4, cost=2.0))
+    drafter_kinds.register(DrafterKind("free", RepeatLast, prior=0.5, cap=4,
+                                       origin=origins.DRAFT_MODEL))
+    drafter_kinds.register(DrafterKind("dear", RepeatLast, prior=0.5, cap=4, cost=2.0,
+                                       origin=origins.DRAFT_MODEL))
     policy = DraftPolicy(None, CostModel(draft=0.25, slope=0.11))
     assert policy.cap("free") > 0
     assert [policy.cap("dear") for _ in range(DraftPolicy.PROBE_EVERY)] == \
@@ -248,10 +270,10 @@ def test_the_policy_reads_a_drafters_declared_cost(registries):
 
 
 def test_modes_name_their_drafters():
+    assert DraftSettings().mode == modes.HYBRID.name  # events.py names it without importing modes
     assert modes.get("hybrid").without_draft_model() is modes.get("suffix")
-    assert modes.get("lookup+draft").without_draft_model() is modes.get("lookup")
     assert modes.get("draft").without_draft_model() is None
-    assert modes.get("hybrid").needs_draft_model and not modes.get("lookup").needs_draft_model
+    assert modes.get("hybrid").needs_draft_model and not modes.get("suffix").needs_draft_model
     with pytest.raises(EngineError, match="Unknown decoding mode"):
         modes.get("turbo")
 

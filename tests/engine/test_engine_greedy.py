@@ -11,8 +11,8 @@ from specchat.engine.session import Engine
 from tinymodels import prune_draft_head
 
 SPEC_MODES = [("draft", k) for k in [None, *range(1, 9)]] + [
-    ("lookup", None), ("lookup", 3), ("hybrid", None), ("hybrid", 2), ("hybrid", 5),
-    ("suffix", None), ("lookup+draft", None), ("ssd", None), ("ssd", 3)]
+    ("suffix", None), ("suffix", 3), ("hybrid", None), ("hybrid", 2), ("hybrid", 5),
+    ("ssd", None), ("ssd", 3)]
 
 
 def _prompts(n_special: int, vocab: int) -> list[tuple[int, ...]]:
@@ -69,7 +69,7 @@ def test_speculation_really_happens(pair_engine):
     if pair_engine.related_draft:
         assert r.summary.accepted > 0
         assert r.summary.steps < 64
-    lk = _run(pair_engine, prompt, 64, "lookup", None)
+    lk = _run(pair_engine, prompt, 64, "suffix", None)
     assert lk.summary.drafted > 0
 
 
@@ -120,7 +120,7 @@ def test_chat_prompts_match_plain(pair_engine):
     for m in msgs:
         plain = pair_engine.generate(GenerateRequest(messages=m, max_tokens=40,
                                                      draft=DraftSettings(mode="plain")))
-        for mode, k in [("hybrid", None), ("draft", 4), ("lookup", None)]:
+        for mode, k in [("hybrid", None), ("draft", 4), ("suffix", None)]:
             spec = pair_engine.generate(GenerateRequest(messages=m, max_tokens=40,
                                                         draft=DraftSettings(mode=mode, k=k)))
             assert spec.token_ids == plain.token_ids

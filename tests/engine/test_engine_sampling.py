@@ -298,7 +298,7 @@ def test_a_whole_block_of_three_and_its_bonus_follow_the_target(engine):
 
 @pytest.mark.parametrize("mode,k,sampling", [
     ("draft", None, SamplingParams(temperature=0.6, top_p=0.8, top_k=6)),
-    ("lookup", 3, SamplingParams(temperature=1.2, top_k=5)),
+    ("suffix", 3, SamplingParams(temperature=1.2, top_k=5)),
     ("hybrid", 4, SamplingParams(temperature=0.8, top_p=0.7)),
 ])
 def test_speculative_samples_follow_the_target(engine, echo_prompt, mode, k, sampling):
@@ -331,7 +331,7 @@ def test_plain_sampling_also_follows_the_target(engine):
 
 def test_seeded_runs_are_reproducible(engine):
     s = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
-    for mode in ("plain", "draft", "hybrid", "lookup"):
+    for mode in ("plain", "draft", "hybrid", "suffix"):
         a = engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=30, sampling=s,
                                             draft=DraftSettings(mode=mode)))
         b = engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=30, sampling=s,

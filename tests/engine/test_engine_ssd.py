@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from specchat.engine import blas, drafter_kinds, modes, ssd, threads
+from specchat.engine.drafters import Parts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
@@ -40,7 +41,7 @@ def _run(engine, prompt, mode="ssd", k=None, max_tokens=40, sampling=GREEDY):
 
 
 def _stats(engine) -> ssd.Stats:
-    return ssd.for_model(engine.model_drafter).stats
+    return ssd.for_model(engine.model_drafter).counts
 
 
 @pytest.mark.parametrize("settings", [ssd.Settings(), SETTLED], ids=["timed", "settled"])
@@ -115,7 +116,8 @@ def test_the_mode_is_registered_and_explained(engine):
     assert "Apple Silicon" in mode.description and "CPU" in mode.description
     kind = drafter_kinds.get("ssd")
     assert kind.uses_draft_model and kind.calibrated
-    assert kind.around(engine.model_drafter) is ssd.for_model(engine.model_drafter)
+    parts = Parts(draft_model=engine.model_drafter)
+    assert kind.make(parts) is ssd.for_model(engine.model_drafter) is kind.make(parts)
 
 
 def test_ssd_needs_a_draft_model(tiny_target):
@@ -153,6 +155,7 @@ def test_fan_out_follows_the_ending_probabilities():
 def test_the_summary_reports_hits_and_overlap(engine, settled):
     r = _run(engine, PROMPTS[1], k=3)
     s = _stats(engine)
-    assert (r.summary.ssd_hits, r.summary.ssd_misses, r.summary.ssd_fallbacks) == (
+    got = r.summary.drafter_stats["ssd"]
+    assert (got["hits"], got["misses"], got["fallbacks"]) == (
         s.hits, s.misses, s.fallbacks)
-    assert r.summary.ssd_hits > 0 and 0 <= r.summary.ssd_overlap <= 1
+    assert got["hits"] > 0 and 0 <= got["overlap"] <= 1

@@ -17,6 +17,17 @@ from specchat.engine.suffix_index import SEP, SuffixIndex, continuation
 from test_engine_sampling import check_distribution
 
 
+def _hybrid() -> HybridDrafter:
+    """A hybrid of the suffix drafter and a draft-model kind, to ask what it would choose."""
+    from specchat.engine.drafters import Drafter
+    from specchat.engine.suffix import SuffixDrafter
+
+    class Draft(Drafter):
+        name = "draft"
+
+    return HybridDrafter(SuffixDrafter(), Draft())
+
+
 def brute_matches(idx: SuffixIndex, ctx: list[int], exclude=None) -> dict[int, list[int]]:
     buf, c = idx.buf[:idx.n], ctx[-idx.depth:]
     out = {}
@@ -324,18 +335,18 @@ def test_a_long_conversation_match_drafts_outright_until_it_is_measured_weak():
     # A cheap draft model that is always right: by the rates it beats any suffix.
     policy = DraftPolicy(cost=CostModel(draft=0.01, slope=0.3))
     policy.stats("draft").accept = 0.99
-    assert HybridDrafter.choose(policy, proposal("conversation", TRUST_MATCH - 1))[0] != "suffix"
-    assert HybridDrafter.choose(policy, proposal("history", 16))[0] != "suffix"
+    assert _hybrid().choose(policy, proposal("conversation", TRUST_MATCH - 1))[0] != "suffix"
+    assert _hybrid().choose(policy, proposal("history", 16))[0] != "suffix"
     # History matches start from their own measured acceptance, far below a copy's.
     assert policy.stats("suffix", stats_key("history", 8)).accept == 0.25
     assert policy.stats("suffix", stats_key("conversation", 8)).accept == 0.93
     long_copy = proposal("conversation", TRUST_MATCH)
-    assert HybridDrafter.choose(policy, long_copy)[0] == "suffix"
+    assert _hybrid().choose(policy, long_copy)[0] == "suffix"
     # Copies of that length keep failing in this request: the rates decide again.
     stats = policy.stats("suffix", long_copy.key)
     while stats.accept >= TRUST_ACCEPT:
         stats.observe(3, 0)
-    assert HybridDrafter.choose(policy, long_copy)[0] != "suffix"
+    assert _hybrid().choose(policy, long_copy)[0] != "suffix"
 
 
 def test_the_hybrid_picks_the_draft_with_the_most_tokens_per_unit_of_cost():
@@ -354,7 +365,7 @@ def test_the_hybrid_picks_the_draft_with_the_most_tokens_per_unit_of_cost():
                      origins=["history"] * k)
         policy.stats("suffix", s.key).accept = a_suffix
         policy.stats("draft").accept = a_model
-        return HybridDrafter.choose(policy, s)[0]
+        return _hybrid().choose(policy, s)[0]
 
     assert pick(0.9, 8, a_model=0.3, c=0.3) == "suffix"
     assert pick(0.25, 4, a_model=0.87, c=0.3) == "model"

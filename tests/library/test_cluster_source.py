@@ -11,6 +11,7 @@ import time
 
 import pytest
 from clustertools import Trap
+from specchat.engine import folders
 from specchat.engine.distributed import hostfile
 from specchat.engine.errors import EngineError
 from specchat.errors import SpecChatError
@@ -202,7 +203,7 @@ def test_a_model_folder_holding_a_hostfile_loads_as_a_model(lib_home, tmp_path, 
     folder = shutil.copytree(tiny_target, tmp_path / "downloaded-model")
     with Trap() as trap:
         (folder / hostfile.HOSTFILE).write_bytes(_hostfile_dialling(trap, tiny_target))
-        assert not hostfile.is_cluster_folder(folder)
+        assert not folders.is_cluster_folder(folder)
         pair = Engine().load(folder)
         assert pair.target.name == "downloaded-model" and pair.target.path == str(folder)
         time.sleep(0.5)

@@ -99,9 +99,8 @@ def test_check_json_shape_and_exit_codes(run, tmp_path, tiny_qwen_target, tiny_q
 
     swa = edited_copy(tiny_qwen_target, tmp_path / "swa", config={
         "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8})
-    human = run("check", str(swa), str(tiny_qwen_draft), check=False)
-    assert human.returncode == 1
-    assert "NOT compatible" in human.stdout and "sliding-window attention" in human.stdout
+    human = run("check", str(swa), str(tiny_qwen_draft))  # a sliding window speculates too
+    assert human.returncode == 0 and "NOT compatible" not in human.stdout
 
     tight = run("check", str(tiny_qwen_target), str(tiny_qwen_draft), "--json",
                 extra_env={"SPECCHAT_MEMORY_AVAILABLE": "1MB"})

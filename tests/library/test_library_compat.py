@@ -35,22 +35,20 @@ def test_different_special_tokens_are_explained(lib_home, tmp_path, tiny_qwen_ta
     assert "different EOS token: target '<|im_end|>', draft '<|endoftext|>'" in report.reasons
 
 
-def test_sliding_window_target_is_explained_in_the_engines_words(lib_home, tmp_path,
-                                                                 tiny_target, tiny_qwen_draft):
+def test_sliding_window_and_recurrent_models_are_offered_speculation(lib_home, tmp_path,
+                                                                     tiny_target, tiny_qwen_draft,
+                                                                     tiny_qwen_target):
+    """The engine rolls back sliding windows and recurrent state
+    (engine/rollback.py): neither is a reason to refuse a pair any more."""
     target = edited_copy(tiny_target, tmp_path / "swa-target", config={
         "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]})
-    report = compatibility.check(str(target), str(tiny_qwen_draft))
-    assert not report.compatible
-    assert (f"speculative decoding is not available for swa-target: {facts.SLIDING_REASON}"
-            in report.reasons)
-
-
-def test_recurrent_draft_is_explained(lib_home, tmp_path, tiny_qwen_target, tiny_qwen_draft):
+    assert facts.read_folder(target).attention == "sliding"
+    assert compatibility.check(str(target), str(tiny_qwen_draft)).reasons == \
+        compatibility.check(str(tiny_target), str(tiny_qwen_draft)).reasons
     draft = edited_copy(tiny_qwen_draft, tmp_path / "ssm-draft",
                         config={"layer_types": ["linear_attention"]})
-    report = compatibility.check(str(tiny_qwen_target), str(draft))
-    assert not report.compatible
-    assert f"ssm-draft cannot be used as a draft: {facts.RECURRENT_REASON}" in report.reasons
+    assert facts.read_folder(draft).attention == "recurrent"
+    assert compatibility.check(str(tiny_qwen_target), str(draft)).compatible
 
 
 def test_draft_not_smaller_is_explained(lib_home, tiny_qwen_target, tiny_qwen_draft,

@@ -89,17 +89,17 @@ def window_title(display: str, window: int) -> str:
                           env={**os.environ, "DISPLAY": display}).stdout.strip()
 
 
-def wait_for_title(display: str, window: int, prefix: str, timeout: float) -> None:
-    """Until the window's title starts with ``prefix`` (it names the pair
-    once one is selected)."""
+def wait_for_title(display: str, window: int, wanted: str, timeout: float) -> None:
+    """Until the window's title, as the X server has it (with whatever Qt
+    appends), is ``wanted`` (it names the pair once one is selected)."""
     deadline = time.monotonic() + timeout
     title = ""
     while time.monotonic() < deadline:
         title = window_title(display, window)
-        if title.startswith(prefix):
+        if title == wanted:
             return
         time.sleep(0.2)
-    raise AssertionError(f"the window is titled {title!r}, not {prefix!r}…")
+    raise AssertionError(f"the window is titled {title!r}, not {wanted!r}")
 
 
 def type_into(display: str, window: int, text: str) -> None:

@@ -315,7 +315,7 @@ def test_the_installed_app_chats_in_its_window(installed, untouched, tmp_path, t
             # given: an entry point that ignores the arguments opens the
             # default pair instead (and starts converting it).
             window = inst.find_window(display, "SpecChat", timeout=180, alive=app)
-            wanted = f"SpecChat — {tiny_target.name} + {tiny_draft.name}"
+            wanted = f"{tiny_target.name} + {tiny_draft.name} — SpecChat"  # once, not twice
             inst.wait_for_title(display, window, wanted, timeout=60)
             # The tiny pair answers this one up to the default max tokens
             # (greedy), so it streams for a while; others it ends at once.

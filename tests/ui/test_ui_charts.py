@@ -5,6 +5,8 @@ Compare says when speculation is slower than plain."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from specchat.engine import modes
 from specchat.engine.events import StepEvent, Summary
@@ -16,11 +18,14 @@ from specchat.ui.stats import LiveStats, PositionTally, SpeedTrace, acceptance_b
 from ui_support import load, run_compare, send_and_wait
 
 
-def _step(i, n_tokens, drafted, accepted, elapsed, total, origins=None):
+def _step(i, n_tokens, drafted, accepted, elapsed, total, origins=None, before=None):
+    """A step event as the engine makes it; ``before``: the origins of the
+    reply's earlier steps, for the running totals the engine reports."""
     origins = origins or ("draft",) * (n_tokens - 1) + ("target",)
+    totals = Counter(before or ()) + Counter(origins)
     return StepEvent(i, tuple(range(n_tokens)), "x" * n_tokens, origins, drafted, accepted,
                      drafted, "draft" if drafted else None, 0.05, elapsed, total,
-                     ("x",) * n_tokens)
+                     ("x",) * n_tokens, origin_totals=tuple(totals.items()))
 
 
 # -- view models -------------------------------------------------------------------
@@ -83,7 +88,8 @@ def test_speed_trace_is_the_rate_over_the_last_two_seconds():
 def test_live_stats_carry_the_sources_the_chart_points_and_the_plain_reference():
     live = LiveStats(modes.for_pair(True, has_draft=True))
     live.add(_step(0, 3, 3, 2, 0.5, 3, ("draft", "conversation", "target")))
-    live.add(_step(1, 4, 4, 3, 1.0, 7, ("history", "history", "draft", "target")))
+    live.add(_step(1, 4, 4, 3, 1.0, 7, ("history", "history", "draft", "target"),
+                   before=("draft", "conversation", "target")))
     live.add(StepEvent(2, (), "tail", (), 0, 0, 0, None, 0.0, 1.1, 7))  # the text flush
     v = live.values(speedup_base=5.0)
     assert v.origins == {"draft": 2, "conversation": 1, "history": 2, "target": 2}

@@ -122,24 +122,25 @@ def test_colour_tokens_keeps_the_markdown_and_tints_each_source(view):
     fmt = _fmt_at(doc, at)
     assert fmt.font() == _fmt_at(_find(plain, "return sorted")[0], at).font()
     assert _fixed_pitch(fmt.font())
-    assert fmt.background().color() == colors.conversation_token  # "return": conversation
+    assert fmt.background().color() == theme.origin_color(colors, "conversation")  # "return": conversation
 
     # Inline code stays monospace; its tint is its source's.
     doc, at = _find(tinted, "sorted to order")
     fmt = _fmt_at(doc, at)
     assert code_family() in fmt.fontFamilies() and _fixed_pitch(fmt.font())
-    assert fmt.background().color() == colors.history_token
+    assert fmt.background().color() == theme.origin_color(colors, "history")
     # A list item keeps its list and its bold; "Fast" came from the draft model.
     doc, at = _find(tinted, "Fast")
     assert doc.findBlock(at).textList() is not None
     fmt = _fmt_at(doc, at)
-    assert fmt.fontWeight() >= 600 and fmt.background().color() == colors.draft_token
-    # The target's own words are not tinted; an unknown origin takes the draft tint.
+    assert fmt.fontWeight() >= 600 and fmt.background().color() == theme.origin_color(colors, "draft")
+    # The target's own words are not tinted, nor an origin this version does
+    # not know (it is not counted as the draft model's).
     doc, at = _find(tinted, "Stable")
     assert doc.findBlock(at).textList() is not None
     assert _fmt_at(doc, at).background().style().name == "NoBrush"
-    doc, at = _find(tinted, "casefold")
-    assert _fmt_at(doc, at).background().color() == colors.draft_token
+    doc, at = _find(tinted, "casefold")  # inline code: its own background, untinted
+    assert _fmt_at(doc, at).background() == _fmt_at(_find(plain, "casefold")[0], at).background()
 
     # Every tinted character carries the colour of the token it shows.
     spans = origin_spans(msg.runs)

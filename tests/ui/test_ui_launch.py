@@ -41,7 +41,7 @@ def test_specchat_opens_window_with_pair(tmp_path, tiny_target):
     out = subprocess.run([sys.executable, "-c", LAUNCH, "--target", str(tiny_target),
                           "--lookup"], capture_output=True, text=True, env=env, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "TITLE SpecChat — target-llama + suffix matching" in out.stdout
+    assert "TITLE target-llama + suffix matching — SpecChat" in out.stdout
     assert f"SELECTED ('{tiny_target}', None)" in out.stdout
 
 

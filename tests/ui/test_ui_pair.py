@@ -91,7 +91,7 @@ def test_load_progress_shown_and_cancellable(qtbot, window, tiny_target, tiny_dr
     pair = load(qtbot, window, tiny_target, tiny_draft)
     assert pair.target.name == "target-llama"
     assert not window.load_banner.isVisible()
-    assert window.windowTitle().startswith("SpecChat — target-llama")
+    assert window.windowTitle().startswith("target-llama")
 
 
 def test_cancel_loading(qtbot, window, tiny_target, tiny_draft):

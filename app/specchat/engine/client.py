@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from specchat.engine.events import GenerateRequest, LoadProgress
+from specchat.engine.events import GenerateRequest, LoadProgress, TrainPlan
+from specchat.engine.modes import OWN_HEAD
 from specchat.engine.worker import EngineThread, Job
 
 Resolver = Callable[[str, Callable[[str, float | None], None], object], Path]
@@ -41,9 +42,10 @@ class EngineClient:
         return self._engine
 
     def load(self, target: str, draft: str | None = None,
-             loop: asyncio.AbstractEventLoop | None = None) -> Job:
-        """Resolve references (import/download if needed) and load the pair.
-        Emits LoadProgress; the result is a LoadedPair."""
+             loop: asyncio.AbstractEventLoop | None = None, head: str | None = None) -> Job:
+        """Resolve references (import/download if needed) and load the pair
+        (and a head beside its draft model: Engine.load). Emits
+        LoadProgress; the result is a LoadedPair."""
 
         def work(job: Job):
             def progress(stage: str):
@@ -56,12 +58,16 @@ class EngineClient:
                 return cb
 
             t_path = self._resolver(target, progress("target"), job.cancelled)
-            d_path = self._resolver(draft, progress("draft"), job.cancelled) if draft else None
+            own_head = draft == OWN_HEAD  # the target's own MTP head: nothing to resolve
+            d_path = self._resolver(draft, progress("draft"), job.cancelled) \
+                if draft and not own_head else None
+            h_path = self._resolver(head, progress("draft"), job.cancelled) if head else None
             engine = self._engine_here()
             if self._preflight is not None:
                 self._preflight(Path(t_path), Path(d_path) if d_path else None,
                                 engine.loaded_bytes())
-            return engine.load(t_path, d_path, lambda stage, msg: progress(stage)(msg))
+            return engine.load(t_path, OWN_HEAD if own_head else d_path,
+                               lambda stage, msg: progress(stage)(msg), head=h_path)
 
         return self._thread.submit(work, loop)
 
@@ -70,6 +76,18 @@ class EngineClient:
 
         def work(job: Job):
             return self._engine_here().generate(request, job.cancelled, job.emit)
+
+        return self._thread.submit(work, loop)
+
+    def train_head(self, plan: TrainPlan, loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Train (or go on training) an EAGLE-3 head for the loaded target.
+        Emits TrainProgress; ``cancel()`` stops it at the next step with its
+        checkpoint saved; the result is the training record (a dict)."""
+
+        def work(job: Job):
+            from specchat.engine import head_training
+
+            return head_training.train(self._engine_here(), plan, job.emit, job.cancelled)
 
         return self._thread.submit(work, loop)
 

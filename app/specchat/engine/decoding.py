@@ -1,11 +1,14 @@
-"""The decoding loop: plain, draft-model, lookup and hybrid speculation are
-one loop whose drafter may propose nothing.
+"""The decoding loop: plain decoding and every kind of speculation are one
+loop whose drafter may propose nothing.
 
-Each step feeds [last token, d1..dK] to the target in one forward pass,
-decides on the device how many drafts to keep (verifier.py), reads that
-decision back with one host sync, rewinds the target's KV cache past the
-rejected drafts, and emits a StepEvent. Plain decoding is the K = 0 case of
-the same step, so every mode shares stopping, streaming and statistics.
+Each step asks the drafter for a block d1..dK (drafters.py; the draft model
+is draft_model.py), feeds [last token, d1..dK] to the target in one forward
+pass, decides on the device how many drafts to keep (verifier.py, with
+acceptance.py's rules), reads that decision back with one host sync, then
+rolls back: the target's cache and the drafter are told how many tokens of
+context + block are kept (``CacheSlot.rewind``, ``Drafter.kept``), and a
+StepEvent is emitted. Plain decoding is the K = 0 case of the same step, so
+every mode shares stopping, streaming and statistics.
 
 The loop is three small steps, in the spirit of mlx-lm's ``generate_step``:
 ``verified_blocks`` is a generator of what each verify step accepted,
@@ -30,7 +33,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from specchat.engine import threads
 from specchat.engine.draft_policy import PAUSED, PROBE, DraftPolicy, auto_off_applies
-from specchat.engine.drafters import DraftControl, Drafter, Proposal
+from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
 from specchat.engine.events import TARGET, GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
 from specchat.engine.sampling import KeyStream
@@ -136,10 +139,12 @@ def start(d: Decoding) -> Progress:
     threads.governor().take_counts()
     keys = KeyStream(d.request.sampling.seed)
     stream = TextStream(d.tokenizer, d.request.stop_strings)
-    pending = d.slot.sync_to(d.prompt_ids)
+    limit = d.drafter.reuse_limit(d.prompt_ids) if d.drafter is not None else None
+    pending = d.slot.sync_to(d.prompt_ids, limit=limit)
     d.slot.prefill(pending[:-1])
+    d.slot.mark_prompt()
     if d.drafter is not None:
-        d.drafter.prepare(d.prompt_ids)
+        d.drafter.prepare(d.prompt_ids, d.request)
     d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)
     prefill_s = time.perf_counter() - t_start
     run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,
@@ -148,10 +153,20 @@ def start(d: Decoding) -> Progress:
     return run
 
 
+def _seeded(sampling) -> bool:
+    return not sampling.greedy and sampling.seed is not None
+
+
 def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
     """The drafter's block for this step, capped by the policy and by the
     token budget (the target's own token needs one)."""
     if d.drafter is None or remaining <= 1:
+        return None
+    if run.tally.steps == 0 and not _seeded(d.request.sampling) and not d.drafter.ready(run.context):
+        # The first token first: the drafter reads the prompt after it. Not
+        # for a seeded sampled reply: whether the drafter is ready depends on
+        # what an earlier reply left in its cache, and the seed promises the
+        # same tokens whatever came before, so it drafts from the first step.
         return None
     policy = d.policy
     ctl = DraftControl(
@@ -167,23 +182,22 @@ def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
 
 
 def _catch_up(d: Decoding, run: Progress) -> float:
-    """Before a probe: the drafter syncs to the context it skipped while
-    paused (``prepare`` syncs a drafter to any context), outside the probe's
-    timing, so the probe measures speculation and not the pause's backlog."""
+    """Before a probe: the drafter catches up on the context it skipped
+    while paused, outside the probe's timing, so the probe measures
+    speculation and not the pause's backlog."""
     t0 = time.perf_counter()
-    d.drafter.prepare(run.context)
+    d.drafter.catch_up(run.context)
     return time.perf_counter() - t0
 
 
 def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
-    """Draft, verify, rewind: one Block per step, until the request is
+    """Draft, verify, roll back: one Block per step, until the request is
     cancelled or its budget spent (``run.finish`` says which). The caller
     commits each block before asking for the next, and closes the generator
     when it stops early, which drops a pipelined step's queued token."""
     verifier = Verifier(d.slot, d.request.sampling, d.request.draft.acceptance, run.keys,
                         pipelined=d.drafter is None)
     governor = threads.governor()
-    no_draft = Proposal(tokens=[], source="")
     last_end = time.perf_counter()  # where the previous verify ended
     try:
         while True:
@@ -198,13 +212,18 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
             drafting = d.drafter is not None and remaining > 1
             step = d.policy.break_even.next_step() if drafting else None
             catch_up_s = _catch_up(d, run) if step == PROBE else 0.0
-            proposal = (None if step == PAUSED else _propose(d, run, remaining)) or no_draft
-            k = proposal.k
+            proposal = (None if step == PAUSED else _propose(d, run, remaining)) or NO_DRAFT
             t_v = time.perf_counter()
             n, nxt = verifier.step(run.context[-1], proposal)
             end = time.perf_counter()
             verify_s = end - t_v
-            d.slot.rewind(len(d.slot.ids) - (k - n))
+            # Roll back: context + the n accepted drafts are kept (the
+            # target's own next token is fed with the next step).
+            kept = len(run.context) + n
+            if proposal.k:
+                d.slot.rewind(kept)
+            if d.drafter is not None:
+                d.drafter.kept(kept)
             run.tally.forward_s += verify_s + proposal.draft_s + catch_up_s
             run.tally.add(proposal, n)
             run.tally.paused += step == PAUSED
@@ -274,6 +293,7 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
         total_tokens=len(run.out),
         paused=block.paused,
         probe=block.probe,
+        origin_totals=tuple(run.tally.by_origin.items()),
     )
 
 
@@ -309,8 +329,7 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
         drafted_by=tally.by_source,
         tokens_by_origin=dict(tally.by_origin),
         blas_threads=threads.governor().take_counts(),
-        # a drafter's own per-request counts (ssd.py: hits, misses, overlap)
-        **getattr(d.drafter, "summary_fields", dict)(),
+        drafter_stats=d.drafter.stats() if d.drafter is not None else {},
         paused_steps=tally.paused,
         auto_off=d.policy.break_even.report(),
     )
@@ -322,11 +341,18 @@ def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> G
     ends, each step reported to ``on_step``."""
     emit = on_step or (lambda _event: None)
     run = start(d)
-    with closing(verified_blocks(d, run)) as blocks:
-        for block in blocks:
-            emit(commit(d, run, block))
-            if run.done:
-                break
+    try:
+        with closing(verified_blocks(d, run)) as blocks:
+            for block in blocks:
+                emit(commit(d, run, block))
+                if run.done:
+                    break
+    finally:
+        # Whatever ended the reply, the caches hold a prefix of what was
+        # committed, recorded for the next request's prefix reuse.
+        d.slot.settle(run.context)
+        if d.drafter is not None:
+            d.drafter.finish(run.context)
     tail = run.stream.finish()
     if tail:
         run.text.append(tail)

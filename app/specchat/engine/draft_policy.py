@@ -55,7 +55,7 @@ drafter kind (drafter_kinds.py); nothing here tests a drafter's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from specchat.engine import drafter_kinds
@@ -70,16 +70,31 @@ class CostModel:
 
     draft: float = 0.3  # one draft forward
     slope: float = 0.11  # each extra verified token
+    # Per drafted token of kinds built for the pair (the MTP head), by kind name.
+    kinds: dict = field(default_factory=dict)
 
     def verify(self, m: int) -> float:
         return 1.0 + self.slope * (m - 1)
 
+    def token(self, kind: drafter_kinds.DrafterKind) -> float:
+        """One drafted token of ``kind``, in one-token target forwards: the
+        pair's measured ratio for the draft model and the MTP head, otherwise
+        what the kind declares."""
+        if kind.name in self.kinds:
+            return self.kinds[kind.name]
+        return self.draft if kind.uses_draft_model else kind.cost
+
     @classmethod
-    def for_pair(cls, target_bytes: int, draft_bytes: int | None, device: str) -> CostModel:
+    def for_pair(cls, target_bytes: int, draft_bytes: int | None, device: str,
+                 kind_bytes: dict | None = None) -> CostModel:
+        """From the bytes one forward reads: the target's, the draft model's,
+        and those of kinds built for the pair (the MTP head: its layer and
+        the target's output layer), by kind name."""
         slope = VERIFY_SLOPE.get(device, 0.11)
+        kinds = {k: b / target_bytes for k, b in (kind_bytes or {}).items() if target_bytes > 0}
         if not draft_bytes or target_bytes <= 0:
-            return cls(draft=0.0, slope=slope)
-        return cls(draft=draft_bytes / target_bytes, slope=slope)
+            return cls(draft=0.0, slope=slope, kinds=kinds)
+        return cls(draft=draft_bytes / target_bytes, slope=slope, kinds=kinds)
 
 
 @dataclass
@@ -188,7 +203,7 @@ class DraftPolicy:
         if self.fixed_k is not None:
             return self.fixed_k
         spec = drafter_kinds.get(kind)
-        k = best_k(self.stats(kind, key).accept, spec.token_cost(self.cost), self.cost, spec.cap)
+        k = best_k(self.stats(kind, key).accept, self.cost.token(spec), self.cost, spec.cap)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:
@@ -222,7 +237,7 @@ class DraftPolicy:
         self._units += self.cost.verify(proposal.k + 1)
         self._tokens += n + 1
         for part in proposal.parts:
-            self._units += part.k * drafter_kinds.get(part.source).token_cost(self.cost)
+            self._units += part.k * self.cost.token(drafter_kinds.get(part.source))
         for part, got in proposal.judged(n):
             if part.k:
                 self.stats(part.source, part.key).observe(part.k, got)

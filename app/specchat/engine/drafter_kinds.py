@@ -18,31 +18,47 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from specchat import origins
 from specchat.engine import registry
-
-if TYPE_CHECKING:
-    from specchat.engine.draft_policy import CostModel
-    from specchat.engine.drafters import Drafter
 
 
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    # Builds a drafter (once per loaded target; it keeps its own state).
-    # None: the engine's loaded draft model is the drafter.
-    make: Callable[[], Drafter] | None
+    # Builds a drafter from what the engine has loaded (drafters.Parts), once
+    # per loaded target (or draft model) and kept with its state.
+    make: Callable[[Any], Any]
     prior: float  # per-token acceptance before any is measured
     cap: int  # longest block
     calibrated: bool = False  # confidences are probabilities: stop blocks by them
-    cost: float = 0.0  # per drafted token, in target forwards (a draft model's: the pair's)
-    # For a kind that uses the draft model (make is None): builds its drafter
-    # around the engine's ModelDrafter (ssd.py); None: the draft model drafts.
-    around: Callable[[Drafter], Drafter] | None = None
+    # Per drafted token, in target forwards. A kind that needs a draft model
+    # or a head costs what the engine measures for the pair.
+    cost: float = 0.0
+    # What it needs loaded besides the target (events.LoadedPair.loaded):
+    # "" nothing, "draft" the pair's draft (a draft model, or a head chosen
+    # as the draft), "head" an EAGLE-3 head, "mtp" the target's own MTP head.
+    needs: str = ""
+    # It reads the target's hidden states, so it cannot draft on past tokens
+    # the target has not computed yet (hybrid.py never chains it after a
+    # suffix draft).
+    reads_target: bool = False
     # The prior for a finer statistics key (e.g. the suffix drafter's match
     # length), when it differs from ``prior``.
     key_prior: Callable[[str], float] | None = None
+    # Where its accepted tokens come from (specchat/origins.py): counted,
+    # named and tinted under this origin unless a proposal says otherwise
+    # per token (the suffix drafter: this conversation or the history).
+    # Defaults to the kind's own name, which must then be a registered origin.
+    origin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.origin:
+            object.__setattr__(self, "origin", self.name)
+        if self.origin not in origins.ORIGINS:
+            raise ValueError(f"drafter kind {self.name!r}: register its origin "
+                             f"{self.origin!r} in specchat/origins.py first")
 
     def prior_for(self, key: str) -> float:
         return self.key_prior(key) if self.key_prior is not None and key != self.name \
@@ -50,23 +66,31 @@ class DrafterKind:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.make is None
+        return self.needs == "draft"
 
-    def token_cost(self, costs: CostModel) -> float:
-        """One drafted token, in one-token target forwards: for the draft
-        model the pair's measured ratio, otherwise what the kind declares."""
-        return costs.draft if self.uses_draft_model else self.cost
+    @property
+    def made_on_load(self) -> bool:
+        """Its drafter is made when its model loads and goes with it (the
+        engine builds the others on first use and keeps them with the target)."""
+        return self.needs in ("draft", "head")
 
 
-def _lazy(module: str, name: str) -> Callable[..., Drafter]:
+def _lazy(module: str, name: str) -> Callable[..., Any]:
     """A constructor imported when first called, so the registry imports no MLX."""
     return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
-# Lookup is free, so its blocks run as long as the verify cost curve allows;
-# the draft model's length is the early stop's call, up to 12.
-LOOKUP = DrafterKind("lookup", _lazy("specchat.engine.drafters", "LookupDrafter"), prior=0.5, cap=16)
-DRAFT_MODEL = DrafterKind("draft", None, prior=0.7, cap=12, calibrated=True)
+def _draft_model(parts: Any) -> Any:
+    return parts.draft_model
+
+
+def _head(parts: Any) -> Any:
+    return parts.head
+
+
+# The draft model's block length is the early stop's call, up to 12.
+DRAFT_MODEL = DrafterKind("draft", _draft_model, prior=0.7, cap=12, calibrated=True,
+                          needs="draft", origin=origins.DRAFT_MODEL)
 # Suffix matches over the conversation and the history: free too, and
 # scored by how many occurrences agree (suffix.py).
 # Longer matches continue correctly far more often: the prior of a statistics
@@ -101,14 +125,14 @@ def _suffix_prior(key: str) -> float:
     if parts is None:
         return 0.6
     source, bucket = parts
-    priors = HISTORY_PRIORS if source == "history" else SUFFIX_PRIORS  # events.HISTORY
+    priors = HISTORY_PRIORS if source == origins.HISTORY else SUFFIX_PRIORS
     return priors.get(bucket, 0.6)
 
 
 SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,
-                     key_prior=_suffix_prior)
+                     key_prior=_suffix_prior, origin=origins.CONVERSATION)
 
-KINDS: dict[str, DrafterKind] = {k.name: k for k in (LOOKUP, DRAFT_MODEL, SUFFIX)}
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (DRAFT_MODEL, SUFFIX)}
 
 
 def register(kind: DrafterKind) -> DrafterKind:
@@ -121,5 +145,19 @@ def get(name: str) -> DrafterKind:
 
 # Speculative speculative decoding: the draft model drafts the next block on
 # its own thread while the target verifies this one (ssd.py).
-SSD = register(DrafterKind("ssd", None, prior=0.7, cap=12, calibrated=True,
-                           around=_lazy("specchat.engine.ssd", "for_model")))
+SSD = register(DrafterKind("ssd", _lazy("specchat.engine.ssd", "build"), prior=0.7, cap=12,
+                           calibrated=True, needs="draft", origin=origins.DRAFT_MODEL))
+
+# The target's own multi-token-prediction head (mtp.py): one layer and the
+# target's output layer per drafted token; its acceptance measured elsewhere
+# runs 0.6 to 0.8 per token, and the policy learns the pair's quickly.
+MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0.7, cap=8,
+                           calibrated=True, needs="mtp", reads_target=True,
+                           origin=origins.MTP))
+
+# An EAGLE-3 head (eagle3.py): chosen as the pair's draft it stands where a
+# draft model would (the modes that use "the draft" run it); loaded beside a
+# draft model (``specchat bench --head``) the head modes run it. It reads the
+# target's hidden states and costs what its bytes say against the target's.
+EAGLE3 = register(DrafterKind("eagle3", _head, prior=0.7, cap=10, calibrated=True,
+                              needs="head", reads_target=True, origin=origins.HEAD))

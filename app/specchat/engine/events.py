@@ -9,22 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specchat.engine.modes import HYBRID
+from specchat import origins
 
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
 
-# Where each token of a reply came from (StepEvent.origins, Summary.tokens_by_origin):
-# the target's own choice, or an accepted draft token by the source that drafted it.
-TARGET = "target"
-DRAFT_MODEL = "draft"  # the small draft model
-CONVERSATION = "conversation"  # copied from this conversation (prompt lookup, suffix match)
-HISTORY = "history"  # copied from the user's earlier conversations (suffix match)
-ORIGIN_LABELS = {
-    TARGET: "target",
-    DRAFT_MODEL: "draft model",
-    CONVERSATION: "this conversation",
-    HISTORY: "your history",
-}
+# Where each token of a reply came from (StepEvent.origins,
+# Summary.tokens_by_origin): specchat/origins.py, the one table.
+TARGET = origins.TARGET
 
 
 @dataclass(frozen=True)
@@ -47,12 +38,12 @@ class DraftSettings:
     """How speculation runs for one request.
 
     mode: a name in modes.MODES (plain: the target only; draft: the draft
-    model; lookup: prompt lookup, no draft model; hybrid: lookup when the
-    context has a match, the draft model otherwise). k: None for adaptive,
-    or a fixed draft length.
+    model; suffix: suffix matches, no draft model; hybrid: per step, a
+    suffix match, the draft model or both). k: None for adaptive, or a
+    fixed draft length.
     """
 
-    mode: str = HYBRID.name
+    mode: str = "hybrid"  # modes.HYBRID (a test keeps them the same)
     k: int | None = None
     acceptance: Literal["rejection", "equality"] = "rejection"
     # Break-even auto-off (draft_policy.BreakEven): decode plainly while
@@ -91,8 +82,8 @@ class StepEvent:
 
     origins has one entry per new token: "target" for the token the target
     itself chose (correction or bonus), otherwise the source of the accepted
-    draft token: "draft" (the draft model), "conversation" or "history" (see
-    ORIGIN_LABELS).
+    draft token by the origin its drafter names (specchat/origins.py:
+    "draft", "conversation", "history", ...).
     pieces has the text each token released (""-joined it is ``text``); a
     token that ends inside a multi-byte character or a possible stop string
     releases nothing, and the token that completes it releases it all.
@@ -116,6 +107,9 @@ class StepEvent:
     # A step that speculated while paused, to see whether it pays again
     # (speculation stays paused unless it did).
     probe: bool = False
+    # The reply's tokens per origin so far, this step's included: the
+    # engine counts them, the gauges show them.
+    origin_totals: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,19 +139,9 @@ class Summary:
     paused_steps: int = 0
     # what auto-off measured (draft_policy.BreakEven.report); empty when it was off
     auto_off: dict = field(default_factory=dict)
-    # Speculative speculative decoding (ssd.py; zero in other modes): steps
-    # whose block was drafted while the last one was verified (hits), drafted
-    # the ordinary way after a wrong guess (misses) or with nothing speculated
-    # (fallbacks); draft forward seconds hidden behind verification, of all
-    # draft seconds behind the verified blocks (overlap = hidden / draft);
-    # the worker's forward seconds, used or not.
-    ssd_hits: int = 0
-    ssd_misses: int = 0
-    ssd_fallbacks: int = 0
-    ssd_overlap: float = 0.0
-    ssd_hidden_s: float = 0.0
-    ssd_draft_s: float = 0.0
-    ssd_spec_s: float = 0.0
+    # A drafter's own counts for this request, by drafter kind (ssd.py's
+    # hits, misses and overlap); each drafter names its fields (Drafter.stats).
+    drafter_stats: dict = field(default_factory=dict)
 
     def stats_dict(self) -> dict:
         keys = (
@@ -220,6 +204,24 @@ class LoadedPair:
     compute: ComputeInfo
     speculative_ok: bool
     reason: str | None  # why speculative decoding with the draft is unavailable
+    mtp: bool = False  # the target ships an MTP head that can draft for it (modes.MTP)
+    own_head: bool = False  # the draft chosen is that head (``--draft mtp``): no draft model
+    # An EAGLE-3 head loaded beside a draft model (``specchat bench --head``);
+    # a head chosen as the draft is ``draft`` (model_type "eagle3").
+    head: ModelInfo | None = None
+
+    def loaded(self) -> set[str]:
+        """What drafters can use (drafter_kinds.DrafterKind.needs): "draft"
+        for the pair's draft, "head" for an EAGLE-3 head (the draft or one
+        beside it), "mtp" for the target's own head when it was chosen."""
+        have = set()
+        if self.draft is not None:
+            have.add("draft")
+        if self.head is not None or (self.draft is not None and self.draft.model_type == "eagle3"):
+            have.add("head")
+        if self.own_head:
+            have.add("mtp")
+        return have
 
 
 @dataclass(frozen=True)
@@ -228,3 +230,41 @@ class LoadProgress:
     message: str
     fraction: float | None = None
 
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What ``EngineClient.train_head`` trains (engine/head_training.py)."""
+
+    samples: tuple[tuple[Message, ...], ...]  # chats to label and learn from
+    out: str  # the head's folder
+    minutes: float = 60.0
+    seq_len: int = 512  # tokens the target labels in one forward
+    train_len: int = 128  # tokens one update learns from (a window of a labelled piece)
+    passes: float = 4.0  # updates per labelled token, on average (labelling is the cost)
+    buffer_tokens: int = 200_000  # labelled tokens kept for those updates (oldest go first)
+    draft_vocab: int = 8192
+    intermediate: int = 0  # the head's MLP width (0: twice the target's hidden size)
+    steps: int = 3  # draft positions trained (training-time test depth)
+    lr: float = 5e-4
+    warmup: int = 30  # updates over which the learning rate rises from 0
+    clip: float = 1.0  # gradients clipped to this norm (a bad window cannot undo the rest)
+    seed: int = 0
+    checkpoint_s: float = 120.0
+    held_out: float = 0.1  # share of samples kept out for the acceptance report
+    max_steps: int | None = None  # stop after this many steps too (a reproducible run)
+    held_pieces: int = 16  # held-out pieces the acceptance is measured on
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """Emitted by a head-training job as it goes."""
+
+    stage: str  # "preparing", "labelling" (a piece done), "training", "checkpoint", "done"
+    step: int
+    tokens: int  # training tokens seen (positions learnt from)
+    elapsed_s: float
+    budget_s: float
+    loss: float | None = None
+    accept: tuple[float, ...] = ()  # held-out greedy acceptance of draft positions 1..steps
+    resumed: bool = False
+    message: str = ""

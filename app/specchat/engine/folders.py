@@ -1,21 +1,147 @@
-"""What makes a folder an MLX model folder SpecChat will load.
+"""What makes a folder an MLX model folder SpecChat will load, or a cluster.
 
 Pure file checks (no MLX), shared by the engine before loading and by the
 model library before importing or listing, so both refuse the same folders
-with the same words.
+with the same words. The cluster check is here rather than in
+``distributed/`` so that asking it imports none of that optional subsystem.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import struct
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
+from specchat.home import home
+
+HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a cluster's name
+
+
+def clusters_dir() -> Path:
+    """Where ``specchat cluster create`` writes clusters: the only place a
+    folder is taken for one."""
+    return home() / "clusters"
+
+
+def is_cluster_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a cluster ``specchat cluster create`` made: a
+    folder of ``clusters_dir()`` with a hostfile. Never because some other
+    folder holds a hostfile (a model folder or a Hub download that happens
+    to hold one is a model like any other, so loading it never connects
+    anywhere)."""
+    try:
+        folder = Path(path).expanduser().resolve()
+        root = clusters_dir().resolve()
+    except (OSError, RuntimeError):
+        return False
+    return (folder.parent == root and bool(NAME.fullmatch(folder.name))
+            and (folder / HOSTFILE).is_file())
+
+
+def model_name(folder: str | os.PathLike) -> str:
+    """A model folder's name as people know it: a Hub snapshot
+    (``models--org--name/snapshots/<commit>``) by its repository."""
+    path = Path(folder)
+    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
     return sorted(folder.glob("model*.safetensors"))
+
+
+HEADER_MAX = 100_000_000  # bytes of a safetensors header (its JSON) read at most
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"tensor {key!r} is listed twice")
+        out[key] = value
+    return out
+
+
+def safetensors_header(path: Path, error: type[EngineError] = EngineError,
+                       shown: Path | None = None) -> tuple[dict, int]:
+    """(the JSON header of a safetensors file, the bytes of its data area):
+    tensor name -> {"dtype", "shape", "data_offsets"}, ``__metadata__`` left
+    out. The one reader of the format's header (the library checks the
+    tensors against the data area, library/checks.py): its length is bounded
+    before it is read, and a file cut short before its header ends is said
+    to be. Messages name ``shown`` (the file as the person gave it)."""
+    shown = shown or path
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise error(f"{shown} is not a safetensors file (only {len(raw)} bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > HEADER_MAX:
+                raise error(f"{shown} is not a safetensors file (its header length {n:,} is "
+                            "implausible)")
+            if 8 + n > size:
+                raise error(f"{shown} is truncated: its header needs {8 + n:,} bytes but the "
+                            f"file has {size:,}. The download or copy was probably cut short; "
+                            "get it again")
+            blob = f.read(n)
+    except OSError as exc:
+        raise error(f"Cannot read {shown}: {exc.strerror or exc}") from exc
+    try:
+        header = json.loads(blob, object_pairs_hook=_no_duplicates)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{shown} is not a valid safetensors file (its header is not valid JSON: "
+                    f"{exc})") from None
+    if not isinstance(header, dict):
+        raise error(f"{shown} is not a valid safetensors file (its header is not a JSON "
+                    "object)")
+    header.pop("__metadata__", None)
+    return header, size - 8 - n
+
+
+def safetensors_names(path: Path) -> list[str]:
+    return list(safetensors_header(path)[0])
+
+
+MTP_PREFIX = "mtp."  # the weights of a model's own MTP head (Qwen3.5, Qwen3-Next: mtp.py)
+
+
+def mtp_keys(folder: Path) -> list[str]:
+    """The names of the MTP head's weights in a model folder (empty if it
+    ships none), read from the safetensors headers."""
+    return [k for f in weight_files(folder) for k in safetensors_names(f)
+            if k.startswith(MTP_PREFIX)]
+
+
+def is_head(config: dict) -> bool:
+    """Whether a folder's config.json is an EAGLE-3 draft head's (eagle3.py)
+    rather than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
+    archs = " ".join(str(a) for a in config.get("architectures") or [])
+    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
+            or config.get("model_type") == "eagle3")
+
+
+def head_facts(config: dict) -> dict:
+    """What a head's config says it needs of a target, for the check that
+    it fits one before anything loads: the hidden width it reads, the
+    target's hidden states it reads (the published ids: None means 2, n/2
+    and n - 3 of the target's n layers), the vocabulary it maps into, its
+    own draft vocabulary, and the model it was made for, where it says."""
+    layer = config.get("transformer_layer_config") or config
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("target_layer_ids")
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {})
+    return {"reads_width": int(config.get("target_hidden_size") or layer["hidden_size"]),
+            "reads_layers": [int(i) for i in ids] if ids else None,
+            "vocab": int(layer.get("vocab_size", config.get("vocab_size", 0))),
+            "draft_vocab": int(config.get("draft_vocab_size") or layer.get("vocab_size", 0)),
+            "for": str(verifier.get("name_or_path") or "")}
 
 
 def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:

@@ -1,5 +1,6 @@
-"""Hybrid drafting: per step, the suffix draft, the draft model's, or both
-chained (the model drafting on from where the suffix match runs out).
+"""Hybrid drafting: per step, the suffix draft, the other drafter's (the
+draft model, or any drafter a mode pairs with suffix matching), or both
+chained (the other drafting on from where the suffix match runs out).
 
 Each option is priced with what the request has measured so far (the
 policy's per-source acceptance and the pair's cost model), as expected
@@ -38,11 +39,12 @@ from dataclasses import replace
 
 import mlx.core as mx
 
+from specchat.engine import drafter_kinds
 from specchat.engine.draft_policy import DraftPolicy, best_k, expected_tokens
-from specchat.engine.drafter_kinds import DRAFT_MODEL, SUFFIX, key_parts
-from specchat.engine.drafters import DraftControl, ModelDrafter, Part, Proposal
-from specchat.engine.events import CONVERSATION
+from specchat.engine.drafter_kinds import SUFFIX, DrafterKind, key_parts
+from specchat.engine.drafters import DraftControl, Drafter, Part, Proposal
 from specchat.engine.suffix import BUCKETS, SuffixDrafter
+from specchat.origins import CONVERSATION
 
 TRUST_MATCH = 4  # a conversation match at least this long drafts outright ...
 TRUST_ACCEPT = 0.5  # ... while its bucket's measured acceptance is at least this
@@ -55,29 +57,53 @@ def survival(a: float, k: int) -> float:
     return expected_tokens(a, k) - 1.0
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     EXPLORE = 6  # a suffix key overruled this many times in a row drafts once
 
-    def __init__(self, suffix: SuffixDrafter, model: ModelDrafter):
+    def __init__(self, suffix: SuffixDrafter, model: Drafter):
         self.suffix = suffix
         self.model = model
+        self.kind: DrafterKind = drafter_kinds.get(model.name)
         self.name = f"{suffix.name}+{model.name}"
         self.choices = {"suffix": 0, "model": 0, "chained": 0}
         self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        self.suffix.prepare(prompt)
-        self.model.prepare(prompt)
+    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
+        limits = [n for n in (self.suffix.reuse_limit(prompt), self.model.reuse_limit(prompt))
+                  if n is not None]
+        return min(limits) if limits else None
+
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
+        self.suffix.prepare(prompt, request)
+        self.model.prepare(prompt, request)
+
+    def ready(self, context: Sequence[int]) -> bool:
+        return self.model.ready(context)
+
+    def kept(self, length: int) -> None:
+        self.suffix.kept(length)
+        self.model.kept(length)
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        self.suffix.catch_up(context)
+        self.model.catch_up(context)
+
+    def finish(self, context: Sequence[int]) -> None:
+        self.suffix.finish(context)
+        self.model.finish(context)
 
     def reset(self) -> None:
         self.suffix.reset()
         self.model.reset()
 
+    def stats(self) -> dict:
+        return {**self.suffix.stats(), **self.model.stats(), "hybrid": dict(self.choices)}
+
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         s = self.suffix.propose(context, replace(ctl, fallback=True))
         policy: DraftPolicy | None = ctl.policy
         if not s.tokens:
-            return self._model(context, ctl)
+            return self.model.propose(context, ctl)
         if policy is None or policy.fixed_k is not None:
             return s
         choice, k_model = self.choose(policy, s)
@@ -91,23 +117,19 @@ class HybridDrafter:
         if choice == "suffix":
             return s
         if choice == "model":
-            return self._model(context, ctl)
-        room = ctl.cap(DRAFT_MODEL.name) - s.k
+            return self.model.propose(context, ctl)
+        room = ctl.cap(self.model.name) - s.k
         m = self.model.propose([*context, *s.tokens], replace(
             ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), room, k_model)))
         return chain(s, m, ctl.vocab, ctl.sampling.greedy)
 
-    def _model(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
-        return self.model.propose(context, ctl)
-
-    @staticmethod
-    def choose(policy: DraftPolicy, s: Proposal) -> tuple[str, int]:
-        """("suffix" | "model" | "chained", the model's K when it drafts)."""
+    def choose(self, policy: DraftPolicy, s: Proposal) -> tuple[str, int]:
+        """("suffix" | "model" | "chained", the other drafter's K when it drafts)."""
         cost = policy.cost
         a_s = policy.stats(SUFFIX.name, s.key).accept
-        a_m = policy.stats(DRAFT_MODEL.name).accept
-        c = cost.draft
-        k_m = max(1, best_k(a_m, c, cost, DRAFT_MODEL.cap))
+        a_m = policy.stats(self.kind.name).accept
+        c = cost.token(self.kind)
+        k_m = max(1, best_k(a_m, c, cost, self.kind.cap))
         origin_bucket = key_parts(s.key)
         if origin_bucket is not None and origin_bucket[0] == CONVERSATION \
                 and origin_bucket[1] >= TRUST_MATCH and a_s >= TRUST_ACCEPT:
@@ -120,7 +142,9 @@ class HybridDrafter:
             "chained": (e_s + a_s ** s.k * e_m + 1.0)
             / (k_m * c + c * cost.slope * s.k + cost.verify(s.k + k_m + 1)),
         }
-        if c <= 0:  # no draft model cost known: never chain blindly
+        if c <= 0 or self.kind.reads_target:
+            # No draft cost known: never chain blindly. A drafter that reads
+            # the target's hidden states has none for the suffix's tokens.
             rates.pop("chained")
         best = max(rates, key=lambda r: rates[r])
         return best, k_m

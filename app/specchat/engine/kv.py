@@ -1,21 +1,34 @@
-"""A model's KV cache together with the token ids it holds.
+"""A model's cache, how far it reaches, and how it goes back.
 
-Knowing the ids lets a new request reuse the longest common prefix (the
-unchanged part of a conversation) instead of prefilling the whole history
-every turn, and lets speculation rewind to exactly the accepted tokens.
+During a request a cache holds a prefix of the committed context, except
+between a forward pass and the rewind that follows it: every feed extends
+``length``, and whoever fed speculative tokens says how many positions to
+keep (``rewind(n)``), by arithmetic, as mlx-lm's ``_rewind_cache`` does. The
+token ids are recorded only for prefix reuse across requests: ``settle``
+writes them at a request's end, ``sync_to`` compares them at the next one's
+start.
+
+Going back is per cache entry (one per layer). An entry that can drop its
+last positions (mlx-lm's trimmable caches) drops them. One that cannot (a
+recurrent state, ``ArraysCache``; a sliding window that has wrapped) goes
+back to the checkpoint taken before the speculative feed, and the slot feeds
+the kept tokens again. ``rollback.py`` says, per kind of entry, which of the
+two it does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from specchat.engine import threads
+from specchat.engine import rollback, threads
 from specchat.engine.runner import Runner
 
 PREFILL_CHUNK = 512
+
+Tokens = Sequence[int] | mx.array
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -27,54 +40,195 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class CacheSlot:
+    """A model's cache and how far it reaches: ``length`` positions, of
+    which the last ``pending`` are not fed yet (see ``rewind``)."""
+
     def __init__(self, runner: Runner):
         self.runner = runner
-        self.cache = make_prompt_cache(runner.model)
-        self.ids: list[int] = []
+        # Called with (first position, [L, H] final hidden states) after every
+        # forward, for a drafter that reads the target (mtp.py); the runner
+        # keeps them only while this is set.
+        self.on_hidden: Callable[[int, mx.array], None] | None = None
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = make_prompt_cache(self.runner.model)
-        self.ids = []
+        self.cache = rollback.prepare(make_prompt_cache(self.runner.model))
+        self.length = 0  # positions the cache stands for, pending ones included
+        self.reused = 0  # positions the last sync_to kept
+        self.ids: list[int] = []  # their ids, as of the last settle (for prefix reuse)
+        self._pending: list[Tokens] = []  # kept after a rewind, fed with the next forward
+        self.pending = 0  # how many tokens _pending holds
+        self._mark: rollback.Checkpoint | None = None
+        self._tail: list[Tokens] = []  # every token past the checkpoint, in order
+        self._prompt: rollback.Checkpoint | None = None  # where the last prompt ended
+        self._plain = rollback.always_trimmable(self.cache)  # checkpoints are lengths
 
-    def rewind(self, n: int) -> None:
-        """Keep only the first n cached tokens."""
-        drop = len(self.ids) - n
-        if drop <= 0:
-            return
-        if can_trim_prompt_cache(self.cache):
-            trim_prompt_cache(self.cache, drop)
-            del self.ids[n:]
-        else:
-            self.reset()
+    @property
+    def fed(self) -> int:
+        """Positions really in the cache (``length`` less the pending ones)."""
+        return self.length - self.pending
 
-    def sync_to(self, context: Sequence[int], keep_last: bool = True) -> list[int]:
-        """Rewind to the longest reusable prefix of ``context``; return the ids
-        still to feed. With keep_last, at least one token is left to feed, since
-        the next logits come from feeding it."""
-        n = common_prefix(self.ids, context)
-        if keep_last and n == len(context):
-            n -= 1
-        self.rewind(n)
-        if len(self.ids) != n:  # untrimmable cache was reset
-            n = 0
-        return list(context[n:])
+    # -- feeding -----------------------------------------------------------------------
+    def _take_pending(self, tokens: Tokens) -> tuple[Tokens, int]:
+        """``tokens`` with the pending ones before them, and how many those were."""
+        n = self.pending
+        if not n:
+            return tokens, 0
+        joined = _first([*self._pending, tokens], n + _count(tokens))
+        self._pending, self.pending = [], 0
+        return joined, n
+
+    def _fed_now(self, tokens: Tokens) -> None:
+        self.length += _count(tokens)
+        if self._mark is not None and not self._plain:
+            self._tail.append(tokens)
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Feed tokens without computing logits, in chunks to bound memory."""
+        tokens = list(tokens)
         for start in range(0, len(tokens), PREFILL_CHUNK):
             threads.governor().tick()
-            chunk = list(tokens[start : start + PREFILL_CHUNK])
-            out = self.runner(chunk, self.cache, "none")
-            mx.eval(out, [c.state for c in self.cache])
-            self.ids.extend(chunk)
+            chunk = tokens[start : start + PREFILL_CHUNK]
+            start = self.fed
+            x, _ = self._take_pending(chunk)
+            out = self._run(x, "none", start)
+            mx.eval(out, rollback.state_arrays(self.cache))
+            self._fed_now(chunk)
 
-    def feed(self, tokens: Sequence[int] | mx.array, which: str = "all", ids: Sequence[int] | None = None):
-        """Feed tokens and return logits (lazy). ``ids`` are the host-side ids
-        when ``tokens`` is a device array."""
-        out = self.runner(tokens, self.cache, which)
-        self.ids.extend(ids if ids is not None else list(tokens))
+    def feed(self, tokens: Tokens, which: str = "all"):
+        """Feed tokens (host ids, or a device array of them) and return
+        logits (lazy): for "all" one row per token of ``tokens``."""
+        start = self.fed
+        x, before = self._take_pending(tokens)
+        out = self._run(x, which, start)
+        if which == "all" and before:
+            out = out[before:]
+        self._fed_now(tokens)
         return out
+
+    def _run(self, x: Tokens, which: str, start: int):
+        """One forward of what is physically fed (pending tokens first, from
+        position ``start``), handing its hidden states to ``on_hidden``."""
+        self.runner.tap = self.on_hidden is not None
+        out = self.runner(x, self.cache, which)
+        if self.on_hidden is not None and self.runner.tapped is not None:
+            self.on_hidden(start, self.runner.tapped)
+        self.runner.tapped = None
+        return out
+
+    def adopt(self, cache: list, length: int) -> None:
+        """Take over a cache built elsewhere (ssd.py's branches) holding
+        ``length`` positions of the context."""
+        self.cache, self.length = cache, length
+        self._pending, self.pending = [], 0
+        self._mark, self._tail = None, []
+        self._plain = rollback.always_trimmable(cache)
+
+    # -- going back --------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Before a speculative feed: what ``rewind`` returns to when an
+        entry cannot drop positions. Free for trimmable entries (a length);
+        references to the recurrent states otherwise (MLX arrays are not
+        written in place by those layers)."""
+        if self._plain:
+            self._mark = rollback.Checkpoint(self.fed, [])
+        else:
+            self._mark = rollback.checkpoint(self.cache, self.fed)
+            self._tail = list(self._pending)
+
+    def mark_prompt(self) -> None:
+        """After a request's prefill: a checkpoint the next request can go
+        back to when its prompt shares this one's (a regenerated reply), for
+        caches that cannot drop positions. Free, as ``checkpoint`` is."""
+        if not self._plain and not self.pending:
+            self._prompt = rollback.checkpoint(self.cache, self.fed)
+
+    def rewind(self, keep: int) -> None:
+        """Keep the first ``keep`` positions: drop what was fed past them.
+
+        Where every cache entry can drop positions, they are dropped. Where
+        one cannot, the cache goes back to the checkpoint and the kept
+        tokens past it become pending: they are fed with the next forward
+        (the next verify, or the draft's next block), which costs a few
+        more positions in a forward that runs anyway instead of a forward
+        of its own."""
+        drop = self.length - keep
+        if drop <= 0:
+            return
+        if self._prompt is not None and keep < self._prompt.length:
+            self._prompt = None  # positions it stands on are going
+        mark = self._mark
+        if keep >= self.fed:  # only pending tokens go: nothing to undo
+            self._pending = [_first(self._pending, keep - self.fed)] if keep > self.fed else []
+            self.pending = keep - self.fed
+        elif rollback.drop(self.cache, self.fed - keep):
+            self._pending, self.pending = [], 0
+        elif mark is not None and keep >= mark.length and rollback.restorable(self.cache, mark):
+            rollback.restore(self.cache, mark)
+            kept = keep - mark.length
+            self._pending = [_first(self._tail, kept)] if kept else []
+            self.pending = kept
+        else:  # nothing to go back to: start again (prefix reuse lost)
+            self.reset()
+            return
+        self.length = keep
+        if mark is not None and not self._plain:
+            self._tail = [_first(self._tail, keep - mark.length)] if keep > mark.length else []
+        rollback.done(self.cache)
+
+    def sync_to(self, context: Sequence[int], keep_last: bool = True,
+                limit: int | None = None) -> list[int]:
+        """At a request's start: rewind to the longest reusable prefix of
+        ``context`` and return the ids still to feed. With keep_last, at
+        least one token is left to feed, since the next logits come from
+        feeding it. A cache that cannot drop positions is reused only as
+        far as it ends on a prefix of ``context``; ``limit`` caps the reuse
+        (a drafter needs the positions past it computed again)."""
+        n = common_prefix(self.ids, context)
+        if limit is not None:
+            n = min(n, limit)
+        if keep_last and n == len(context):
+            n -= 1
+        self._mark, self._tail = None, []
+        prompt = self._prompt
+        if (prompt is not None and prompt.length <= n < self.fed
+                and not rollback.can_drop(self.cache, self.fed - n)
+                and rollback.restorable(self.cache, prompt)):
+            # Back to where the last prompt ended; the rest of the shared
+            # prefix is fed with this request's prefill.
+            rollback.restore(self.cache, prompt)
+            self._pending, self.pending = [list(context[prompt.length:n])], n - prompt.length
+            self.length = n
+        else:
+            self.rewind(n)
+        if self.length != n:  # a cache that cannot go back was reset
+            n = 0
+        self.ids = list(context[:n])
+        self.reused = n
+        return list(context[n:])
+
+    def settle(self, context: Sequence[int]) -> None:
+        """At a request's end: the cache holds a prefix of ``context`` (what
+        was fed past the committed tokens is dropped), recorded for the next
+        request's prefix reuse."""
+        self.rewind(min(self.length, len(context)))
+        self._mark, self._tail = None, []
+        self.ids = list(context[:self.length])
 
     @property
     def nbytes(self) -> int:
         return sum(getattr(c, "nbytes", 0) for c in self.cache)
+
+
+def _count(tokens: Tokens) -> int:
+    return int(tokens.size) if isinstance(tokens, mx.array) else len(tokens)
+
+
+def _first(chunks: list[Tokens], n: int) -> Tokens:
+    """The first n tokens of ``chunks``, as one feed: host ids, or a device
+    array when any chunk is one (a pipelined step's token)."""
+    if all(not isinstance(t, mx.array) for t in chunks):
+        return [int(t) for chunk in chunks for t in chunk][:n]
+    parts = [t.reshape(-1).astype(mx.uint32) if isinstance(t, mx.array)
+             else mx.array(list(t), dtype=mx.uint32) for t in chunks if _count(t)]
+    return mx.concatenate(parts)[:n]

@@ -9,14 +9,14 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
-from specchat.engine import compute
+from specchat.engine import compute, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
-from specchat.engine.folders import validate_folder
+from specchat.engine.folders import model_name, validate_folder
 
 
 @dataclass
@@ -36,29 +36,12 @@ class LoadedModel:
 
 
 def untrimmable_reason(model: nn.Module) -> str | None:
-    """Why this model's KV cache cannot be rewound after rejected drafts, if so.
-
-    A fresh RotatingKVCache reports itself trimmable until it wraps, so this
-    looks at cache types: anything that drops or folds old tokens cannot be
-    rewound in general, and speculation needs rewinding after every step.
-    """
-    def kinds(caches):
-        for c in caches:
-            if isinstance(c, CacheList):
-                yield from kinds(c.caches)
-            else:
-                yield c
-
-    found = list(kinds(make_prompt_cache(model)))
-    if any(isinstance(c, RotatingKVCache) for c in found):
-        return ("it uses sliding-window attention, whose cache drops old tokens and "
-                "cannot be rewound after rejected draft tokens")
-    if any(isinstance(c, ArraysCache) for c in found):
-        return ("it has recurrent or linear-attention layers, whose state cannot be "
-                "rewound after rejected draft tokens")
-    bad = [type(c).__name__ for c in found if not c.is_trimmable()]
+    """Why this model's cache cannot go back after rejected drafts, if so:
+    only a kind of cache entry rollback.py does not know. Sliding windows
+    and recurrent state can (rollback.py says how)."""
+    bad = rollback.unsupported(rollback.prepare(make_prompt_cache(model)))
     if bad:
-        return f"its cache ({', '.join(sorted(set(bad)))}) cannot be rewound"
+        return f"its cache ({', '.join(bad)}) cannot be rewound after rejected draft tokens"
     return None
 
 
@@ -112,7 +95,7 @@ def load_folder(
     n_params = _count_params(model)
     reason = untrimmable_reason(model)
     info = ModelInfo(
-        name=path.name,
+        name=model_name(path),
         path=str(path),
         model_type=str(config.get("model_type", "?")),
         n_params=n_params,

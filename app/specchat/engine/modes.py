@@ -17,13 +17,10 @@ from specchat.engine import drafter_kinds, registry
 class Mode:
     name: str
     label: str  # for people: gauges, menus, reports
-    # Drafter kinds, in the order they are asked (the first that proposes
-    # wins a step); empty for plain decoding.
+    # Drafter kinds; empty for plain decoding. Two share a step as
+    # hybrid.py decides: per step the suffix draft, the other drafter's,
+    # or both chained, by measured tokens per unit of cost.
     drafters: tuple[str, ...] = ()
-    # How several drafters share a step: "first" (the first that proposes
-    # wins) or "best" (hybrid.py: per step, the suffix draft, the draft
-    # model, or both chained, by measured tokens per unit of cost).
-    combine: str = "first"
     # A sentence for where there is room (a menu's tooltip, docs).
     description: str = ""
 
@@ -32,28 +29,36 @@ class Mode:
         return bool(self.drafters)
 
     @property
-    def needs_draft_model(self) -> bool:
-        return any(drafter_kinds.get(d).uses_draft_model for d in self.drafters)
+    def needs(self) -> set[str]:
+        """What its drafters need loaded besides the target ("draft", "mtp")."""
+        return {drafter_kinds.get(d).needs for d in self.drafters} - {""}
 
-    def without_draft_model(self) -> Mode | None:
-        """What this mode runs as when no draft model is loaded: its other
-        drafters (hybrid runs as prompt lookup), or None when it has none."""
-        rest = tuple(d for d in self.drafters if not drafter_kinds.get(d).uses_draft_model)
+    @property
+    def needs_draft_model(self) -> bool:
+        return "draft" in self.needs
+
+    def runs_with(self, have: set[str]) -> Mode | None:
+        """What this mode runs as when only ``have`` is loaded: the drafters
+        whose needs are met (hybrid without a draft model runs as suffix
+        matching), or None when none are."""
+        rest = tuple(d for d in self.drafters if drafter_kinds.get(d).needs in {"", *have})
+        if rest == self.drafters:
+            return self
         if not rest:
             return None
         return next((m for m in MODES.values() if m.drafters == rest),
                     Mode(self.name, self.label, rest))
 
+    def without_draft_model(self) -> Mode | None:
+        return self.runs_with({"mtp"})
+
 
 PLAIN = Mode("plain", "plain decoding")
-LOOKUP = Mode("lookup", "prompt lookup", ("lookup",))
 DRAFT = Mode("draft", "draft model", ("draft",))
 SUFFIX = Mode("suffix", "suffix match (conversation + history)", ("suffix",))
-HYBRID = Mode("hybrid", "draft model + suffix match", ("suffix", "draft"), combine="best")
-# The hybrid before suffix drafting, kept so the bench can show the difference.
-LOOKUP_DRAFT = Mode("lookup+draft", "draft model + prompt lookup", ("lookup", "draft"))
+HYBRID = Mode("hybrid", "draft model + suffix match", ("suffix", "draft"))
 
-MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, LOOKUP, DRAFT, SUFFIX, HYBRID, LOOKUP_DRAFT)}
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, DRAFT, SUFFIX, HYBRID)}
 
 
 def register(mode: Mode) -> Mode:
@@ -67,17 +72,36 @@ def get(name: str) -> Mode:
     return registry.lookup(MODES, name, "decoding mode")
 
 
+# The draft reference that means the target's own MTP head (``--draft mtp``,
+# the pair picker's "the model's own MTP head"): no draft model is loaded.
+OWN_HEAD = "mtp"
+
+
 def for_pair(speculative: bool, has_draft: bool, speculative_ok: bool = True,
-             lookup: bool = True) -> Mode:
+             lookup: bool = True, mtp: bool = False) -> Mode:
     """The mode a reply runs in: plain when speculation is off or cannot run
-    on this pair; suffix matching without a draft model; the draft model
-    (with suffix matching unless ``lookup`` is False) with one."""
+    on this pair; the draft model (with suffix matching unless ``lookup`` is
+    False) with one; without one the target's own MTP head where it was
+    chosen (``mtp``), else suffix matching."""
     if not speculative or not speculative_ok:
         return PLAIN
-    if not has_draft:
-        return SUFFIX
-    return HYBRID if lookup else DRAFT
+    if has_draft:
+        return HYBRID if lookup else DRAFT
+    if mtp:
+        return MTP_HYBRID if lookup else MTP
+    return SUFFIX
 
+
+MTP = register(Mode("mtp", "the model's own MTP head", ("mtp",),
+                    description="The target's own multi-token-prediction head (Qwen3.5, "
+                    "Qwen3.6, Qwen3-Next) drafts: one layer, no second model."))
+MTP_HYBRID = register(Mode("mtp+suffix", "the model's own MTP head + suffix match",
+                           ("suffix", "mtp")))
+
+HEAD = register(Mode("head", "draft head", ("eagle3",),
+                     description="An EAGLE-3 head drafts: one layer reading the target's own "
+                     "hidden states, a few percent of a target forward per token."))
+HEAD_HYBRID = register(Mode("head+suffix", "draft head + suffix match", ("suffix", "eagle3")))
 
 SSD = register(Mode(
     "ssd", "draft model, drafting ahead while the target verifies (SSD)", ("ssd",),

@@ -11,6 +11,7 @@ ourselves; anything else falls back to the full call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import mlx.core as mx
@@ -19,9 +20,13 @@ from mlx.utils import tree_flatten
 
 # model_type values whose Model.__call__ is `head(self.model(inputs, cache))`
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
-_SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
+_SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3", "qwen3_next", "qwen3_5",
+               "qwen3_5_moe"}
+# model_type values whose Model wraps the language model it runs
+# (``Model.language_model``): its trunk and head are that one's.
+_WRAPPED = {"qwen3_5", "qwen3_5_moe"}
 
-Which = Literal["none", "last", "all"]
+Which = Literal["none", "last", "all", "hidden"]
 
 
 def embedding_rows(model: nn.Module, config: dict | None = None) -> int | None:
@@ -41,12 +46,19 @@ class Runner:
         self.model = model
         self.trunk = None
         self.head = None
-        if model_type in _SPLIT_SAFE and hasattr(model, "model"):
-            args = getattr(model, "args", None)
+        # While set, each forward keeps its final hidden states [L, H] in
+        # ``tapped["final"]``, and those of the layers ``tap_layers`` names
+        # under their index (kv.CacheSlot hands them to a drafter that reads
+        # them: mtp.py, eagle3.py).
+        self.tap = False
+        self.tapped: dict | None = None
+        lm = model.language_model if model_type in _WRAPPED else model
+        if model_type in _SPLIT_SAFE and hasattr(lm, "model"):
+            args = getattr(lm, "args", None)
             if getattr(args, "tie_word_embeddings", False):
-                self.trunk, self.head = model.model, model.model.embed_tokens.as_linear
-            elif hasattr(model, "lm_head"):
-                self.trunk, self.head = model.model, model.lm_head
+                self.trunk, self.head = lm.model, lm.model.embed_tokens.as_linear
+            elif hasattr(lm, "lm_head"):
+                self.trunk, self.head = lm.model, lm.lm_head
         # An embedding lookup does not check its ids: one past the table reads
         # whatever memory follows. A draft can be handed such ids when the
         # target's padded vocabulary is wider than the draft's (or the other
@@ -68,19 +80,45 @@ class Runner:
     def __call__(self, tokens: list[int] | mx.array, cache, which: Which = "all"):
         """Feed tokens through the model, extending ``cache``.
 
-        Returns [L, V] logits for "all", [1, V] for "last"; for "none" a small
-        array whose evaluation forces the cache writes (no head computed).
+        Returns [L, V] logits for "all", [1, V] for "last", the last final
+        hidden state [1, H] for "hidden" (split models only: a drafter's
+        pruned head projects it); for "none" a small array whose evaluation
+        forces the cache writes (no head computed).
         """
         x = self._ids(tokens)
         if self.trunk is None:
             logits = self.model(x, cache=cache)[0]
             return logits if which == "all" else logits[-1:]
+        if self.tap:
+            self.tapped = {}
         h = self.trunk(x, cache)[0]
-        if which == "none":
+        if self.tap:
+            self.tapped["final"] = h
+        if which in ("none", "hidden"):
             return h[-1:]
         if which == "last":
             h = h[-1:]
         return self.head(h)
+
+    def tap_layers(self, ids: Sequence[int]) -> None:
+        """Keep the outputs of the trunk's layers ``ids`` too while tapping
+        (an EAGLE-3 head reads three of them). The layer objects are given a
+        subclass that records their output; the model is otherwise as it was."""
+        layers = self.trunk.layers
+        for i in ids:
+            layer = layers[i]
+            if getattr(layer, "_specchat_tap", None) is not None:
+                continue
+            base = type(layer)
+
+            def call(module, *args, _base=base, _i=i, **kwargs):
+                out = _base.__call__(module, *args, **kwargs)
+                if self.tapped is not None:
+                    self.tapped[_i] = (out[0] if isinstance(out, tuple) else out)[0]
+                return out
+
+            layer.__class__ = type(f"Tapped{base.__name__}", (base,),
+                                   {"__call__": call, "_specchat_tap": i})
 
     def hidden(self, tokens: list[int] | mx.array, cache) -> mx.array:
         """Final hidden states [L, H] (only for split-safe models)."""
@@ -98,13 +136,19 @@ class Runner:
             total -= sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
         return total
 
+    def head_bytes(self) -> int:
+        """Weight bytes of the output layer (what a drafter reading it out,
+        the MTP head, pays per token)."""
+        if not self.split:
+            return 0
+        owner = self.head.__self__ if hasattr(self.head, "__self__") else self.head
+        return sum(v.nbytes for _, v in tree_flatten(owner.parameters()))
+
     def head_weight(self) -> mx.array | None:
         """The [V, H] projection matrix, if the head is a plain (unquantized) one."""
         if not self.split:
             return None
-        args = getattr(self.model, "args", None)
-        if getattr(args, "tie_word_embeddings", False):
-            emb = self.model.model.embed_tokens
-            return emb.weight if isinstance(emb, nn.Embedding) else None
-        head = self.model.lm_head
-        return head.weight if isinstance(head, nn.Linear) else None
+        if isinstance(self.head, nn.Linear):
+            return self.head.weight
+        emb = self.trunk.embed_tokens  # a tied head: the embedding's as_linear
+        return emb.weight if isinstance(emb, nn.Embedding) else None

@@ -13,23 +13,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
-from specchat.engine import chat, compute, drafter_kinds, modes, request_check, threads
-from specchat.engine import suffix as suffix_drafting
+from specchat.engine import chat, compute, drafter_kinds, eagle3, modes, mtp, request_check, threads
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
-from specchat.engine.distributed.hostfile import is_cluster_folder
+from specchat.engine.draft_model import ModelDrafter
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
-from specchat.engine.drafters import Drafter, DrafterChain, ModelDrafter
+from specchat.engine.drafters import Drafter, Parts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     ComputeInfo,
     GenerateRequest,
     GenerationResult,
     LoadedPair,
+    ModelInfo,
     StepEvent,
 )
+from specchat.engine.folders import is_cluster_folder, is_head, model_name, read_config
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
@@ -45,9 +47,15 @@ class Engine:
         self._slot: CacheSlot | None = None
         self._eos: set[int] = set()
         self._vocab = 0
-        self._model_drafter: ModelDrafter | None = None
-        # Drafters other than the draft model, built on first use and kept
-        # (with their state: an n-gram index) while the target stays loaded.
+        # The draft's drafter: a draft model's, or an EAGLE-3 head's (eagle3.py).
+        self._model_drafter: ModelDrafter | eagle3.Eagle3Drafter | None = None
+        # An EAGLE-3 head: the draft, or one loaded beside a draft model.
+        self._head: eagle3.Eagle3Drafter | None = None
+        self.head: LoadedModel | None = None  # the one beside a draft model
+        self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
+        # Drafters other than the draft model's, built on first use and kept
+        # (with their state: a suffix index, the MTP head's cache) while the
+        # target stays loaded.
         self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
@@ -61,12 +69,18 @@ class Engine:
         target: str | Path,
         draft: str | Path | None = None,
         progress: Callable[[str, str], None] | None = None,
+        head: str | Path | None = None,
     ) -> LoadedPair:
-        """Load a target and an optional draft (folders). Reuses an already
-        loaded model of the same path. Refuses a draft whose tokenizer differs."""
+        """Load a target and an optional draft (folders; a draft model, an
+        EAGLE-3 head, or ``modes.OWN_HEAD``: the target's own MTP head), and
+        optionally an EAGLE-3 head beside a draft model (``head``: the bench
+        runs both in one process). Reuses an already loaded model of the
+        same path. Refuses a draft whose tokenizer differs, and a head made
+        for another target."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
-        draft_path = str(Path(draft).expanduser().resolve()) if draft else None
+        own_head = draft == modes.OWN_HEAD
+        draft_path = str(Path(draft).expanduser().resolve()) if draft and not own_head else None
         if draft_path == target_path:  # it would "speculate" at twice the cost of plain decoding
             name = Path(target_path).name
             raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
@@ -81,6 +95,9 @@ class Engine:
                 self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
                 runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
             self._slot = CacheSlot(runner)
+            self._mtp_head = mtp.load_head(Path(target_path), self.target.model, self.compute)
+            if self._mtp_head is not None:
+                say("target", f"{self.target.info.name} has an MTP head: it can draft for itself")
             self._eos = chat.end_token_ids(self.target.tokenizer)
             self.history = History()  # ids of another tokenizer mean nothing
             w = runner.head_weight()
@@ -92,22 +109,26 @@ class Engine:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
             self._drop_draft()
-            loaded = load_folder(draft_path, self.compute, lambda m: say("draft", m))
-            reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
-                                         facts_from_tokenizer(loaded.tokenizer))
-            if reasons:
-                del loaded
-                gc.collect()
-                raise EngineError(
-                    f"{Path(draft_path).name} cannot draft for {self.target.info.name}: "
-                    + "; ".join(reasons))
-            self.draft = loaded
-            special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
-            self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+            if Path(draft_path).is_dir() and is_head(read_config(Path(draft_path))):
+                self.draft, self._head = self._load_head(Path(draft_path), say)
+                self._model_drafter = self._head
+            else:
+                self._load_draft_model(draft_path, say)
+        self._load_head_beside(head, say)
+        if own_head and self._mtp_head is None:
+            raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights in its "
+                              "folder), so it cannot draft for itself: choose a draft model, or "
+                              "draft from the conversation (suffix matching).")
+        head_bytes = {}
+        if self._mtp_head is not None:  # a layer, and the target's output layer
+            head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
+                                                  + self._slot.runner.head_bytes())
+        if self._head is not None:  # its layer and its own (draft-vocabulary) output layer
+            head_bytes[drafter_kinds.EAGLE3.name] = self._head.bytes_per_token()
         self._cost = CostModel.for_pair(
             self._slot.runner.bytes_per_token(),
             self._model_drafter.bytes_per_token() if self._model_drafter else None,
-            self.compute.device)
+            self.compute.device, head_bytes)
         reason = None
         if not self.target.info.trimmable:
             reason = (f"Speculative decoding is not available for {self.target.info.name}: "
@@ -121,19 +142,69 @@ class Engine:
             compute=self.compute,
             speculative_ok=reason is None,
             reason=reason,
+            mtp=self._mtp_head is not None,
+            own_head=own_head,
+            head=self.head.info if self.head is not None else None,
         )
         return self._pair
 
+    def _load_draft_model(self, path: str, say) -> None:
+        loaded = load_folder(path, self.compute, lambda m: say("draft", m))
+        reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
+                                     facts_from_tokenizer(loaded.tokenizer))
+        if reasons:
+            del loaded
+            gc.collect()
+            raise EngineError(f"{Path(path).name} cannot draft for {self.target.info.name}: "
+                              + "; ".join(reasons))
+        self.draft = loaded
+        special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
+        self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+
+    def _load_head_beside(self, head: str | Path | None, say) -> None:
+        path = str(Path(head).expanduser().resolve()) if head else None
+        if self.head is not None and self.head.info.path != path:
+            self.head = self._head = None
+            gc.collect()
+        if path is None or self.head is not None:
+            return
+        if self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name:
+            raise EngineError("The draft is a head already: load the other head as the draft "
+                              "instead (one head at a time).")
+        if not (Path(path).is_dir() and is_head(read_config(Path(path)))):
+            raise EngineError(f"{Path(path).name} is not an EAGLE-3 draft head (its config.json "
+                              "names no eagle3 architecture).")
+        self.head, self._head = self._load_head(Path(path), say)
+
+    def _load_head(self, folder: Path, say) -> tuple[LoadedModel, eagle3.Eagle3Drafter]:
+        """An EAGLE-3 head: checked against the target in words, drafting
+        from the target's own hidden states (eagle3.py)."""
+        name = model_name(folder)
+        say("draft", f"loading the draft head {name}")
+        head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
+        drafter = eagle3.Eagle3Drafter(head, self._slot)
+        info = ModelInfo(name=name, path=str(folder), model_type=eagle3.EAGLE3.name,
+                         n_params=sum(v.size for _, v in tree_flatten(head.parameters())),
+                         weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
+                         vocab_size=head.config.vocab_size, trimmable=True,
+                         untrimmable_reason=None)
+        return LoadedModel(model=head, tokenizer=self.target.tokenizer,
+                           config=eagle3.read_config(folder), info=info), drafter
+
     def _drop_target(self) -> None:
         self._drop_draft()
+        self.head = self._head = None
         self.target = None
         self._slot = None
+        self._mtp_head = None
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
 
     def _drop_draft(self) -> None:
         if self.draft is not None:
+            if self._head is self._model_drafter:
+                self._head = None
             self.draft = None
             self._model_drafter = None
             gc.collect()
@@ -145,7 +216,7 @@ class Engine:
 
     def loaded_bytes(self) -> int:
         """Weight bytes held now (what loading another pair could free)."""
-        return sum(m.info.weight_bytes for m in (self.target, self.draft) if m is not None)
+        return sum(m.info.weight_bytes for m in (self.target, self.draft, self.head) if m is not None)
 
     # Read-only views for measuring tools (bench, benchmarks/): they time the
     # very runner and drafter decoding uses, and print the costs its policy
@@ -187,8 +258,8 @@ class Engine:
         anyway; this frees memory)."""
         if self._slot is not None:
             self._slot.reset()
-        if self._model_drafter is not None:
-            self._model_drafter.reset()
+        for drafter in {id(d): d for d in (self._model_drafter, self._head) if d}.values():
+            drafter.reset()
         for drafter in self._drafters.values():
             drafter.reset()
 
@@ -218,34 +289,35 @@ class Engine:
     def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
         """The drafter for a mode, and the mode it really runs in: without a
         draft model, a mode with other drafters runs on those (hybrid runs as
-        prompt lookup)."""
+        suffix matching)."""
         if not mode.speculative:
             return None, mode
         if not self._pair.speculative_ok and (
                 not self.target.info.trimmable or mode.needs_draft_model):
             raise EngineError(self._pair.reason)
-        if mode.needs_draft_model and self._model_drafter is None:
-            mode = mode.without_draft_model()
-            if mode is None:
-                raise EngineError("No draft model is loaded: choose a draft, or use prompt lookup.")
+        have = {n for n, part in (("draft", self._model_drafter), ("mtp", self._mtp_head),
+                                  ("head", self._head)) if part is not None}
+        wanted = mode
+        mode = mode.runs_with(have)
+        if mode is None:
+            if "mtp" in wanted.needs:
+                raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights "
+                                  "in its folder), so it cannot draft for itself: choose a draft "
+                                  "model, or draft from the conversation (suffix matching).")
+            raise EngineError("This mode needs a draft model, which is not loaded: choose a "
+                              "draft, or draft from the conversation (suffix matching).")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
         if len(chain) == 1:
             return chain[0], mode
-        if mode.combine == "best":
-            return HybridDrafter(*chain), mode
-        return DrafterChain(chain), mode
+        return HybridDrafter(*chain), mode
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
-        if kind.uses_draft_model:
-            if kind.around is not None:  # a drafter built around the draft model (ssd.py)
-                return kind.around(self._model_drafter)
-            return self._model_drafter
+        parts = Parts(target=self._slot, draft_model=self._model_drafter,
+                      mtp_head=self._mtp_head, head=self._head, history=self.history)
+        if kind.made_on_load:  # made when its model loaded, and kept with it
+            return kind.make(parts)
         if kind.name not in self._drafters:
-            drafter = kind.make()
-            attach = getattr(drafter, "attach_history", None)
-            if attach is not None:  # drafters that read the user's history get it
-                attach(self.history)
-            self._drafters[kind.name] = drafter
+            self._drafters[kind.name] = kind.make(parts)
         return self._drafters[kind.name]
 
     # -- the user's history (suffix drafting) ----------------------------------
@@ -291,10 +363,6 @@ class Engine:
         drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
-        suffix = self._drafters.get(drafter_kinds.SUFFIX.name)
-        if suffix is not None:
-            suffix.history_key = request.history_key
-            suffix.use_history = suffix_drafting.history_applies(request.sampling)
         result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
                                  policy, mode.name, self._vocab, cancelled), on_step)
         if request.history_key and result.token_ids:

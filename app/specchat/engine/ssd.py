@@ -87,18 +87,19 @@ import atexit
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from weakref import WeakKeyDictionary, ref
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specchat.engine import blas, threads
+from specchat.engine.draft_model import Drafted, DraftHead, ModelDrafter, draft_block
 from specchat.engine.drafter_kinds import SSD
-from specchat.engine.drafters import DraftControl, ModelDrafter, Proposal
+from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
 from specchat.engine.events import SamplingParams
-from specchat.engine.sampling import processed_logprobs, sample
+from specchat.engine.sampling import processed_logprobs
 
 F_MAX = 4  # most keys per position (and alternatives read back per drafted token)
 MAX_KEYS = 8  # most keys per job
@@ -159,68 +160,6 @@ def ending_probs(accept: Sequence[float]) -> list[float]:
     return out
 
 
-class HeadView:
-    """The draft's output layer as it is when a block starts: the pruned
-    rows are fixed for the block, since the engine thread may add rows for
-    new context ids while the worker drafts. Logits are over ``rows`` (the
-    pruned head) or the draft's own vocabulary, with ids the target lacks
-    at -inf (as ModelDrafter._target_ids_only does)."""
-
-    def __init__(self, drafter: ModelDrafter, vocab: int):
-        self.runner = drafter.runner
-        self.vocab = vocab
-        head = drafter.head
-        self.base = self.extra = self.rows = self.mask = None
-        self.width = vocab  # columns q is scattered into before it is cut to the target's
-        if head is not None:
-            self.base, self.extra, self.rows = head.base, head.extra_head, head.rows
-            widest = int(mx.max(self.rows).item()) + 1
-            if widest > vocab:
-                self.mask, self.width = self.rows < vocab, widest
-                mx.eval(self.mask)
-
-    def logits(self, tokens: list[int], cache) -> mx.array:
-        if self.base is None:
-            out = self.runner(tokens, cache, "last").astype(mx.float32)
-            return out[..., :self.vocab] if out.shape[-1] > self.vocab else out
-        h = self.runner.hidden(tokens, cache)[-1:]
-        out = h @ self.base.T
-        if self.extra is not None:
-            out = mx.concatenate([out, h @ self.extra.T], axis=-1)
-        out = out.astype(mx.float32)
-        return out if self.mask is None else mx.where(self.mask, out, -mx.inf)
-
-    def ids(self, idx: mx.array) -> mx.array:
-        return self.rows[idx] if self.rows is not None else idx
-
-    def full_q(self, probs: mx.array) -> mx.array:
-        """Probabilities over the target's vocabulary width (ids past it
-        have probability 0: their logits are -inf)."""
-        if self.rows is not None:
-            full = mx.zeros((probs.shape[0], self.width), probs.dtype)
-            full[:, self.rows] = probs
-            return full[:, :self.vocab] if self.width > self.vocab else full
-        w = probs.shape[-1]
-        if w >= self.vocab:
-            return probs[:, :self.vocab]
-        return mx.concatenate([probs, mx.zeros((probs.shape[0], self.vocab - w), probs.dtype)],
-                              axis=1)
-
-
-@dataclass
-class Drafted:
-    """A block as drafting produced it: per token its confidence (its
-    probability under the draft), the draft's next choices there (id and
-    probability, the token itself left out) and, when sampling, its q row."""
-
-    tokens: list[int] = field(default_factory=list)
-    confs: list[float] = field(default_factory=list)
-    alts: list[list[tuple[int, float]]] = field(default_factory=list)
-    q_rows: list[mx.array] = field(default_factory=list)
-    forward_s: float = 0.0
-    forwards: int = 0
-
-
 @dataclass
 class Spec:
     """A speculated block, ready for the outcome ``key``: its tokens, the
@@ -231,58 +170,24 @@ class Spec:
     block: Drafted
     q: mx.array | None
     cache: list
-    fed: list[int]  # ids the branch holds past the shared prefix: t, then the block's but last
+    fed: int  # positions the branch holds past the shared prefix: t, then the block's but last
 
 
-def _draft(head: HeadView, cache, feed: list[int], position: int, k: int,
+def _draft(runner, head: DraftHead, cache, first: list[int], position: int, k: int,
            keep_going: Callable[[list[float]], bool], sampling: SamplingParams, base: int | None,
-           fed: list[int], out: Drafted | None = None,
+           out: Drafted | None = None,
            abandon: Callable[[], bool] = lambda: False) -> Drafted | None:
-    """Draft up to k tokens on ``cache`` starting by feeding ``feed``; the
-    first new token sits at absolute ``position``. Stops as ModelDrafter
-    does (k tokens, or when ``keep_going`` says so), or returns None when
-    ``abandon`` says so between forwards. Every fed id is appended to
-    ``fed``. Continues ``out`` when given (a speculated block drafted on)."""
-    block = out or Drafted()
-    greedy = sampling.greedy
-    while len(block.tokens) < k:
-        if abandon():
-            return None
-        t0 = time.perf_counter()
-        logits = head.logits(feed, cache)
-        fed.extend(feed)
-        if greedy:
-            probs = mx.softmax(logits, axis=-1)
-            idx = mx.argmax(logits, axis=-1)
-        else:
-            lp = processed_logprobs(logits, sampling)
-            probs = mx.exp(lp)
-            idx = sample(lp, position_key(base, position + len(block.tokens)))
-        row = probs[0]
-        n_top = min(F_MAX + 1, row.shape[-1])
-        top = mx.argpartition(-row, kth=n_top - 1)[:n_top]
-        tok, conf, top_ids, top_p = head.ids(idx), row[idx[0]], head.ids(top), row[top]
-        mx.eval(tok, conf, top_ids, top_p, probs if not greedy else conf)
-        block.forward_s += time.perf_counter() - t0
-        block.forwards += 1
-        token = int(tok.item())
-        block.tokens.append(token)
-        block.confs.append(float(conf.item()))
-        alts = sorted(((i, p) for i, p in zip(top_ids.tolist(), top_p.tolist(), strict=True)
-                       if i != token and p > 0), key=lambda x: -x[1])
-        block.alts.append(alts[:F_MAX])
-        if not greedy:
-            block.q_rows.append(probs)
-        if not keep_going(block.confs):
-            break
-        feed = [token]
-    return block
+    """draft_block on ``cache`` with the position keys (the first new token
+    at absolute ``position``) and the alternatives the guesses need."""
+    return draft_block(head, lambda t: runner(t, cache, head.which), first, k, sampling,
+                       key_at=lambda i: position_key(base, position + i), keep_going=keep_going,
+                       alts=F_MAX, out=out, abandon=abandon)
 
 
-def _q(head: HeadView, block: Drafted, greedy: bool) -> mx.array | None:
+def _q(head: DraftHead, block: Drafted, greedy: bool) -> mx.array | None:
     if greedy or not block.q_rows:
         return None
-    q = head.full_q(mx.concatenate(block.q_rows, axis=0))
+    q = head.full_q(block.q_rows)
     mx.eval(q)
     return q
 
@@ -333,10 +238,10 @@ class Job:
     worker, read back (``take``) by the engine thread once the block is
     verified."""
 
-    def __init__(self, head: HeadView, snapshot: list, start: int, block: Drafted,
+    def __init__(self, runner, head: DraftHead, snapshot: list, start: int, block: Drafted,
                  keys: list[tuple[Key, float]], bonus: int, p_bonus: float, length: int,
                  sampling: SamplingParams, base: int | None, device: str | None):
-        self.head, self.snapshot, self.start = head, snapshot, start
+        self.runner, self.head, self.snapshot, self.start = runner, head, snapshot, start
         self.proposed = list(block.tokens)
         self.keys, self.bonus, self.p_bonus = keys, bonus, p_bonus
         self.length, self.sampling, self.base, self.device = length, sampling, base, device
@@ -370,7 +275,7 @@ class Job:
             # draft's distribution after the whole block, for the bonus keys.
             t0 = time.perf_counter()
             cache = branch(self.snapshot, self.start + k - 1)
-            logits = self.head.logits(self.proposed[-1:], cache)
+            logits = self.head.logits(self.runner(self.proposed[-1:], cache, self.head.which))
             if self.sampling.greedy:
                 probs = mx.softmax(logits, axis=-1)[0]
             else:
@@ -392,9 +297,8 @@ class Job:
                 self.current = key
             snap = self.bonus_snapshot if n == k else self.snapshot
             cache = branch(snap, self.start + n)
-            fed: list[int] = []
-            block = _draft(self.head, cache, [t], self.start + n + 1, self.length,
-                           lambda _c: True, self.sampling, self.base, fed,
+            block = _draft(self.runner, self.head, cache, [t], self.start + n + 1, self.length,
+                           lambda _c: True, self.sampling, self.base,
                            abandon=lambda key=key: self._abandon(key))
             if block is None:
                 return
@@ -402,7 +306,7 @@ class Job:
             mx.eval([(c.keys, c.values) for c in cache])
             self._spent(block.forward_s, block.forwards)
             with self.cond:
-                self.results[key] = Spec(key, block, q, cache, fed)
+                self.results[key] = Spec(key, block, q, cache, len(block.tokens))
                 self.current = None
                 self.cond.notify_all()
 
@@ -538,13 +442,12 @@ class Stats:
         return self.hidden_s / self.draft_s if self.draft_s > 0 else 0.0
 
     def fields(self) -> dict:
-        return {"ssd_hits": self.hits, "ssd_misses": self.misses,
-                "ssd_fallbacks": self.fallbacks, "ssd_overlap": self.overlap,
-                "ssd_hidden_s": self.hidden_s, "ssd_draft_s": self.draft_s,
-                "ssd_spec_s": self.spec_s}
+        return {"hits": self.hits, "misses": self.misses, "fallbacks": self.fallbacks,
+                "overlap": self.overlap, "hidden_s": self.hidden_s, "draft_s": self.draft_s,
+                "spec_s": self.spec_s}
 
 
-class SpeculativeDrafter:
+class SpeculativeDrafter(Drafter):
     """The `ssd` mode's drafter, built around the engine's draft model."""
 
     name = SSD.name
@@ -554,12 +457,10 @@ class SpeculativeDrafter:
         # drafter per model in a weak dictionary that must not keep it alive.
         self._model = ref(model)
         self.settings = settings
-        self.stats = Stats()
+        self.counts = Stats()
         self._job: Job | None = None
         self._last: tuple[int, int] | None = None  # (context length, its last id) at the last block
-        self._base: int | None = None
-        self._request: object | None = None  # the request's key stream: one per request
-        self._carried: Stats | None = None  # counts from before a prepare(), until it is known
+        self._base: int | None = None  # the request's base for position keys
         self._window_s: float | None = None  # proposal to next proposal, measured
         self._forward_s: float | None = None  # one worker forward, measured
         self.branchable = all(type(c) is KVCache for c in model.slot.cache)
@@ -575,25 +476,38 @@ class SpeculativeDrafter:
     def _settings(self) -> Settings:
         return self.settings or DEFAULTS
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        """Sync the draft to ``prompt``: at a request's start, and mid-request
-        after auto-off paused speculation (decoding.py). Which one it was is
-        known at the next proposal (the request's key stream is the same or
-        new); until then the counts start from zero, so a request that never
-        drafts reports none."""
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
+        """A request starts: its counts from zero, the draft synced to ``prompt``."""
         self._drop_job()
-        self._carried, self.stats = self.stats, Stats()
+        self.counts = Stats()
         self._last = None
-        self.model.prepare(prompt)
+        self._base = None
+        self.model.prepare(prompt, request)
 
     def reset(self) -> None:
         self._drop_job()
         self._last = None
         self.model.reset()
 
-    def summary_fields(self) -> dict:
-        """This request's counts, as Summary fields (events.py)."""
-        return self.stats.fields()
+    def stats(self) -> dict:
+        """This request's counts, for Summary.drafter_stats."""
+        return {self.name: self.counts.fields()}
+
+    def ready(self, context: Sequence[int]) -> bool:
+        """Always: the first block is drafted at once, as the overlap
+        measurements in docs/benchmarks.md ran (this mode is for them)."""
+        return True
+
+    def kept(self, length: int) -> None:
+        self.model.kept(length)
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        self._drop_job()
+        self._last = None
+        self.model.catch_up(context)
+
+    def finish(self, context: Sequence[int]) -> None:
+        self.model.finish(context)
 
     def _drop_job(self) -> None:
         if self._job is not None:
@@ -604,11 +518,6 @@ class SpeculativeDrafter:
     # -- one step ------------------------------------------------------------------------
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         t0 = time.perf_counter()
-        if ctl.keys is not self._request:  # a new request
-            self._request, self._base = ctl.keys, None
-        elif self._carried is not None:  # the same request, after a pause
-            self.stats = self._carried
-        self._carried = None
         spec, status, waited = self._collect(context)
         k = ctl.cap(self.name)
         if k <= 0:
@@ -620,8 +529,8 @@ class SpeculativeDrafter:
         md = self.model
         greedy = ctl.sampling.greedy
         if spec is not None:
-            self.stats.hits += 1
-            head = HeadView(md, ctl.vocab)
+            self.counts.hits += 1
+            head = md.view(ctl.vocab)
             block, more = self._use(spec, context, k, ctl.keep_going)
             # Draft seconds on the critical path: waiting for the worker to
             # finish this key, and drafting on past what it speculated.
@@ -630,26 +539,29 @@ class SpeculativeDrafter:
             forwards = 0
             if more:  # the policy wants a longer block than was speculated: draft on
                 before = block.forward_s, block.forwards
-                _draft(head, md.slot.cache, [block.tokens[-1]], len(context), k,
-                       ctl.keep_going, ctl.sampling, self._base, md.slot.ids, out=block)
+                draft_block(head, lambda t: md.feed(t, head), [block.tokens[-1]], k,
+                            ctl.sampling, key_at=lambda i: position_key(self._base, len(context) + i),
+                            keep_going=ctl.keep_going, alts=F_MAX, out=block)
                 exposed += block.forward_s - before[0]
                 forwards = block.forwards - before[1]
                 q = _q(head, block, greedy)
             else:
                 q = spec.q[:len(block.tokens)] if spec.q is not None else None
-            self.stats.hidden_s += hidden
-            self.stats.draft_s += hidden + exposed
+            self.counts.hidden_s += hidden
+            self.counts.draft_s += hidden + exposed
         else:
             if status == "miss":
-                self.stats.misses += 1
+                self.counts.misses += 1
             else:
-                self.stats.fallbacks += 1
-            feed = md._catch_up(context)
-            head = HeadView(md, ctl.vocab)  # after catching up: it may have added rows
-            block = _draft(head, md.slot.cache, feed, len(context), k, ctl.keep_going,
-                           ctl.sampling, self._base, md.slot.ids)
+                self.counts.fallbacks += 1
+            first = md._pending(context[md.slot.length:])
+            md.slot.checkpoint()
+            head = md.view(ctl.vocab)  # after catching up: it may have added rows
+            block = draft_block(head, lambda t: md.feed(t, head), first, k, ctl.sampling,
+                                key_at=lambda i: position_key(self._base, len(context) + i),
+                                keep_going=ctl.keep_going, alts=F_MAX)
             forwards = block.forwards
-            self.stats.draft_s += block.forward_s
+            self.counts.draft_s += block.forward_s
             q = _q(head, block, greedy)
         self._launch(context, block, head, ctl)
         return Proposal(tokens=list(block.tokens), source=self.name, q=q,
@@ -681,7 +593,7 @@ class SpeculativeDrafter:
         spec, waited = job.take(outcome, self._settings.settle)
         job.cancel()
         with job.cond:
-            self.stats.spec_s += job.spent_s
+            self.counts.spec_s += job.spent_s
             if job.forwards:
                 self._forward_s = _ema(self._forward_s, job.spent_s / job.forwards)
         if outcome is None:
@@ -694,8 +606,8 @@ class SpeculativeDrafter:
         engine's own drafting would have stopped (k tokens, or
         ``keep_going``); True if it would have drafted further."""
         md = self.model
-        md.slot.cache = spec.cache
-        md.slot.ids = [*context, *spec.fed[1:]]
+        md.slot.adopt(spec.cache, len(context) + spec.fed - 1)
+        md.slot.checkpoint()
         b = spec.block
         keep, more = len(b.tokens), True
         for i in range(1, len(b.tokens) + 1):
@@ -720,7 +632,7 @@ class SpeculativeDrafter:
             forwards = (cost.verify(length + 1) / cost.draft) if cost and cost.draft > 0 else 3.0
         return max(1, min(MAX_KEYS, int((forwards - 1) // max(length, 1))))
 
-    def _launch(self, context: Sequence[int], block: Drafted, head: HeadView,
+    def _launch(self, context: Sequence[int], block: Drafted, head: DraftHead,
                 ctl: DraftControl) -> None:
         self._last = (len(context), int(context[-1])) if block.tokens else None
         if not block.tokens or not self.branchable:
@@ -731,7 +643,7 @@ class SpeculativeDrafter:
         md = self.model
         start = len(context)
         base_len = start + len(block.tokens) - 1
-        if len(md.slot.ids) < base_len or md.slot.cache[0].offset < base_len:
+        if md.slot.length < base_len:
             return
         snapshot = [(c.keys[..., :base_len, :], c.values[..., :base_len, :])
                     for c in md.slot.cache]
@@ -746,7 +658,7 @@ class SpeculativeDrafter:
         for n in range(k):
             rest = max(1e-9, 1.0 - block.confs[n])
             keys += [((n, t), p_end[n] * min(1.0, q / rest)) for t, q in block.alts[n][:counts[n]]]
-        job = Job(head, snapshot, start, block, keys, counts[k], p_end[k], k, ctl.sampling,
+        job = Job(md.runner, head, snapshot, start, block, keys, counts[k], p_end[k], k, ctl.sampling,
                   self._base, self._settings.device)
         self._job = job
         worker().submit(job)
@@ -760,9 +672,17 @@ _by_model: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def for_model(model: ModelDrafter) -> SpeculativeDrafter:
-    """The engine's `ssd` drafter around its draft model (drafter_kinds.SSD):
-    one per draft model, so its timings carry over between requests."""
+    """The engine's `ssd` drafter around its draft model: one per draft
+    model, so its timings carry over between requests."""
     drafter = _by_model.get(model)
     if drafter is None:
         drafter = _by_model[model] = SpeculativeDrafter(model)
     return drafter
+
+
+def build(parts) -> SpeculativeDrafter:
+    """drafter_kinds.SSD's maker."""
+    if not isinstance(parts.draft_model, ModelDrafter):
+        raise EngineError("The ssd mode drafts ahead with a draft model; the loaded draft is a "
+                          "draft head: use the draft or hybrid mode.")
+    return for_model(parts.draft_model)

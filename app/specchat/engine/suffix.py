@@ -23,10 +23,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from specchat.engine.drafter_kinds import SUFFIX
-from specchat.engine.drafters import DraftControl, Proposal
-from specchat.engine.events import CONVERSATION, HISTORY, SamplingParams
+from specchat.engine.drafters import DraftControl, Drafter, Parts, Proposal
+from specchat.engine.events import SamplingParams
 from specchat.engine.history import History
 from specchat.engine.suffix_index import Continuation, SuffixIndex, continuation
+from specchat.origins import CONVERSATION, HISTORY
 
 MIN_MATCH = 2  # in the conversation; one shared token is a coin toss
 # ... and when the draft model is there to draft instead (hybrid): 2-token
@@ -57,19 +58,19 @@ def stats_key(origin: str, m: int) -> str:
     return f"{SUFFIX.name}:{origin}:{bucket(m)}"
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = SUFFIX.name
 
-    def __init__(self, history: History | None = None):
-        self.history = history
+    def __init__(self, parts: Parts | None = None, history: History | None = None):
+        self.history = history if parts is None else parts.history
         self.history_key: str | None = None  # the conversation being replied to (not history)
-        self.use_history = True  # per request (off for seeded sampling: session.py)
+        self.use_history = True  # per request (off for seeded sampling)
         self.conv = SuffixIndex(tail=1024)
 
-    def attach_history(self, history: History) -> None:
-        self.history = history
-
-    def prepare(self, prompt: Sequence[int]) -> None:
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
+        if request is not None:
+            self.history_key = request.history_key
+            self.use_history = history_applies(request.sampling)
         self._sync(prompt, check_all=True)
 
     def reset(self) -> None:

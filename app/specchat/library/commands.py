@@ -101,7 +101,8 @@ def cmd_list(args, as_json: bool) -> int:
     rows = [[b.model.name, size_text(b.size_bytes), b.model.params, "float16",
              f"{b.model.ref} (built in)"] for b in built]
     rows += [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
-              m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")]
+              m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")
+              + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
              for m in models]
     print(_table(rows, ["NAME", "SIZE", "PARAMS", "WEIGHTS", "SOURCE"]))
     count = len(rows)

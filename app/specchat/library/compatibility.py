@@ -5,10 +5,11 @@ weights are loaded.
 A pair works when (1) both tokenizers are identical, so a token id the draft
 proposes means the same text to the target (same vocabulary, same ids, same
 special tokens; the words come from ``engine.compat.compare_tokenizers``,
-which the engine uses at load time too); (2) both KV caches can be rewound
-after rejected draft tokens (no sliding-window or recurrent layers; the words
-match ``engine.loading.untrimmable_reason``); and (3) the draft is smaller
-than the target, or drafting costs as much as verifying.
+which the engine uses at load time too), or the draft is an EAGLE-3 head
+made for the target (the hidden width and layers it reads, the ids it maps
+into); (2) both caches can go back after rejected draft tokens (every kind
+mlx-lm makes can: engine/rollback.py); and (3) the draft is smaller than the
+target, or drafting costs as much as verifying.
 
 Models not downloaded yet are judged from the catalog (tokenizer family and
 parameter counts) and the report says so (``verified=False``).
@@ -19,9 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specchat.engine import folders
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers
 from specchat.library import index, memory, refs
 from specchat.library.catalog import load_catalog
+from specchat.library.checks import text_config
+from specchat.library.errors import LibraryError
 from specchat.library.facts import tokenizer_facts
 from specchat.library.memory import MemoryEstimate
 from specchat.library.model_side import ModelSide, catalog_for_source
@@ -104,6 +108,34 @@ def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str]
     return [], [], ["the tokenizers cannot be compared until both models are downloaded"]
 
 
+def _head_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str], list[str]]:
+    """(problems, good reasons, notes) for an EAGLE-3 head drafting for a
+    target: it reads the target's hidden states, so they must be as wide as
+    it expects, the layers it reads must exist, and its vocabulary must map
+    into the target's ids (the engine refuses the same at load, eagle3.fit)."""
+    head = d.facts.head
+    if not t.on_disk or not t.path:
+        return [], [], ["the head is checked against the target once the target is downloaded"]
+    cfg = text_config(folders.read_config(Path(t.path), LibraryError))
+    width, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
+    problems = []
+    if width != head["reads_width"]:
+        problems.append(f"{d.name} reads hidden states of width {head['reads_width']}, {t.name} "
+                        f"has {width}")
+    ids = head["reads_layers"] or ([2, layers // 2, layers - 3] if isinstance(layers, int) else [])
+    if isinstance(layers, int) and any(not 0 <= i - 1 < layers for i in ids):
+        problems.append(f"{d.name} reads layers {ids}, {t.name} has {layers}")
+    if vocab != head["vocab"]:
+        problems.append(f"{d.name}'s vocabulary maps into {head['vocab']:,} ids, {t.name}'s "
+                        f"has {vocab:,}")
+    if problems:
+        return ([f"{d.name} is an EAGLE-3 head for another model"
+                 + (f" ({head['for']})" if head["for"] else "") + ": " + "; ".join(problems)],
+                [], [])
+    return [], [f"an EAGLE-3 head that reads {t.name}'s hidden states at layers {ids} (width "
+                f"{width}) and drafts over {head['draft_vocab']:,} of its {vocab:,} ids"], []
+
+
 def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
           allow_work: bool = True) -> CompatReport:
     """The verdict for ``draft_ref`` speculating for ``target_ref``."""
@@ -114,7 +146,8 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
     notes: list[str] = []
     if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
         problems.append(SAME_MODEL)
-    tp, tg, tn = _tokenizer_verdict(t, d)
+    is_head = d.facts is not None and d.facts.head is not None
+    tp, tg, tn = (_head_verdict if is_head else _tokenizer_verdict)(t, d)
     problems += tp
     good += tg
     notes += tn

@@ -16,15 +16,8 @@ from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.compat import facts_from_tokenizer_json
-from specchat.library.checks import check_folder, text_config
+from specchat.library.checks import check_folder, read_safetensors, text_config
 from specchat.library.errors import LibraryError
-
-# The engine's words (engine/loading.py:untrimmable_reason), so the library's
-# verdict and the engine's refusal read the same.
-SLIDING_REASON = ("it uses sliding-window attention, whose cache drops old tokens and "
-                  "cannot be rewound after rejected draft tokens")
-RECURRENT_REASON = ("it has recurrent or linear-attention layers, whose state cannot be "
-                    "rewound after rejected draft tokens")
 
 # mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
 # at least some layers.
@@ -64,6 +57,11 @@ class ModelFacts:
     num_kv_heads: int | None
     head_dim: int | None
     max_context: int | None
+    mtp: bool | None  # it ships its own MTP head (mtp.* weights): it can draft for itself
+    hidden_size: int | None  # the width of its hidden states (what a draft head reads)
+    # For an EAGLE-3 draft head (engine/eagle3.py), what it needs of a target
+    # (engine.folders.head_facts); None for a model.
+    head: dict | None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -90,8 +88,23 @@ def validate_folder(folder: Path, shown: Path | None = None) -> dict:
     against their files, the tensors config.json implies, config numbers,
     tokenizer config, chat template), before anything is copied or listed.
     Messages name ``shown`` (the folder the user gave), not a staging copy.
-    Returns config.json."""
-    return _validate(Path(folder), shown)[0]
+    A draft head's folder is checked as a head's (read_head). Returns
+    config.json."""
+    folder = Path(folder)
+    head = _head_config(folder)
+    if head is not None:
+        read_head(folder, head, shown)
+        return head
+    return _validate(folder, shown)[0]
+
+
+def _head_config(folder: Path) -> dict | None:
+    """config.json of a draft head's folder; None for anything else."""
+    try:
+        config = folders.read_config(folder, LibraryError) if folder.is_dir() else None
+    except LibraryError:
+        return None  # validate_folder says what is wrong, in its words
+    return config if config is not None and folders.is_head(config) else None
 
 
 def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
@@ -102,8 +115,11 @@ def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
 
 
 def cache_kind(config: dict) -> tuple[str, str | None]:
-    """("full" | "sliding" | "recurrent", reason or None), predicted from
-    config.json the way mlx-lm will build the model's cache.
+    """("full" | "sliding" | "recurrent", why it cannot be speculated on or
+    None), predicted from config.json the way mlx-lm will build the model's
+    cache. Every kind here can be (the engine rolls back sliding windows and
+    recurrent state: engine/rollback.py), so the reason is always None; it
+    stays for a kind that could not.
 
     ``use_sliding_window: false`` (Qwen2.5, Qwen3) means full attention even
     when ``sliding_window`` is set; ``layer_types`` names each layer's kind.
@@ -113,16 +129,16 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     layer_types = [str(t).lower() for t in (cfg.get("layer_types") or []) if t is not None]
     if model_type in RECURRENT_TYPES or any(
             w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
-        return "recurrent", RECURRENT_REASON
+        return "recurrent", None
     if any("sliding" in t or "local" in t for t in layer_types):
-        return "sliding", SLIDING_REASON
+        return "sliding", None
     if model_type in SLIDING_TYPES:
-        return "sliding", SLIDING_REASON
+        return "sliding", None
     if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
         window = cfg.get("sliding_window")
         longest = cfg.get("max_position_embeddings")
         if not (isinstance(window, int) and isinstance(longest, int) and window >= longest):
-            return "sliding", SLIDING_REASON
+            return "sliding", None
     return "full", None
 
 
@@ -248,12 +264,50 @@ def tokenizer_facts(folder: Path, shown: Path | None = None):
     return facts
 
 
+HEAD_TENSORS = ("fc.weight", "lm_head.weight")  # besides its layer's (layers.0. or midlayer.)
+
+
+def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFacts:
+    """The facts of an EAGLE-3 draft head's folder (no tokenizer of its own:
+    it drafts with the target's), after checking its safetensors files are
+    whole and hold what a head is made of."""
+    shown = shown or folder
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = [p.name for p in folder.glob("*.bin")]
+        raise LibraryError(f"{shown} has no safetensors weights"
+                           + (f" (only pickled {pickled[0]}, which SpecChat does not open: "
+                              "pickled files can run code)" if pickled else ""))
+    tensors = {}
+    for f in files:
+        tensors.update((n, {"dtype": t.dtype, "shape": list(t.shape)})
+                       for n, t in read_safetensors(f, shown / f.name).items())
+    missing = [n for n in HEAD_TENSORS if n not in tensors]
+    if missing or not any(n.startswith(("layers.0.", "midlayer.")) for n in tensors):
+        raise LibraryError(f"{shown} says it is an EAGLE-3 head but its weights lack "
+                           f"{', '.join(missing) or 'its layer'}")
+    try:
+        head = folders.head_facts(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LibraryError(f"{shown}/config.json is not an EAGLE-3 head's config ({exc})") from exc
+    params, label = count_params(config, tensors)
+    return ModelFacts(size_bytes=folder_size(folder), params=params or None, quantization=label,
+                      tokenizer_fingerprint=None, model_type="eagle3", vocab_size=head["vocab"],
+                      attention="full", untrimmable_reason=None, num_layers=None,
+                      num_kv_heads=None, head_dim=None, max_context=None, mtp=False,
+                      hidden_size=head["reads_width"], head=head)
+
+
 def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = None) -> ModelFacts:
     """All facts about an MLX model folder, after the full check that mlx-lm
-    would load it (validate_folder); every import, Hub pull and bundled
-    model is listed through here. Messages name ``shown`` if given."""
+    would load it (validate_folder), or a draft head's (read_head); every
+    import, Hub pull and bundled model is listed through here. Messages name
+    ``shown`` if given."""
     folder = Path(folder)
     shown = Path(shown) if shown is not None else None
+    head = _head_config(folder)
+    if head is not None:
+        return read_head(folder, head, shown)
     config, tensors = _validate(folder, shown)
     params, label = count_params(config, tensors)
     tok = tokenizer_facts(folder, shown)
@@ -272,4 +326,11 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         max_context=max_context(config),
+        mtp=bool(folders.mtp_keys(folder)),
+        hidden_size=_int(text_config(config).get("hidden_size")),
+        head=None,
     )
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -366,6 +366,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+HEAD_MAX_BYTES = 4 << 30  # a draft head is one layer: published ones are well under 1 GB
+
+
 def _refuse_unusable(hub: HubRef, files: list[_RemoteFile], names: list[str]) -> None:
     have = {f.name for f in files}
     if not any(n.startswith("model") and n.endswith(".safetensors") for n in have):
@@ -384,7 +387,11 @@ def _refuse_unusable(hub: HubRef, files: list[_RemoteFile], names: list[str]) ->
         raise LibraryError(f"{hub.ref} has no model weights (no model*.safetensors files).")
     if "config.json" not in have:
         raise LibraryError(f"{hub.ref} is not a model repo mlx-lm can load (no config.json).")
-    if "tokenizer.json" not in have and "tokenizer.model" not in have:
+    # A draft head (EAGLE-3) has no tokenizer of its own: it drafts with the
+    # target's. Its config, read once downloaded (facts.read_folder), says
+    # whether it is one; a model that small without one is refused there.
+    small = sum(f.size for f in files) <= HEAD_MAX_BYTES
+    if "tokenizer.json" not in have and "tokenizer.model" not in have and not small:
         raise LibraryError(f"{hub.ref} has no tokenizer (tokenizer.json is missing).")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from specchat import values
+from specchat.engine.folders import is_cluster_folder
 from specchat.library.errors import LibraryError
 from specchat.library.facts import read_folder
 
@@ -249,10 +250,10 @@ class _Share:
 def _rank0_share(target_path: Path) -> float:
     """The share of a cluster target's layers on rank 0 (1.0 for a local
     folder): the rest is in the other machines' memory."""
-    from specchat.engine.distributed import hostfile
-
-    if not hostfile.is_cluster_folder(target_path):
+    if not is_cluster_folder(target_path):
         return 1.0
+    from specchat.engine.distributed import hostfile  # optional: only for a cluster
+
     try:
         spec = hostfile.read(target_path)
     except Exception:  # noqa: BLE001 - the load itself reports a bad cluster file

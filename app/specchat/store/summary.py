@@ -13,30 +13,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from specchat import records
-
-# Short names of where tokens came from, as the summary line and the gauges
-# say them (the engine's origin keys: engine.events.ORIGIN_LABELS). The
-# target's own tokens are the rest; an unknown key is shown by its name.
-SOURCE_NAMES = {"draft": "draft", "conversation": "conversation", "history": "history"}
+from specchat import origins, records
 
 
 def origin_shares(tokens_by_origin: dict[str, int]) -> list[tuple[str, float]]:
-    """(origin, share of all tokens) for every source but the target, in a
-    fixed order (draft, conversation, history, then others by name); empty
+    """(origin, share of all tokens) for every source but the target, in the
+    registry's order (specchat/origins.py), then unknown ones by name; empty
     when no token came from a source."""
     total = sum(n for n in tokens_by_origin.values() if n > 0)
     if not total:
         return []
-    known = [o for o in SOURCE_NAMES if tokens_by_origin.get(o, 0) > 0]
-    other = sorted(o for o, n in tokens_by_origin.items()
-                   if n > 0 and o != "target" and o not in SOURCE_NAMES)
-    return [(o, tokens_by_origin[o] / total) for o in known + other]
+    return [(o, tokens_by_origin[o] / total) for o in origins.drafted(tokens_by_origin)
+            if tokens_by_origin[o] > 0]
 
 
 def shares_text(tokens_by_origin: dict[str, int]) -> str:
     """ "draft 41% · conversation 22% · history 9%" (the rest: the target)."""
-    return " · ".join(f"{SOURCE_NAMES.get(o, o)} {share:.0%}"
+    return " · ".join(f"{origins.get(o).short} {share:.0%}"
                       for o, share in origin_shares(tokens_by_origin))
 
 
@@ -55,7 +48,7 @@ class ReplySummary:
     drafter, ``by_key``; kept as they came."""
     tokens_by_origin: dict[str, int] = field(default_factory=dict)
     """The reply's tokens per origin: "target", "draft" (the draft model),
-    "conversation", "history" (engine.events.ORIGIN_LABELS names them)."""
+    "conversation", "history", ... (specchat/origins.py names them)."""
     acceptance_rate: float = 0.0
     tokens_per_step: float = 1.0
     tokens_per_s: float = 0.0

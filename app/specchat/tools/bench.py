@@ -79,8 +79,10 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
     ``auto_off``: break-even auto-off for every SpecChat variant (on, as in
     the app, or off: speculation even where it is slower than plain)."""
     variants = [replace(VARIANTS[m], auto_off=auto_off) for m in modes]
-    if any(v.needs_draft_model for v in variants) and engine.draft is None:
-        raise EngineError("the bench needs a draft model for the speculative modes")
+    cannot = {v.name: why for v in variants if (why := v.cannot_run(engine.pair))}
+    if cannot:
+        raise EngineError("these modes cannot run on the models loaded: " + "; ".join(
+            f"{name} {why}" for name, why in cannot.items()))
     runs = run_all(engine, prompts, variants, max_tokens, sampling, log, history)
     peak = mx.get_peak_memory()
     modes_out, by_kind = tables(runs, sampling.greedy)
@@ -92,6 +94,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
         "models": {
             "target": model_json(engine.target.info),
             "draft": model_json(engine.draft.info) if engine.draft else None,
+            "head": model_json(engine.head.info) if engine.head else None,
         },
         "settings": {"max_tokens": max_tokens, "temperature": sampling.temperature,
                      "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed,
@@ -131,15 +134,18 @@ def main(args: argparse.Namespace) -> int:
             log(f"[{ev.stage}] {ev.message}")
 
     client = make_client()
-    pair = client.load(args.target, args.draft).wait(on_event=progress)
-    log(f"loaded {pair.target.name} + {pair.draft.name if pair.draft else '-'} on "
+    pair = client.load(args.target, args.draft, head=getattr(args, "head", None)).wait(
+        on_event=progress)
+    log(f"loaded {pair.target.name} + {pair.draft.name if pair.draft else '-'}"
+        f"{' + ' + pair.head.name if pair.head else ''} on "
         f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}")
+    modes = args.modes or [n for n, v in VARIANTS.items() if v.cannot_run(pair) is None]
     load_before = cpuload.load_average()
     with cpuload.BackgroundLoad(args.background_load):
         if args.background_load:
             log(f"background load: {args.background_load} spinning processes")
             time.sleep(3)  # let the scheduler spread them before the first run
-        rep = client.call(lambda eng: run_bench(eng, prompts, list(args.modes), args.max_tokens,
+        rep = client.call(lambda eng: run_bench(eng, prompts, list(modes), args.max_tokens,
                                                 sampling, log, args.background_load,
                                                 getattr(args, "history", "none"),
                                                 auto_off)).wait()

@@ -85,13 +85,13 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
 
 def _ssd(runs: list[Run]) -> dict:
     """Speculative speculative decoding over the runs (engine/ssd.py, the
-    Summary's ssd_* fields a Run keeps in ``ssd``): hit rate over the steps
+    drafter's counts a Run keeps in ``ssd``): hit rate over the steps
     that drafted, and overlap: draft seconds hidden behind verification over
     all draft seconds behind the verified blocks."""
     got = [r.ssd for r in runs if getattr(r, "ssd", None)]
     if not got:
         return {}
-    total = {k: sum(g.get(f"ssd_{k}", 0) for g in got)
+    total = {k: sum(g.get(k, 0) for g in got)
              for k in ("hits", "misses", "fallbacks", "hidden_s", "draft_s", "spec_s")}
     steps = total["hits"] + total["misses"] + total["fallbacks"]
     return {**total, "hit_rate": total["hits"] / steps if steps else None,

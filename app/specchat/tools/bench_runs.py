@@ -10,7 +10,7 @@ so tokens/s measures decoding only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
@@ -44,7 +44,7 @@ class Run:
     blas_threads: dict = field(default_factory=dict)  # steps at each BLAS thread count
     origins: dict = field(default_factory=dict)  # emitted tokens per origin (events.py)
     by_key: dict = field(default_factory=dict)  # suffix drafts per statistics key (source, match)
-    ssd: dict = field(default_factory=dict)  # the ssd mode's counts (Summary's ssd_* fields)
+    ssd: dict = field(default_factory=dict)  # the ssd mode's counts (Summary.drafter_stats["ssd"])
 
     @property
     def tokens_per_s(self) -> float:
@@ -77,7 +77,7 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps],
                blas_threads=s.blas_threads, origins=dict(s.tokens_by_origin),
                by_key=dict(s.drafted_by.get("suffix", {}).get("by_key", {})),
-               ssd={f.name: getattr(s, f.name) for f in fields(s) if f.name.startswith("ssd_")})
+               ssd=dict(s.drafter_stats.get("ssd", {})))
 
 
 def _mlx_lm_tokens(engine: Engine, k: int, ids: list[int], max_tokens: int,

@@ -4,9 +4,14 @@ benchmarks/forward_costs.py)."""
 
 from __future__ import annotations
 
+import statistics
+import time
+
+import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specchat.engine.draft_policy import expected_tokens
+from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.measure import prefill, step_time
 from specchat.engine.session import Engine
 
@@ -28,9 +33,39 @@ def measure_costs(engine: Engine, ids: list[int], reps: int = 3) -> dict:
     costs = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
                         for m in (1, 3, 5, 9)}}
     drafter = engine.model_drafter
-    if drafter is not None:
+    if isinstance(drafter, HeadDrafter):
+        costs["draft"] = head_step_time(engine, drafter, ids, reps)
+    elif drafter is not None:
         costs["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)
     return costs
+
+
+def head_step_time(engine: Engine, drafter: HeadDrafter, ids: list[int], reps: int) -> float:
+    """Seconds per token a head drafts: one chained forward of its layers and
+    its logits, after its cache holds the prompt's rows fed the target's
+    real features (the target run once with its tap on). The head is reset
+    afterwards: the next request feeds it again from the target's cache."""
+    runner = engine.target_runner
+    was = runner.tap
+    runner.tap = True
+    try:
+        mx.eval(runner(ids, make_prompt_cache(runner.model), "none"))
+        feats = drafter.features(runner.tapped)
+    finally:
+        runner.tap, runner.tapped = was, None
+    drafter.reset()
+    out = drafter.forward(mx.array(ids[1:], dtype=mx.uint32), feats[:-1], fed=True)
+    mx.eval(out)
+    h, last = out[-1:], mx.array(ids[-1:], dtype=mx.uint32)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(drafter.logits(drafter.forward(last, h, fed=False)))
+        times.append(time.perf_counter() - t0)
+        for c in drafter.cache:
+            c.trim(1)
+    drafter.reset()
+    return statistics.median(times)
 
 
 def relative_costs(engine: Engine, ids: list[int]) -> dict:

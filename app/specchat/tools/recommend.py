@@ -13,46 +13,24 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 from specchat.library import draft_search
 from specchat.library import recommendations as rec
 from specchat.library.engine_link import make_client
 from specchat.library.recommendations import Recommendation
-from specchat.store import db
-from specchat.store.conversations import ConversationStore
+from specchat.tools.history import read_history
 
 
 def history_prompts(n: int) -> list[str]:
-    """The person's ``n`` most recent prompts, read from the history file
-    without writing to it (none when there is no history yet)."""
-    path = db.default_path()
-    if not path.is_file():
-        return []
-    try:
-        conn = db.connect_read_only(path)
-    except sqlite3.Error as exc:
-        print(f"note: your history could not be read ({exc}); using built-in prompts",
-              file=sys.stderr)
-        return []
-    try:
-        store = ConversationStore(conn)
+    """The person's ``n`` most recent prompts (none when there is no history yet)."""
+    def newest(store) -> list[str]:
+        chats = ([(m.role, m.content) for m in store.messages(c.id)] for c in store.list())
+        return rec.recent_prompts(chats, n)
 
-        def newest_first() -> Iterator[list[tuple[str, str]]]:
-            for c in store.list():
-                yield [(m.role, m.content) for m in store.messages(c.id)]
-
-        return rec.recent_prompts(newest_first(), n)
-    except sqlite3.Error as exc:
-        print(f"note: your history could not be read ({exc}); using built-in prompts",
-              file=sys.stderr)
-        return []
-    finally:
-        conn.close()
+    return read_history(newest, "using built-in prompts") or []
 
 
 class _Lines:

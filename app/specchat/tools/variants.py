@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from specchat.engine import modes
-from specchat.engine.events import DraftSettings
+from specchat.engine.events import DraftSettings, LoadedPair
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,19 @@ class Variant:
     @property
     def needs_draft_model(self) -> bool:
         return bool(self.k) if self.mlx_lm else self.mode.needs_draft_model
+
+    def cannot_run(self, pair: LoadedPair) -> str | None:
+        """Why this variant cannot run on the loaded pair, or None: what it
+        needs is not loaded, or it needs a draft model and the draft is a
+        head (mlx-lm's generators and ssd run a draft model's forward)."""
+        needs = ({"draft"} if self.k else set()) if self.mlx_lm else self.mode.needs
+        if not needs <= pair.loaded():
+            return f"needs {' and '.join(sorted(needs - pair.loaded()))}"
+        draft_is_head = pair.draft is not None and pair.draft.model_type == "eagle3"
+        if draft_is_head and self.needs_draft_model and (
+                self.mlx_lm or "draft" not in self.mode.drafters):
+            return "needs a draft model, and the draft is a head"
+        return None
 
     def draft_cost(self, draft_forward: float) -> float:
         """One drafted token in target forwards, given one draft forward's."""
@@ -59,12 +72,13 @@ MLX_LM_PLAIN = Variant("mlx-lm-plain", None, 0)
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     PLAIN,
     Variant("spec", modes.HYBRID),
-    Variant("spec-lookup", modes.LOOKUP_DRAFT),  # the hybrid before suffix drafting
     Variant("suffix", modes.SUFFIX),
     Variant("spec-k2", modes.DRAFT, 2),
     Variant("spec-k4", modes.DRAFT, 4),
     Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd.py)
-    Variant("lookup", modes.LOOKUP),
+    # An EAGLE-3 head (``specchat bench --head``, or a head as the --draft).
+    Variant("head", modes.HEAD),
+    Variant("head+suffix", modes.HEAD_HYBRID),
     MLX_LM_PLAIN,
     *(Variant(f"mlx-lm-spec-k{k}", None, k) for k in (2, 3, 4, 6)),
 )}

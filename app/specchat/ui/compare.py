@@ -79,7 +79,7 @@ class CompareDialog(QDialog):
 
     def __init__(self, runner: CompareRunner, prompt: str = "", parent=None):
         super().__init__(parent)
-        self.setWindowTitle("SpecChat — compare plain and speculative")
+        self.setWindowTitle("Compare plain and speculative — SpecChat")
         self.resize(980, 620)
         self.runner = runner
         self.prompt = QPlainTextEdit(prompt)

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat import origins
 from specchat.engine import modes
-from specchat.engine.events import ORIGIN_LABELS
 from specchat.store.summary import origin_shares, shares_text
 from specchat.ui import theme
 from specchat.ui.charts import ChartsPanel
@@ -134,7 +134,7 @@ class _SourcesGauge(QWidget):
         self.value.updateGeometry()
         total = sum(counts.values())
         if total:
-            self.setToolTip("\n".join(f"{ORIGIN_LABELS.get(o, o)}: {n} tokens ({n / total:.0%})"
+            self.setToolTip("\n".join(f"{origins.get(o).label}: {n} tokens ({n / total:.0%})"
                                       for o, n in sorted(counts.items(), key=lambda x: -x[1])))
 
 

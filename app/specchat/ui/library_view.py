@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specchat.engine import modes
 from specchat.library import bundled, compatibility, index, paths
 from specchat.library import catalog as cat
 from specchat.library.bundled import PreparedModel
@@ -55,6 +56,33 @@ def installed_models() -> list[InstalledModel]:
         return list(index.list_installed())
     except Exception:  # noqa: BLE001 - an unreadable index must not break the window
         return []
+
+
+def _made_for(head: InstalledModel, model: InstalledModel) -> bool:
+    """Whether an EAGLE-3 head names ``model`` as the one it drafts for."""
+    made_for = (head.head or {}).get("for") or ""
+    return bool(made_for) and made_for in (model.name, model.source.removeprefix("hf:"),
+                                           model.path)
+
+
+def heads_under_targets(models: list[InstalledModel]) -> list[InstalledModel]:
+    """Models in their order, each followed by the draft heads made for it;
+    heads whose target is not installed come last."""
+    heads = [m for m in models if m.head]
+    out: list[InstalledModel] = []
+    for m in models:
+        if m.head:
+            continue
+        out.append(m)
+        out += [h for h in heads if _made_for(h, m) and h not in out]
+    return out + [h for h in heads if h not in out]
+
+
+def source_text(m: InstalledModel) -> str:
+    """Where a model came from, and for a draft head which model it drafts for."""
+    if not m.head:
+        return m.source
+    return f"{m.source} (EAGLE-3 head for {m.head.get('for') or 'its target'})"
 
 
 def built_in_models() -> list[PreparedModel]:
@@ -143,12 +171,35 @@ def cluster_choice(state: ClusterState, loaded_here: bool = False) -> ModelChoic
     return ModelChoice(state.ref, f"{where}  (not answering)", "cluster", state.waiting)
 
 
+OWN_HEAD_LABEL = "The model's own MTP head"
+
+
+def own_head_verdict(target: str) -> Verdict:
+    """Whether ``target`` ships an MTP head to draft with: from its files
+    when it is on disk, else from the catalog."""
+    try:
+        side = compatibility.describe(target, allow_work=False)
+    except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
+        return Verdict(None, (f"Checked when the pair loads ({exc}).",))
+    has = side.facts.mtp if side.facts is not None else (
+        side.catalog.mtp if side.catalog is not None else None)
+    if has is None:
+        return Verdict(None, ("Whether it ships an MTP head is checked when it loads.",))
+    if not has:
+        return Verdict(False, (f"{side.name} ships no MTP head (no mtp.* weights): choose a "
+                               "draft model, or draft from the conversation",))
+    return Verdict(True, (f"{side.name} drafts for itself with its own MTP head: one layer, "
+                          "no second model to download or hold",))
+
+
 def check_pair(target: str, draft: str | None) -> Verdict:
     """Can ``draft`` speculate for ``target``? Reads tokenizer files (and may
     be slow for models not yet on disk): call it off the GUI thread."""
     if not draft:
         return Verdict(True, ("No draft model: suffix matching drafts from the conversation "
                               "and your history.",))
+    if draft == modes.OWN_HEAD:
+        return own_head_verdict(target)
     try:
         # allow_work=False: a verdict must never start a minutes-long
         # conversion of a bundled model or a GGUF file.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
+from specchat.engine import modes
 from specchat.engine.events import LoadedPair
 from specchat.ui.banner import Banner
 from specchat.ui.engine_controller import EngineController
@@ -24,8 +25,9 @@ class LoadBanner(Banner):
         self.button.clicked.connect(engine.cancel_load)
 
     def _started(self, target: str, draft: str | None) -> None:
-        self._models = 2 if draft else 1
-        what = target + (f" + {draft}" if draft else " (suffix matching)")
+        self._models = 2 if draft and draft != modes.OWN_HEAD else 1
+        what = target + ({None: " (suffix matching)", modes.OWN_HEAD: " + its own MTP head"}
+                         .get(draft, f" + {draft}"))
         self.show_message(f"Loading {what}…", None, progress=True)
 
     def _progress(self, stage: str, message: str, fraction: float | None) -> None:
@@ -47,6 +49,8 @@ def progress_line(stage: str, message: str, fraction: float | None, models: int)
 
 
 def pair_name(pair: LoadedPair) -> str:
+    if pair.own_head:
+        return f"{pair.target.name} + its own MTP head"
     return f"{pair.target.name} + {pair.draft.name if pair.draft else 'suffix matching'}"
 
 

@@ -258,7 +258,9 @@ class MainWindow(QMainWindow):
 
     def _loaded(self, pair: LoadedPair) -> None:
         engine = self.session.engine
-        self.setWindowTitle(f"SpecChat — {pair_name(pair)}")
+        # "<pair> — SpecChat": Qt appends the display name on Linux unless a
+        # title ends with it (macOS shows the title as it is).
+        self.setWindowTitle(f"{pair_name(pair)} — SpecChat")
         self.session.update_settings(last_target=engine.target_ref, last_draft=engine.draft_ref)
         self.picker.set_pair(engine.target_ref, engine.draft_ref)
         self.update_state()
@@ -274,10 +276,13 @@ class MainWindow(QMainWindow):
 
     # -- dialogs -------------------------------------------------------------------
     def open_model_manager(self):
+        from specchat.ui.head_training import HeadTraining
         from specchat.ui.model_manager import ModelManager
 
-        dlg = ModelManager(self.session.engine.client, self)
+        dlg = ModelManager(self.session.engine.client, self, HeadTraining(self.session))
         dlg.modelsChanged.connect(self.session.pairs.reload_choices)
+        self.session.engine.loaded.connect(dlg.update_training)  # what can be trained now
+        self.session.engine.heldChanged.connect(dlg.update_training)
         dlg.show()
         self.model_manager = dlg
         return dlg

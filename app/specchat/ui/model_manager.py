@@ -2,7 +2,8 @@
 
 Downloads are network work and run on the default executor; imports may
 convert weights with MLX, so they run on the engine thread (through
-EngineClient.call) like every other MLX job. Progress comes back through
+EngineClient.call) like every other MLX job, as does training a draft head
+for the loaded target (ui/head_training.py). Progress comes back through
 ``loop.call_soon_threadsafe``; Cancel sets the event the library polls.
 """
 
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
@@ -31,9 +33,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from specchat.library import importing, refs
+from specchat.library import importing, paths, refs, trained_heads
 from specchat.library.units import params_text, size_text
-from specchat.ui import library_view
+from specchat.ui import head_training, library_view
 
 if TYPE_CHECKING:
     from specchat.library.bundled import PreparedModel
@@ -120,9 +122,10 @@ def _table(headers: list[str]) -> QTableWidget:
 class ModelManager(QDialog):
     modelsChanged = Signal()
 
-    def __init__(self, engine_client=None, parent=None):
+    def __init__(self, engine_client=None, parent=None, trainer=None):
         super().__init__(parent)
-        self.setWindowTitle("SpecChat — models")
+        self.trainer: head_training.HeadTraining | None = trainer
+        self.setWindowTitle("Models — SpecChat")
         self.resize(820, 560)
         self.client = engine_client
         self.where = QLabel()
@@ -143,6 +146,21 @@ class ModelManager(QDialog):
         row.addStretch(1)
         row.addWidget(self.delete_button)
         il.addLayout(row)
+        self.train_minutes = QSpinBox()
+        self.train_minutes.setRange(1, 24 * 60)
+        self.train_minutes.setValue(60)
+        self.train_minutes.setSuffix(" min")
+        self.train_button = QPushButton("Train a draft head…")
+        self.train_note = QLabel()
+        self.train_note.setObjectName("GaugeLabel")
+        self.train_note.setWordWrap(True)
+        trow = QHBoxLayout()
+        trow.addWidget(self.train_note, 1)
+        trow.addWidget(self.train_minutes)
+        trow.addWidget(self.train_button)
+        if trainer is not None:
+            il.addLayout(trow)
+        self.train_button.clicked.connect(lambda: self.train_head(self.train_minutes.value()))
         cat = QWidget()
         cl = QVBoxLayout(cat)
         cl.addWidget(self.catalog)
@@ -172,14 +190,12 @@ class ModelManager(QDialog):
     # -- listing -------------------------------------------------------------
     def refresh(self) -> None:
         try:
-            from specchat.library import paths
-
             home = paths.home()
             used = size_text(library_view.disk_usage())
             self.where.setText(f"Models are stored in {home}  ·  {used} used")
         except Exception as exc:  # noqa: BLE001
             self.where.setText(f"Model folder unavailable: {exc}")
-        models = library_view.installed_models()
+        models = library_view.heads_under_targets(library_view.installed_models())
         listed = {m.source for m in models}
         built = [b for b in library_view.built_in_models() if b.model.ref not in listed]
         self._built_in = built
@@ -187,8 +203,9 @@ class ModelManager(QDialog):
         self.installed.setRowCount(len(self._installed_rows))
         cells = [(b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
                   b.model.params) for b in built]
-        cells += [(m.name, m.source, size_text(m.size_bytes),
-                   params_text(m.params) if m.params else "") for m in models]
+        cells += [(("↳ " if m.head else "") + m.name, library_view.source_text(m),
+                   size_text(m.size_bytes), params_text(m.params) if m.params else "")
+                  for m in models]
         for i, row in enumerate(cells):
             for j, v in enumerate(row):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
@@ -202,6 +219,19 @@ class ModelManager(QDialog):
             for j, v in enumerate((m.name, m.ref, size_text(m.download_bytes), status)):
                 self.catalog.setItem(i, j, QTableWidgetItem(v))
         self._selection_changed()
+        self.update_training()
+
+    def update_training(self, *_args) -> None:
+        """The training row: for the loaded target, or why not now."""
+        if self.trainer is None:
+            return
+        refusal, out = self.trainer.refusal(), self.trainer.out()
+        self.train_button.setEnabled(refusal is None)
+        resume = out is not None and trained_heads.can_resume(out)
+        self.train_button.setText("Resume training…" if resume else "Train a draft head…")
+        self.train_note.setText(refusal or (
+            f"An EAGLE-3 head for {self.trainer.target}, learnt from your conversations and "
+            "the installed packages' text; chat waits while it trains."))
 
     def _selection_changed(self) -> None:
         """Delete is for what SpecChat installed: a built-in model comes
@@ -271,6 +301,32 @@ class ModelManager(QDialog):
         row.finish("Done.")
         self.refresh()
         self.modelsChanged.emit()
+
+    def train_head(self, minutes: float, max_steps: int | None = None) -> asyncio.Future:
+        row = self._add_task(f"Training a draft head for {self.trainer.target}")
+        row.cancel_button.clicked.connect(self.trainer.cancel)
+        self.train_button.setEnabled(False)
+        return asyncio.ensure_future(self._train(minutes, max_steps, row))
+
+    async def _train(self, minutes: float, max_steps: int | None, row: TaskRow) -> None:
+        last = []
+
+        def progress(p) -> None:
+            last[:] = [p]
+            row.fraction(min(1.0, p.elapsed_s / p.budget_s) if p.budget_s else None,
+                         head_training.progress_text(p))
+
+        try:
+            head = await self.trainer.run(minutes, progress, max_steps)
+        except Exception as exc:  # noqa: BLE001 - EngineError/LibraryError text is for people
+            row.fail(str(exc))
+        else:
+            accept = " ".join(f"{a:.0%}" for a in last[0].accept) if last else ""
+            row.finish(("Stopped; train again to go on. " if row.cancelled.is_set() else "")
+                       + f"{head.name} is listed under its target"
+                       + (f"; held-out acceptance by position {accept}." if accept else "."))
+            self.modelsChanged.emit()
+        self.refresh()
 
     def import_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Import an MLX model folder")

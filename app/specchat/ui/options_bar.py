@@ -21,19 +21,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat import origins
 from specchat.engine import drafter_kinds, modes
-from specchat.engine.events import CONVERSATION, DRAFT_MODEL, HISTORY, LoadedPair
+from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
-from specchat.store.summary import SOURCE_NAMES
 from specchat.ui.session import AppSession
 
 SPEC_SHORTCUT = "Ctrl+Shift+S"
 # The menu reaches as far as K auto can go (the longest block any drafter
 # kind may propose), so every K the gauge shows can also be fixed.
 MAX_K = max(kind.cap for kind in drafter_kinds.KINDS.values())
-# The legend's swatches: the stylesheet gives each its tint (resources/styles/app.qss).
-SWATCHES = ((DRAFT_MODEL, "SwatchDraft"), (CONVERSATION, "SwatchConversation"),
-            (HISTORY, "SwatchHistory"))
 
 
 class OriginLegend(QWidget):
@@ -45,16 +42,19 @@ class OriginLegend(QWidget):
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(4)
-        for origin, name in SWATCHES:
-            swatch = QLabel(SOURCE_NAMES[origin])  # the gauges' words for them
-            swatch.setObjectName(name)
+        for origin in origins.ORIGINS.values():
+            if not any(origin.tint):
+                continue  # the target's own tokens are not tinted
+            swatch = QLabel(origin.short)  # the gauges' words for them
+            swatch.setObjectName("OriginSwatch")  # theme.origin_swatches tints it
+            swatch.setProperty("origin", origin.name)
             swatch.setAlignment(Qt.AlignmentFlag.AlignCenter)
             # The stylesheet's padding is not in a label's size hint: room for it here.
             swatch.setMinimumWidth(swatch.fontMetrics().horizontalAdvance(swatch.text()) + 14)
             lay.addWidget(swatch)
-        self.setToolTip("Where each token came from: drafted by the draft model, copied from "
-                        "this conversation, or copied from your earlier conversations "
-                        "(history). Untinted text the target wrote itself.")
+        self.setToolTip("Where each token came from: "
+                        + ", ".join(o.label for o in origins.ORIGINS.values() if any(o.tint))
+                        + ". Untinted text the target wrote itself.")
 
 
 class OptionsBar(QFrame):

@@ -38,8 +38,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat.engine import modes
 from specchat.errors import SpecChatError
-from specchat.ui.library_view import ModelChoice, Verdict, cluster_choice
+from specchat.ui.library_view import OWN_HEAD_LABEL, ModelChoice, Verdict, cluster_choice
 from specchat.ui.pair_controller import PairController
 
 if TYPE_CHECKING:
@@ -313,6 +314,7 @@ class PairPicker(QFrame):
             box.blockSignals(True)
             box.clear()
         self.draft.addItem(LOOKUP_LABEL, None)
+        self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
         for c in pairs.choices:
             self._add(self.target, c)
             self._add(self.draft, c)

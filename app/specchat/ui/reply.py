@@ -11,7 +11,6 @@ waiting on the disk must not freeze the window.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 from PySide6.QtCore import QObject, Signal
@@ -67,7 +66,7 @@ class Reply(QObject):
         else:
             try:
                 result = await engine.run(request, on_step=self._step)
-                summary = self._with_origins(reply_summary(result.summary))
+                summary = reply_summary(result.summary)
             except EngineError as exc:
                 # Stopped before the first step (e.g. while the chat template
                 # renders) ends the job as a failure; the user asked for it.
@@ -78,13 +77,6 @@ class Reply(QObject):
         self._flush()
         self._finish(summary, error)
         return summary
-
-    def _with_origins(self, summary: ReplySummary) -> ReplySummary:
-        """The summary, with the tokens per origin counted from the steps if
-        the engine did not report them (so the saved line can say them)."""
-        if summary.tokens_by_origin or not self.live.by_origin:
-            return summary
-        return dataclasses.replace(summary, tokens_by_origin=dict(self.live.by_origin))
 
     def _row(self) -> int | None:
         """The bubble's row, or None once another conversation is shown."""

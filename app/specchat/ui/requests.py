@@ -29,13 +29,15 @@ def reply_mode(settings: AppSettings, pair: LoadedPair | None,
     (``speculative`` overrides the setting, as Compare does)."""
     on = settings.speculative if speculative is None else speculative
     has_draft = pair is not None and pair.draft is not None
-    auto = modes.for_pair(on, has_draft, pair is not None and pair.speculative_ok)
+    auto = modes.for_pair(on, has_draft, pair is not None and pair.speculative_ok,
+                          mtp=pair is not None and pair.own_head)
     chosen = modes.MODES.get(settings.spec_mode or "")
     if auto is modes.PLAIN or chosen is None or not chosen.speculative:
         return auto
-    if chosen.needs_draft_model and not has_draft:
+    have = pair.loaded() if pair is not None else set()
+    if not chosen.needs <= have:
         # The engine would run it on its other drafters, or refuse it.
-        return chosen.without_draft_model() or auto
+        return chosen.runs_with(have) or auto
     return chosen
 
 

@@ -33,7 +33,7 @@ from specchat.ui.value_edit import ValueEdit
 class SettingsDialog(QDialog):
     def __init__(self, settings: AppSettings, parent=None):
         super().__init__(parent)
-        self.setWindowTitle("SpecChat settings")
+        self.setWindowTitle("Settings — SpecChat")
         self.setMinimumWidth(460)
         self._base = settings
         self.system = QPlainTextEdit(settings.system_prompt)

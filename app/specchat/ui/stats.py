@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specchat.engine import modes
-from specchat.engine.events import TARGET, StepEvent
+from specchat.engine.events import StepEvent
 from specchat.store.summary import ReplySummary
 
 SPEED_WINDOW_S = 2.0  # the gauge's window and the chart's: the number and the line agree
@@ -175,7 +175,7 @@ class LiveStats:
         self.paused = ev.paused or ev.probe
         self.speed.add(ev.elapsed_s, ev.total_tokens)
         self.position_tally.add(ev.drafted, ev.accepted)
-        self.by_origin.update(ev.origins or (TARGET,) * len(ev.token_ids))
+        self.by_origin = Counter(dict(ev.origin_totals))  # counted once, in the engine
 
     @property
     def tokens_per_s(self) -> float:

@@ -14,7 +14,7 @@ from importlib import resources
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 
-from specchat.engine.events import CONVERSATION, DRAFT_MODEL, HISTORY, TARGET
+from specchat import origins
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,6 @@ class Colors:
     code_bg: QColor
     code_header: QColor
     link: QColor
-    draft_token: QColor  # Colour tokens: text the draft model drafted
-    conversation_token: QColor  # ... copied from this conversation
-    history_token: QColor  # ... copied from the user's earlier conversations
     error: QColor
     warning_bg: QColor
     border: QColor
@@ -57,9 +54,6 @@ _PALETTE: dict[str, tuple[str, str]] = {
     "code_bg": ("#f1f3f6", "#1e2024"),
     "code_header": ("#6b7280", "#9aa1ab"),
     "link": ("#2f6fde", "#8db4ff"),
-    "draft_token": ("#c8f0cf", "#245c33"),
-    "conversation_token": ("#cfe0ff", "#24406e"),
-    "history_token": ("#f7dcae", "#5e4216"),
     "error": ("#b3261e", "#ff8a80"),
     "warning_bg": ("#fff4d6", "#4a3b12"),
     "border": ("#dfe3e8", "#3a3e45"),
@@ -69,17 +63,20 @@ LIGHT = Colors(dark=False, **{name: _c(pair[0]) for name, pair in _PALETTE.items
 DARK = Colors(dark=True, **{name: _c(pair[1]) for name, pair in _PALETTE.items()})
 
 
-# Where a token came from (engine.events: TARGET, DRAFT_MODEL, CONVERSATION,
-# HISTORY) -> its Colour-tokens tint. The target's own tokens are not tinted;
-# an origin not listed (an older reply, a new drafter) takes the draft tint.
-ORIGIN_COLOR_FIELDS = {DRAFT_MODEL: "draft_token", CONVERSATION: "conversation_token",
-                       HISTORY: "history_token"}
-
-
 def origin_color(colors: Colors, origin: str) -> QColor | None:
-    if origin == TARGET:
-        return None
-    return getattr(colors, ORIGIN_COLOR_FIELDS.get(origin, "draft_token"))
+    """Colour tokens' tint for a token's origin (specchat/origins.py, where
+    each drafter's origin declares it): None for the target's own tokens and
+    for an origin this version does not know."""
+    tint = origins.get(origin).tint[1 if colors.dark else 0]
+    return QColor(tint) if tint else None
+
+
+def origin_swatches(colors: Colors) -> str:
+    """Stylesheet rules giving each origin's legend swatch its tint
+    (``#OriginSwatch[origin="<name>"]``)."""
+    return "".join(f'\n#OriginSwatch[origin="{o.name}"] {{ background: {c.name()}; }}'
+                   for o in origins.ORIGINS.values()
+                   if (c := origin_color(colors, o.name)) is not None)
 
 
 def system_is_dark() -> bool:
@@ -127,7 +124,7 @@ def stylesheet(colors: Colors) -> str:
         value = getattr(colors, f.name)
         if isinstance(value, QColor):
             qss = qss.replace("@" + f.name, value.name())
-    return qss
+    return qss + origin_swatches(colors)
 
 
 def apply(app) -> Colors:

@@ -33,23 +33,14 @@ from pathlib import Path
 from specchat import values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import read_config
-from specchat.home import home
+from specchat.engine.folders import HOSTFILE, NAME, read_config
 
-HOSTFILE = "hostfile.json"
 LOCAL_IPS = {"127.0.0.1", "::1", "localhost"}
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_RANKS = 64
 HIGHEST_PORT = 65535
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
-
-
-def clusters_dir() -> Path:
-    """Where ``specchat cluster create`` writes clusters: the only place a
-    folder is taken for one."""
-    return home() / "clusters"
 
 
 def check_host(host: str) -> str:
@@ -184,19 +175,6 @@ def _port(value: object) -> int:
     if not 1 <= _count(value) <= HIGHEST_PORT:
         raise ValueError(f"port {value} is not from 1 to {HIGHEST_PORT}")
     return value
-
-
-def is_cluster_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a cluster ``specchat cluster create`` made: a
-    folder of ``clusters_dir()`` with a hostfile. Never because some other
-    folder holds a hostfile (see the module docstring)."""
-    try:
-        folder = Path(path).expanduser().resolve()
-        root = clusters_dir().resolve()
-    except (OSError, RuntimeError):
-        return False
-    return (folder.parent == root and bool(NAME.fullmatch(folder.name))
-            and (folder / HOSTFILE).is_file())
 
 
 def read(folder: str | os.PathLike) -> ClusterSpec:

@@ -5,18 +5,16 @@ It resolves to the cluster's folder, which reads as the target's own MLX
 folder (its files are links) plus the hostfile the engine looks for, so the
 compatibility check and the memory estimate read the target's facts
 unchanged. Only the folders of ``<home>/clusters`` are clusters
-(hostfile.is_cluster_folder): a model folder holding a hostfile is not.
+(engine/folders.is_cluster_folder): a model folder holding a hostfile is not.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.engine.distributed import control, hostfile, secret
-from specchat.engine.distributed.hostfile import clusters_dir, is_cluster_folder
 from specchat.engine.errors import EngineError
+from specchat.engine.folders import clusters_dir, is_cluster_folder, model_name
 from specchat.library.errors import LibraryError
 from specchat.library.sources.base import Source
 
@@ -50,6 +48,8 @@ def states(timeout: float = 0.5) -> list[ClusterState]:
     """Every defined cluster, with whether its ranks answer now. Dials each
     rank (control.probe: about twice ``timeout`` per rank at worst): call it
     off the GUI thread. One unreadable cluster is listed with its error."""
+    from specchat.engine.distributed import control, hostfile, secret  # optional: not at start-up
+
     out = []
     for name in defined():
         try:
@@ -62,15 +62,6 @@ def states(timeout: float = 0.5) -> list[ClusterState]:
         out.append(ClusterState(name, model_name(spec.model), spec.size,
                                 missing[1] if missing else None))
     return out
-
-
-def model_name(folder: str) -> str:
-    """A model folder's name as people know it: a Hub snapshot
-    (``models--org--name/snapshots/<commit>``) by its repository."""
-    path = Path(folder)
-    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
-        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
-    return path.name
 
 
 class ClusterSource(Source):

@@ -1,0 +1,179 @@
+"""Drafters that read the target: a head of one or a few layers fed the
+target's own hidden states (the target's MTP head, mtp.py; an EAGLE-3 head,
+eagle3.py).
+
+Row p of the head's cache pairs the target's features after token p (its
+final hidden state, or a few of its layers' outputs) with the token at p + 1,
+and predicts the token at p + 2. The features come from the forwards the
+loop runs anyway: the target's runner taps them and its CacheSlot hands them
+here by position (``on_hidden``), so reading them costs no forward. A step
+feeds the rows for the tokens committed since the last one; the last row's
+output predicts the first draft token, and the head chains from there,
+feeding its own output with each drafted token. Chained rows are dropped
+after the verify (``kept``), so the head's cache only ever holds rows fed
+the target's real features; its output for every committed row is kept, so
+that after going back to any row it drafts without feeding it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from specchat.engine.draft_model import DraftHead, draft_block
+from specchat.engine.drafters import DraftControl, Drafter, Proposal
+from specchat.engine.errors import EngineError
+from specchat.engine.kv import CacheSlot, common_prefix
+
+
+class HiddenLog:
+    """Rows by position, as forwards produce them (a later forward's rows
+    replace an earlier one's: those of a rejected draft are overwritten once
+    the position is committed)."""
+
+    def __init__(self):
+        self.parts: list[tuple[int, mx.array]] = []  # (first position, [L, F])
+
+    def add(self, start: int, rows: mx.array) -> None:
+        self.parts.append((start, rows))
+
+    def rows(self, a: int, b: int) -> mx.array:
+        """[b - a, F] (b > a): positions a..b-1, each from the newest part holding it."""
+        out: list[mx.array] = []
+        p = a
+        while p < b:
+            for start, rows in reversed(self.parts):
+                if start <= p < start + rows.shape[0]:
+                    end = min(b, start + rows.shape[0])
+                    out.append(rows[p - start:end - start])
+                    p = end
+                    break
+            else:
+                raise EngineError(f"the target's hidden state at position {p} was not kept")
+        return mx.concatenate(out, axis=0)
+
+    def covers(self, a: int, b: int) -> bool:
+        try:
+            if a < b:
+                self.rows(a, b)
+        except EngineError:
+            return False
+        return True
+
+    def forget_before(self, p: int) -> None:
+        self.parts = [(s, r) for s, r in self.parts if s + r.shape[0] > p]
+
+    def truncate(self, p: int) -> None:
+        """Forget positions p and later."""
+        self.parts = [(s, r[:p - s]) for s, r in self.parts if s < p]
+
+
+class HeadDrafter(Drafter):
+    """What a head that reads the target shares; a kind of head says how to
+    take its features from a tap, run its layers and read out its logits."""
+
+    layers: int  # KV caches the head keeps (one per attention layer)
+
+    def __init__(self, target: CacheSlot):
+        if not target.runner.split:
+            raise EngineError("a draft head needs the target's hidden states, which this "
+                              "model type does not expose")
+        self.target = target
+        self.reset()
+
+    # -- what a kind of head says ----------------------------------------------------
+    def features(self, tapped: dict) -> mx.array:
+        """[L, F] features of the positions a forward fed, from the runner's tap."""
+        raise NotImplementedError
+
+    def forward(self, tokens: mx.array, rows: mx.array, fed: bool) -> mx.array:
+        """The head's output [L, H] for ``tokens`` [L] paired with ``rows``:
+        the target's features (``fed``) or the head's own output (chained)."""
+        raise NotImplementedError
+
+    def logits(self, out: mx.array) -> mx.array:
+        """[1, W] logits over ``view``'s columns for one output row."""
+        raise NotImplementedError
+
+    def view(self, vocab: int) -> DraftHead:
+        """How logit columns map to the target's ids (and q is widened)."""
+        return DraftHead(None, None, vocab)
+
+    # -- the drafter -----------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache = [KVCache() for _ in range(self.layers)]
+        self.rows = 0  # committed rows in the head's cache
+        self.log = HiddenLog()  # the target's features, by position
+        self.outs = HiddenLog()  # the head's output for each committed row, by row
+
+    def _collect(self, start: int, tapped: dict) -> None:
+        self.log.add(start, self.features(tapped))
+
+    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
+        """The target's features are kept from now on. It may reuse its
+        cache as far as the kept ones cover the positions past the head's
+        rows (none are kept between requests that did not use the head);
+        else only as far as the head's rows go, computing the rest again."""
+        self.target.on_hidden = self._collect
+        n = min(common_prefix(self.target.ids, prompt), len(prompt) - 1)
+        keep = min(self.rows, n)
+        return None if self.log.covers(keep, n) else keep
+
+    def prepare(self, prompt: Sequence[int], request=None) -> None:
+        # The target's cache was reused up to ``reused`` positions: the head's
+        # rows for that shared prefix stay, the rest go.
+        self._trim(min(self.rows, self.target.reused))
+        self.log.forget_before(self.rows)
+
+    def _trim(self, rows: int) -> None:
+        for c in self.cache:
+            c.trim(c.offset - rows)
+        self.rows = rows
+        self.outs.truncate(rows)
+
+    def _ids(self, tokens: Sequence[int] | mx.array) -> mx.array:
+        return tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+
+    def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
+        k = ctl.cap(self.name)
+        n = len(context)
+        if k <= 0 or n < 2:
+            return Proposal(tokens=[], source=self.name)
+        t0 = time.perf_counter()
+        start = self.rows
+        try:
+            feats = self.log.rows(start, n - 1) if start < n - 1 else None
+        except EngineError:  # not computed by the target (a paused request's backlog)
+            return Proposal(tokens=[], source=self.name)
+        state: dict = {}
+
+        def feed(x):
+            if feats is not None and "h" not in state:  # the committed rows
+                out = self.forward(self._ids(context[start + 1:n]), feats, fed=True)
+                self.outs.add(start, out)
+                self.rows = n - 1
+            elif "h" in state:  # chained: a drafted token with the head's own output
+                out = self.forward(self._ids(x).reshape(-1), state["h"], fed=False)
+            else:  # no new row: the last committed row's output drafts
+                out = self.outs.rows(n - 2, n - 1)
+            state["h"] = out[-1:]
+            return self.logits(out[-1:])
+
+        head = self.view(ctl.vocab)
+        block = draft_block(head, feed, [], k, ctl.sampling, key_at=lambda _i: ctl.keys.next(),
+                            keep_going=ctl.keep_going, lazy=ctl.lazy)
+        self.log.forget_before(self.rows)
+        q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
+        return Proposal(tokens=block.tokens, source=self.name, q=q, confidences=block.confs,
+                        draft_s=time.perf_counter() - t0, forwards=block.forwards)
+
+    def kept(self, length: int) -> None:
+        # Chained rows were fed the head's own outputs: they go, whatever was kept.
+        self._trim(min(self.rows, max(0, length - 1)))
+
+    def finish(self, context: Sequence[int]) -> None:
+        self._trim(min(self.rows, max(0, len(context) - 1)))
+        self.target.on_hidden = None  # no features kept while the head is not in use

@@ -1,0 +1,428 @@
+"""Training an EAGLE-3 draft head for the loaded target, on this machine.
+
+The data is text (the person's conversations, documentation and source
+files found on the machine), placed in the target's chat template; the
+labels are the target's own: one forward over each sample gives both its
+next-token choice at every position and the hidden states of the three
+layers the head reads (eagle3.py), so the head learns the target, not the
+text. The head starts from the target (its output layer's rows for the
+draft vocabulary and its final norm, both kept frozen, so the head learns
+to reach the target's output space rather than a new one; the target's
+embedding shared) and trains with EAGLE-3's
+training-time test: each position also drafts two tokens further from the
+head's own output, attending to the target's rows before it and its own
+chain, as it will when it drafts; later steps weigh less (0.8^j). Labelling a piece costs a target forward and
+an update only a head's, so each labelled piece is kept (its features in
+half precision) and learnt from ``passes`` times on average, in windows of
+``train_len`` tokens; the learning rate warms up over the first updates.
+The draft vocabulary is the text's 8192 most frequent ids by default: a
+head trained on thousands, not millions, of tokens learns a small output
+layer better than a large one.
+
+It runs on the engine thread (submit ``train`` with ``EngineClient.call``):
+a time budget, a checkpoint every ``checkpoint_s`` that a killed run resumes
+from (the head in the published ``speculators`` layout, the optimizer, the
+position in the data), and a held-out split whose acceptance per draft
+position is reported as training goes. Greedy acceptance of position j is
+the share of held-out positions whose first j drafts all match the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from specchat.engine import chat
+from specchat.engine.compat import facts_from_tokenizer
+from specchat.engine.eagle3 import Eagle3Head, HeadConfig
+from specchat.engine.errors import EngineError
+from specchat.engine.events import TrainPlan, TrainProgress
+
+STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
+STATE = "specchat-training.json"  # beside the head: where a run resumes from
+
+
+@dataclass
+class _State:
+    step: int = 0
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    cursor: int = 0  # next training sample (in the seeded order)
+    target: str = ""  # the target's fingerprint: a run resumes only for the same one
+    draft_ids: list[int] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)  # (tokens, acceptance) as it went
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(".part-" + path.name)  # same suffix: mx.save_safetensors keeps it
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _fingerprint(engine) -> str:
+    cfg = engine.target.config
+    facts = facts_from_tokenizer(engine.target.tokenizer).fingerprint()
+    return hashlib.sha256(json.dumps([facts, cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
+                                      engine.target.info.n_params]).encode()).hexdigest()[:16]
+
+
+def _sequences(engine, plan: TrainPlan) -> tuple[list[list[int]], list[list[int]]]:
+    """The samples rendered in the chat template and cut to ``seq_len``:
+    (training, held out), held out by a hash of the text, so a resumed run
+    splits the same way."""
+    train, held = [], []
+    for messages in plan.samples:
+        ids = chat.render(engine.target.tokenizer, messages)
+        for start in range(0, len(ids), plan.seq_len):
+            chunk = ids[start:start + plan.seq_len]
+            if len(chunk) < 16:
+                continue
+            digest = hashlib.sha256(json.dumps(chunk[:64]).encode()).digest()[0] / 256
+            (held if digest < plan.held_out else train).append(chunk)
+    if not train or not held:
+        raise EngineError(f"Too little text to train a draft head: {len(train)} training and "
+                          f"{len(held)} held-out pieces of up to {plan.seq_len} tokens; add "
+                          "conversations or text files.")
+    return train, held
+
+
+def _draft_ids(train: list[list[int]], vocab: int, n: int, always: Sequence[int]) -> list[int]:
+    """The draft vocabulary: the most frequent ids of the text (the target
+    mostly writes what it reads), with the end tokens, sorted."""
+    counts: dict[int, int] = {}
+    for seq in train:
+        for t in seq:
+            counts[t] = counts.get(t, 0) + 1
+    top = sorted(counts, key=lambda t: -counts[t])[:max(0, n - len(always))]
+    return sorted({*top, *(t for t in always if 0 <= t < vocab)})[:n]
+
+
+def head_config(engine, draft_vocab: int, intermediate: int = 0) -> HeadConfig:
+    cfg = engine.target.config.get("text_config", engine.target.config)
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    return HeadConfig(
+        hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+        num_layers=1, num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        vocab_size=int(engine.target_runner.trunk.embed_tokens.weight.shape[0]),
+        draft_vocab_size=draft_vocab, target_hidden_size=hidden, layer_ids=None,
+        norm_before_residual=False, tie_word_embeddings=False)
+
+
+def published_config(c: HeadConfig, target_layers: int, target_name: str) -> dict:
+    """config.json in vLLM's ``speculators`` layout (eagle3.py reads it)."""
+    ids = list(c.layer_ids or (2, target_layers // 2, target_layers - 3))
+    return {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama", "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta, "vocab_size": c.vocab_size},
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": ids, "norm_before_residual": c.norm_before_residual,
+        "speculators_config": {"verifier": {"name_or_path": target_name}},
+    }
+
+
+def _padded(x: mx.array, n: int) -> mx.array:
+    """``x`` cut or padded with zeros to n (rows past a sample: their loss is masked)."""
+    if x.shape[0] >= n:
+        return x[:n]
+    return mx.concatenate([x, mx.zeros((n - x.shape[0],), dtype=x.dtype)])
+
+
+def _head_weights(head: Eagle3Head, draft_ids: list[int], vocab: int) -> dict[str, mx.array]:
+    out = {k: v for k, v in tree_flatten(head.parameters()) if k != "d2t"}
+    ids = mx.array(draft_ids, dtype=mx.int64)
+    out["d2t"] = ids - mx.arange(len(draft_ids), dtype=mx.int64)
+    t2d = mx.zeros((vocab,), dtype=mx.bool_)
+    t2d[ids] = True
+    out["t2d"] = t2d
+    return out
+
+
+class _Trainer:
+    def __init__(self, engine, plan: TrainPlan):
+        if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
+            raise EngineError("Load the target first; its model type must expose its hidden "
+                              "states (llama, Qwen 2/3/3.5 and alike).")
+        self.engine, self.plan = engine, plan
+        self.runner = engine.target_runner
+        self.out = Path(plan.out)
+        self.train, self.held = _sequences(engine, plan)
+        self.layers = len(self.runner.trunk.layers)
+        self.state, self.resumed = self._start()
+        c = head_config(engine, len(self.state.draft_ids), self._intermediate())
+        self.config = c
+        self.read = c.read_layers(self.layers)
+        self.runner.tap_layers(self.read)
+        self.head = Eagle3Head(c, shared_embed=self.runner.trunk.embed_tokens)
+        self.rows = mx.array(self.state.draft_ids, dtype=mx.int32)
+        self.t2d = mx.full((c.vocab_size,), -1, dtype=mx.int32)
+        self.t2d[self.rows] = mx.arange(len(self.state.draft_ids), dtype=mx.int32)
+        warmup = max(plan.warmup, 1)
+        self.optimizer = optim.AdamW(
+            learning_rate=lambda step: plan.lr * mx.minimum((step + 1) / warmup, 1.0),
+            weight_decay=0.0)
+        self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
+        self.rng = random.Random(plan.seed + 1)
+        w = self.runner.head_weight()
+        if self.resumed:
+            self._load()
+        elif w is not None:  # the target's own output layer (its draft-vocabulary rows)
+            self.head.lm_head.weight = w[self.rows].astype(mx.float32)
+            norm = getattr(self.runner.trunk, "norm", None)  # and its final norm
+            if isinstance(norm, nn.RMSNorm):
+                self.head.norm.weight = norm.weight.astype(mx.float32)
+        self.head.d2t = self.rows - mx.arange(len(self.state.draft_ids), dtype=mx.int32)
+        self.head.freeze(keys=["d2t"])
+        if w is not None:  # kept as the target's: the head learns to reach its output space
+            self.head.lm_head.freeze()
+            self.head.norm.freeze()
+        mx.eval(self.head.parameters())
+        self.loss_and_grad = nn.value_and_grad(self.head, self._loss)
+
+    # -- state on disk ---------------------------------------------------------------
+    def _start(self) -> tuple[_State, bool]:
+        fp = _fingerprint(self.engine)
+        path = self.out / STATE
+        if path.is_file() and (self.out / "model.safetensors").is_file():
+            try:
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                state = _State(**{k: saved[k] for k in _State.__dataclass_fields__ if k in saved})
+            except (OSError, ValueError, TypeError) as exc:
+                raise EngineError(f"{path} cannot be read ({exc}); remove the folder to start "
+                                  "again") from exc
+            if state.target != fp:
+                raise EngineError(f"{self.out} holds a head trained for another target; choose "
+                                  "another folder (--out) or remove it")
+            return state, True
+        vocab = int(self.runner.trunk.embed_tokens.weight.shape[0])
+        ends = sorted(self.engine.end_ids)
+        draft = _draft_ids(self.train, vocab, min(self.plan.draft_vocab, vocab), ends)
+        return _State(target=fp, draft_ids=draft), False
+
+    def _intermediate(self) -> int:
+        """The MLP width: the plan's, or the one a resumed head was made with."""
+        config = self.out / "config.json"
+        if self.resumed and config.is_file():
+            layer = json.loads(config.read_text(encoding="utf-8")).get(
+                "transformer_layer_config", {})
+            return int(layer.get("intermediate_size") or 0) or self.plan.intermediate
+        return self.plan.intermediate
+
+    def _load(self) -> None:
+        weights = mx.load(str(self.out / "model.safetensors"))
+        self.head.load_weights([(k, v) for k, v in weights.items() if k not in ("d2t", "t2d")],
+                               strict=False)
+        opt = self.out / "optimizer.safetensors"
+        if opt.is_file():
+            flat = mx.load(str(opt))
+            self.optimizer.state = tree_unflatten(list(flat.items()))
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        weights = _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)
+        _write_atomic(self.out / "model.safetensors",
+                      lambda p: mx.save_safetensors(str(p), weights))
+        opt = dict(tree_flatten(self.optimizer.state))
+        if opt:
+            _write_atomic(self.out / "optimizer.safetensors",
+                          lambda p: mx.save_safetensors(str(p), opt))
+        config = published_config(self.config, self.layers, self.engine.target.info.name)
+        _write_atomic(self.out / "config.json",
+                      lambda p: p.write_text(json.dumps(config, indent=2), encoding="utf-8"))
+        _write_atomic(self.out / STATE,
+                      lambda p: p.write_text(json.dumps(asdict(self.state)), encoding="utf-8"))
+
+    # -- the target's labels -----------------------------------------------------------
+    def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
+        """The target's features [L, 3H] at the head's layers and its own
+        next-token choice [L] at every position, from one forward."""
+        self.runner.tap = True
+        try:
+            logits = self.runner(ids, None, "all")
+            tapped = self.runner.tapped
+        finally:
+            self.runner.tap, self.runner.tapped = False, None
+        feats = mx.concatenate([tapped[i] for i in self.read], axis=-1).astype(mx.float32)
+        labels = mx.argmax(logits, axis=-1).astype(mx.int32)
+        mx.eval(feats, labels)
+        return feats, labels
+
+    # -- the head, unrolled as it drafts -------------------------------------------------
+    def _steps(self, feats: mx.array, ids: mx.array, labels: mx.array) -> list[mx.array]:
+        """Logits over the draft vocabulary for draft positions 1..steps at
+        every row p (the target's features after token p, the token at
+        p + 1): step j attends to the target's rows up to p and to row p's
+        own earlier steps (training-time test)."""
+        head, c = self.head, self.config
+        layer = head.layers[0]
+        attn = layer.self_attn
+        T = feats.shape[0] - 1
+        h_in = head.fc(feats[:T])
+        embed = head.shared_embed or head.embed_tokens
+        causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
+        diag = mx.eye(T, dtype=mx.bool_)
+        keys, values, out = [], [], []
+        for j in range(1, self.plan.steps + 1):
+            tokens = ids[1:T + 1] if j == 1 else _padded(labels[j - 1:], T)
+            normed = layer.hidden_norm(h_in)
+            residual = normed if c.norm_before_residual else h_in
+            x = mx.concatenate([layer.input_layernorm(embed(tokens)), normed], axis=-1)[None]
+            q = attn.q_proj(x).reshape(1, T, attn.heads, -1).transpose(0, 2, 1, 3)
+            k = attn.k_proj(x).reshape(1, T, attn.kv_heads, -1).transpose(0, 2, 1, 3)
+            v = attn.v_proj(x).reshape(1, T, attn.kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = attn.rope(q, offset=j), attn.rope(k, offset=j)  # row p at position p + j
+            keys.append(k)
+            values.append(v)
+            mask = mx.concatenate([causal] + [diag] * (j - 1), axis=1)
+            o = mx.fast.scaled_dot_product_attention(
+                q, mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2),
+                scale=attn.scale, mask=mask)
+            h = residual + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(T, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            out.append(head.lm_head(head.norm(h)))
+            h_in = h
+        return out
+
+    def _targets(self, labels: mx.array, j: int, T: int) -> mx.array:
+        """Draft-vocabulary column of the target's choice for position j of
+        row p (-1: past the sample, or not in the draft vocabulary)."""
+        idx = mx.arange(T) + j
+        return mx.where(idx < labels.shape[0], self.t2d[labels[mx.minimum(idx, labels.shape[0] - 1)]],
+                        -1)
+
+    def _loss(self, feats: mx.array, ids: mx.array, labels: mx.array) -> mx.array:
+        T = feats.shape[0] - 1
+        total, weight = mx.array(0.0), 0.0
+        for j, logits in enumerate(self._steps(feats, ids, labels), start=1):
+            target = self._targets(labels, j, T)
+            valid = target >= 0
+            ce = nn.losses.cross_entropy(logits, mx.maximum(target, 0), reduction="none")
+            w = STEP_WEIGHT ** (j - 1)
+            total = total + w * mx.sum(mx.where(valid, ce, 0.0)) / mx.maximum(mx.sum(valid), 1)
+            weight += w
+        return total / weight
+
+    def accept(self) -> tuple[float, ...]:
+        """Held-out greedy acceptance of draft positions 1..steps (the held-out
+        pieces are labelled once and kept, in half precision)."""
+        if not hasattr(self, "_held"):
+            self._held = []
+            for seq in self.held[:self.plan.held_pieces]:
+                feats, labels = self.label(seq)
+                self._held.append((feats.astype(mx.float16), labels, mx.array(seq, dtype=mx.int32)))
+                mx.eval(self._held[-1])
+        hits = [0] * self.plan.steps
+        rows = 0
+        for feats, labels, ids in self._held:
+            feats = feats.astype(mx.float32)
+            T = feats.shape[0] - 1
+            alive = mx.ones((T,), dtype=mx.bool_)
+            for j, logits in enumerate(self._steps(feats, ids, labels), start=1):
+                alive = alive & (mx.argmax(logits, axis=-1) == self._targets(labels, j, T))
+                hits[j - 1] += int(mx.sum(alive).item())
+            rows += T
+        return tuple(h / max(rows, 1) for h in hits)
+
+    # -- what the updates learn from ----------------------------------------------------
+    def _keep(self, feats: mx.array, labels: mx.array, ids: mx.array) -> None:
+        """Keep a labelled piece (features in half precision) for several
+        updates: labelling costs a target forward, an update a head's."""
+        self.buffer.append((feats.astype(mx.float16), labels, ids))
+        mx.eval(self.buffer[-1])
+        while sum(ids.shape[0] for _, _, ids in self.buffer) > self.plan.buffer_tokens:
+            self.buffer.pop(0)
+
+    def _window(self) -> tuple[mx.array, mx.array, mx.array]:
+        """A random window of ``train_len`` tokens of a random kept piece."""
+        feats, labels, ids = self.buffer[self.rng.randrange(len(self.buffer))]
+        n = ids.shape[0]
+        start = self.rng.randrange(max(n - self.plan.train_len, 0) + 1)
+        end = start + self.plan.train_len
+        return feats[start:end].astype(mx.float32), ids[start:end], labels[start:end]
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, report: Callable[[TrainProgress], None], cancelled: threading.Event | None):
+        budget = self.plan.minutes * 60.0
+        st = self.state
+        order = list(range(len(self.train)))
+        random.Random(self.plan.seed).shuffle(order)
+        start, last_ckpt = time.perf_counter() - st.elapsed_s, time.perf_counter()
+
+        def progress(stage: str, loss=None, accept=(), message="") -> None:
+            st.elapsed_s = time.perf_counter() - start
+            report(TrainProgress(stage, st.step, st.tokens, st.elapsed_s, budget, loss, accept,
+                                 self.resumed, message))
+
+        if not st.curve:
+            acc = self.accept()  # the untrained head's, for the curve
+            st.curve.append({"tokens": 0, "accept": list(acc)})
+            progress("training", accept=acc, message="the untrained head, held out")
+        loss = None
+        owed = 0.0  # updates still due on what is labelled
+        while time.perf_counter() - start < budget:
+            if cancelled is not None and cancelled.is_set():
+                break
+            if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
+                break
+            if owed <= 0 or not self.buffer:
+                seq = self.train[order[st.cursor % len(order)]]
+                self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
+                st.cursor += 1
+                st.tokens += len(seq) - 1
+                owed += self.plan.passes * (len(seq) - 1) / self.plan.train_len
+                progress("labelling", loss)
+                continue
+            value, grads = self.loss_and_grad(*self._window())
+            if self.plan.clip:
+                grads, _ = optim.clip_grad_norm(grads, self.plan.clip)
+            self.optimizer.update(self.head, grads)
+            mx.eval(self.head.parameters(), self.optimizer.state, value)
+            loss = float(value.item())
+            st.step += 1
+            owed -= 1
+            if time.perf_counter() - last_ckpt >= self.plan.checkpoint_s:
+                acc = self.accept()
+                st.curve.append({"tokens": st.tokens, "accept": list(acc)})
+                self.save()
+                last_ckpt = time.perf_counter()
+                progress("checkpoint", loss, acc)
+            else:
+                progress("training", loss)
+        acc = self.accept()
+        st.curve.append({"tokens": st.tokens, "accept": list(acc)})
+        self.save()
+        progress("done", loss, acc, message="cancelled" if cancelled is not None
+                 and cancelled.is_set() else "")
+        return st
+
+
+def train(engine, plan: TrainPlan, report: Callable[[TrainProgress], None],
+          cancelled: threading.Event | None = None) -> dict:
+    """Train (or go on training) a head for the loaded target into
+    ``plan.out``; returns the training record (specchat-training.json)."""
+    trainer = _Trainer(engine, plan)
+    report(TrainProgress("preparing", trainer.state.step, trainer.state.tokens,
+                         trainer.state.elapsed_s, plan.minutes * 60.0, resumed=trainer.resumed,
+                         message=f"{len(trainer.train)} pieces to learn from, "
+                                 f"{len(trainer.held)} held out"))
+    return asdict(trainer.run(report, cancelled))

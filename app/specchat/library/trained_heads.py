@@ -1,0 +1,84 @@
+"""Draft heads trained here: what they learn from and where they go.
+
+The text a head learns from is the person's conversations and text found on
+the machine (the installed packages' documentation and sources, or folders
+the person names), each file placed in the chat template as a request and
+its answer; the engine labels it with the target (engine/head_training.py).
+A finished head is listed in the library like any model (kind "trained",
+source ``trained:<target>``), so the model manager shows it under its target
+and the pair picker offers it. The command line and the window share this.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from specchat.engine.events import Message
+from specchat.library import index, paths
+from specchat.library.facts import read_folder
+
+TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
+FILE_CHARS = 12_000  # at most this much of one file (a sample is a few thousand tokens)
+SOURCE = "trained:"
+
+
+def corpus_chats(corpus: Iterable[tuple[str, str, list[tuple[str, str]]]],
+                 limit: int = 10_000) -> list[tuple[Message, ...]]:
+    """The history's conversations (ConversationStore.corpus) as chats."""
+    return [tuple(Message(role, content) for role, content in msgs) for _, _, msgs in corpus
+            if msgs][:limit]
+
+
+def _files(roots: list[Path]) -> Iterator[Path]:
+    for root in roots:
+        if root.is_file():
+            yield root
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.suffix in TEXT_SUFFIXES and path.is_file() and not path.is_symlink():
+                yield path
+
+
+def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
+    """Text files as chats: a request naming the file, its text the answer."""
+    out, total = [], 0
+    for path in _files(roots):
+        try:
+            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if len(text.strip()) < 200:
+            continue
+        kind = "Python module" if path.suffix == ".py" else "document"
+        out.append((Message("user", f"Show me the {kind} {path.name}."),
+                    Message("assistant", text)))
+        total += len(text)
+        if total >= max_chars:
+            break
+    return out
+
+
+def default_texts() -> list[Path]:
+    """The installed packages' documentation and sources."""
+    return [Path(sysconfig.get_paths()["purelib"])]
+
+
+def default_out(target: str) -> Path:
+    """The head's folder in the library: a run there that was stopped goes on."""
+    name = Path(target.rstrip("/")).name.split(":")[-1] or "target"
+    return paths.models_dir(create=True) / f"{index.sanitize(name)}-eagle3-specchat"
+
+
+def can_resume(out: Path) -> bool:
+    return (out / "specchat-training.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def list_trained(out: Path, target: str) -> index.InstalledModel:
+    """List the head in ``out`` (again, after more training) for ``target``."""
+    folder, source = out.resolve(), SOURCE + target
+    have = next((m for m in index.list_installed() if Path(m.path) == folder), None)
+    name = have.name if have is not None else index.unique_name(out.name, source=source)
+    return index.add(index.InstalledModel.create(name, source, "trained", folder,
+                                                 read_folder(folder)))

@@ -1,0 +1,115 @@
+"""``specchat heads train``: train an EAGLE-3 draft head for a target here.
+
+What it learns from (engine/head_training.py labels it with the target):
+the person's conversations from the history, and text found on this
+machine (the documentation and source files of the installed Python
+packages, or the folders given with ``--texts``), each placed in the
+target's chat template as a request and its answer.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from specchat.engine.events import Message, TrainPlan, TrainProgress
+from specchat.library import trained_heads
+from specchat.tools.history import read_history
+
+
+def history_chats(limit: int) -> list[tuple[Message, ...]]:
+    """The person's conversations, as chats."""
+    corpus = read_history(lambda store: store.corpus(), "training on files only") or []
+    return trained_heads.corpus_chats(corpus, limit)
+
+
+def add_parser(sub, model_ref) -> None:
+    h = sub.add_parser("heads", help="draft heads: train an EAGLE-3 head for a target here")
+    hsub = h.add_subparsers(dest="heads_command", required=True)
+    t = hsub.add_parser("train", help="train (or go on training) a head for TARGET")
+    t.add_argument("--target", required=True, type=model_ref, help="the target model")
+    t.add_argument("--minutes", type=float, default=60.0, help="time budget (default 60)")
+    t.add_argument("--out", help="the head's folder (default: in the model library); a run "
+                                 "there that was stopped or killed goes on from its checkpoint")
+    t.add_argument("--texts", action="append", type=Path, metavar="PATH",
+                   help="folders or files of text to learn from (default: the installed "
+                        "packages' documentation and sources); repeatable")
+    t.add_argument("--max-chars", type=int, default=4_000_000,
+                   help="at most this much text from files")
+    t.add_argument("--no-history", action="store_true", help="leave your conversations out")
+    t.add_argument("--draft-vocab", type=int, default=8192,
+                   help="the ids the head proposes from: the text's most frequent (default 8192)")
+    t.add_argument("--steps", type=int, help="stop after this many steps in all, too")
+    t.add_argument("--checkpoint-s", type=float, default=120.0,
+                   help="seconds between checkpoints (each measures held-out acceptance)")
+    t.add_argument("--held-out", type=int, default=16, metavar="PIECES",
+                   help="held-out pieces the acceptance is measured on (default 16)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main(args) -> int:
+    from specchat.engine.errors import EngineError
+    from specchat.library.engine_link import make_client
+    from specchat.library.errors import LibraryError
+
+    chats = [] if args.no_history else history_chats(10_000)
+    chats += trained_heads.file_chats(args.texts or trained_heads.default_texts(),
+                                      args.max_chars)
+    out = Path(args.out) if args.out else trained_heads.default_out(args.target)
+    plan = TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
+                     draft_vocab=args.draft_vocab, seed=args.seed,
+                     checkpoint_s=args.checkpoint_s, max_steps=args.steps,
+                     held_pieces=args.held_out)
+
+    def report(p) -> None:
+        acc = " ".join(f"{a:.0%}" for a in p.accept)
+        line = {"stage": p.stage, "step": p.step, "tokens": p.tokens,
+                "elapsed_s": round(p.elapsed_s, 1), "loss": p.loss, "accept": list(p.accept),
+                "resumed": p.resumed, "message": p.message}
+        if args.json:
+            print(json.dumps(line), flush=True)
+        elif p.stage not in ("training", "labelling") or p.accept or (
+                p.stage == "training" and p.step % 20 == 0):
+            extra = f", held-out acceptance by position {acc}" if acc else ""
+            loss = f", loss {p.loss:.3f}" if p.loss is not None else ""
+            note = f" ({p.message})" if p.message else ""
+            print(f"[{p.stage}] step {p.step}, {p.tokens:,} tokens, {p.elapsed_s / 60:.1f} of "
+                  f"{p.budget_s / 60:.0f} min{loss}{extra}{note}", file=sys.stderr, flush=True)
+
+    client = make_client()
+    stopped, job = threading.Event(), None
+
+    def stop(*_args) -> None:  # Ctrl-C: the run stops at the next step, saving its checkpoint
+        stopped.set()
+        if job is not None:
+            job.cancel()
+
+    old = signal.signal(signal.SIGINT, stop)
+    try:
+        client.load(args.target).wait()
+        job = client.train_head(plan)
+        if stopped.is_set():
+            job.cancel()
+        record = job.wait(on_event=lambda ev: report(ev) if isinstance(ev, TrainProgress)
+                          else None)
+        trained_heads.list_trained(out, args.target)
+    except (EngineError, LibraryError) as exc:
+        print(f"specchat: error: {exc}", file=sys.stderr)
+        return 130 if stopped.is_set() else 1
+    finally:
+        signal.signal(signal.SIGINT, old)
+        client.close()
+    last = record["curve"][-1] if record.get("curve") else {}
+    print(f"The head is in {out} ({record['tokens']:,} training tokens); draft with it: "
+          f"--draft {out}" + (". Held-out acceptance by position: "
+                              + ", ".join(f"{a:.0%}" for a in last.get("accept", [])) if last
+                              else ""), file=sys.stderr)
+    if stopped.is_set():
+        print("specchat: training stopped (Ctrl-C); run the same command to go on from the "
+              "checkpoint", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,86 @@
+"""Training a draft head from the window (the model manager's "Train a
+draft head" row): the same training as ``specchat heads train``, for the
+loaded target, on the person's conversations and the installed packages'
+text (library/trained_heads.py), run as an engine job.
+
+The engine is held while it trains (as Compare holds it), so a chat
+message is refused with the reason instead of waiting silently behind an
+hour of training. Cancel stops the job at its next step with a checkpoint
+saved; training again for the same target goes on from it (Resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from specchat.engine.events import TrainPlan, TrainProgress
+from specchat.library import trained_heads
+from specchat.library.index import InstalledModel
+
+HOLDER = "Training a draft head"
+MAX_CHARS = 4_000_000  # text read from files, at most (as the command line's default)
+
+
+def progress_text(p: TrainProgress) -> str:
+    """What the row under the progress bar says."""
+    parts = [f"{p.tokens:,} tokens labelled", f"{p.step:,} updates",
+             f"{p.elapsed_s / 60:.1f} of {p.budget_s / 60:.0f} min"]
+    if p.accept:
+        parts.append("held-out acceptance by position "
+                     + " ".join(f"{a:.0%}" for a in p.accept))
+    if p.message:
+        parts.append(p.message)
+    return " · ".join(parts)
+
+
+class HeadTraining:
+    """The session's side of training: what is loaded, the engine's hold,
+    the data, the job. The model manager shows it (a TaskRow)."""
+
+    def __init__(self, session):
+        self.session = session
+        self._job = None
+
+    @property
+    def target(self) -> str | None:
+        engine = self.session.engine
+        return engine.target_ref if engine.ready else None
+
+    def refusal(self) -> str | None:
+        """Why training cannot start now, in words; None when it can."""
+        engine = self.session.engine
+        if self.target is None:
+            return "Load a model first: a head is trained for the loaded target."
+        if engine.held_by is not None:
+            return f"{engine.held_by} is running: wait for it to finish or cancel it."
+        return None
+
+    def out(self) -> Path | None:
+        return trained_heads.default_out(self.target) if self.target else None
+
+    def cancel(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+
+    async def run(self, minutes: float, on_progress: Callable[[TrainProgress], None],
+                  max_steps: int | None = None) -> InstalledModel:
+        """Train for ``minutes`` (or ``max_steps`` updates) and list the head;
+        raises EngineError or LibraryError with a readable message."""
+        engine, target, out = self.session.engine, self.target, self.out()
+        loop = asyncio.get_running_loop()
+        engine.hold(HOLDER)
+        try:
+            corpus = await self.session.conversations.corpus()
+            files = await loop.run_in_executor(
+                None, trained_heads.file_chats, trained_heads.default_texts(), MAX_CHARS)
+            plan = TrainPlan(samples=tuple(trained_heads.corpus_chats(corpus) + files),
+                             out=str(out), minutes=minutes, max_steps=max_steps)
+            self._job = engine.client.train_head(plan, loop=loop)
+            await self._job.result(on_event=lambda ev: on_progress(ev)
+                                   if isinstance(ev, TrainProgress) else None)
+            return await loop.run_in_executor(None, trained_heads.list_trained, out, target)
+        finally:
+            self._job = None
+            engine.release(HOLDER)

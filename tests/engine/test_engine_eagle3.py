@@ -1,0 +1,87 @@
+"""EAGLE-3 draft heads (engine/eagle3.py): random heads for the tiny target
+in both published layouts, loaded as the draft. Replies are plain
+decoding's, drafts come from the target's own hidden states, and a head
+made for another model is refused in words."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache
+from specchat.engine.errors import EngineError
+from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
+from specchat.engine.session import Engine
+from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
+from tinymodels import build_eagle3
+
+PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
+
+
+@pytest.fixture(scope="module", params=["eagle3", "speculators"])
+def head_engine(request, tiny_dir, tiny_target):
+    head = build_eagle3(tiny_dir / f"eagle3-{request.param}", tiny_target, layout=request.param)
+    e = Engine()
+    pair = e.load(tiny_target, head)
+    assert pair.draft.model_type == "eagle3" and pair.speculative_ok
+    return e
+
+
+def _gen(engine, mode, k=None, max_tokens=48, **kw):
+    return engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
+                                           draft=DraftSettings(mode=mode, k=k)), **kw)
+
+
+def test_a_head_drafts_and_the_reply_is_plain_decoding(head_engine):
+    plain = _gen(head_engine, "plain").token_ids
+    for mode, k in [("draft", 3), ("draft", None), ("hybrid", None), ("hybrid", 2)]:
+        r = _gen(head_engine, mode, k)
+        assert r.token_ids == plain, (mode, k)
+        got = r.summary.drafted_by.get("eagle3", {})
+        assert got.get("drafted", 0) > 0, (mode, k)
+        assert r.summary.tokens_by_origin.get("head", 0) == got["accepted"]
+
+
+def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_engine):
+    """Row p: fc of the outputs of the target's layers 1, 2, 2 (ids 2, 3, 3
+    of its 6) after token p, with the embedding of token p + 1; the draft
+    id maps to the target's through d2t."""
+    engine = head_engine
+    model, head = engine.target.model, engine.draft.model
+    ids = mx.array(PROMPT)[None]
+    h, outs = model.model.embed_tokens(ids), {}
+    for i, layer in enumerate(model.model.layers):
+        h = layer(h, mask="causal", cache=None)
+        outs[i] = h[0]
+    feats = mx.concatenate([outs[i] for i in head.config.read_layers(6)], axis=-1)[:-1]
+    out = head(mx.array(PROMPT[1:]), feats, [KVCache() for _ in head.layers], fed=True)
+    want = int(head.rows()[mx.argmax(head.logits(out[-1:]), axis=-1)].item())
+    drafter = engine._model_drafter
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda context, ctl: seen.append(propose(context, ctl)) or seen[-1]
+    try:
+        _gen(engine, "draft", 3, max_tokens=4)
+    finally:
+        del drafter.propose
+    assert seen and seen[0].tokens[0] == want
+    assert all(t % 2 == 0 for p in seen for t in p.tokens)  # its vocabulary: even ids
+
+
+def test_head_samples_follow_the_target(head_engine):
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    joint = exact_joint(head_engine.target.model, sampling, PROMPT, 4)
+    counts, drafted, _, _ = sample_counts(head_engine, PROMPT, "draft", 2, sampling, 4, 1500)
+    assert drafted > 1500
+    assert chi_square_p(counts, joint) > ALPHA
+
+
+def test_a_head_for_another_target_is_refused_in_words(tiny_dir, tiny_target):
+    narrow = build_eagle3(tiny_dir / "eagle3-narrow", tiny_target, hidden=32)
+    far = build_eagle3(tiny_dir / "eagle3-deep", tiny_target, layer_ids=[2, 12, 21])
+    engine = Engine()
+    with pytest.raises(EngineError, match="eagle3-narrow is an EAGLE-3 head for another model "
+                                          "and cannot draft for target-llama: it reads hidden "
+                                          "states of width 32, target-llama has 64"):
+        engine.load(tiny_target, narrow)
+    with pytest.raises(EngineError, match="it reads layers \\[2, 12, 21\\], target-llama has 6"):
+        engine.load(tiny_target, far)

@@ -1,0 +1,89 @@
+"""``specchat heads train`` on the tiny target, as a person runs it: a real
+process that labels text with the target, trains an EAGLE-3 head, writes it
+in the published layout (loadable as a draft), resumes after SIGKILL, and
+whose held-out acceptance beats the untrained head's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from specchat.engine.events import DraftSettings, GenerateRequest
+from specchat.engine.session import Engine
+
+ENGINE = Path(__file__).resolve().parents[2] / "app" / "specchat" / "engine"
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> Path:
+    """Text found on the machine: here, the engine's own sources."""
+    folder = tmp_path_factory.mktemp("texts")
+    for f in sorted(ENGINE.glob("*.py"))[:30]:
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def _train(target: Path, texts: Path, out: Path, home: Path, minutes: float, steps: int = 999):
+    env = {**os.environ, "SPECCHAT_HOME": str(home)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "specchat", "heads", "train", "--target", str(target),
+         "--texts", str(texts), "--out", str(out), "--minutes", str(minutes), "--draft-vocab",
+         "256", "--checkpoint-s", "4", "--steps", str(steps), "--json", "--no-history"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _lines(proc) -> list[dict]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_a_trained_head_drafts_resumes_after_sigkill_and_beats_the_untrained(
+        tmp_path, tiny_target, texts):
+    out, home = tmp_path / "head", tmp_path / "home"
+    first = _train(tiny_target, texts, out, home, 5)
+    for line in first.stdout:  # killed hard after its second checkpoint
+        event = json.loads(line)
+        if event["stage"] == "checkpoint" and event["step"] >= 2:
+            killed_at = event["step"]
+            first.send_signal(signal.SIGKILL)
+            break
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    saved = json.loads((out / "specchat-training.json").read_text())
+    assert saved["step"] >= killed_at - 1  # the checkpoint it wrote (atomically) is there
+
+    until = saved["step"] + 100
+    events = _lines(_train(tiny_target, texts, out, home, 10, steps=until))
+    assert events[0]["resumed"] and events[-1]["stage"] == "done"
+    assert events[-1]["step"] == until
+    record = json.loads((out / "specchat-training.json").read_text())
+    untrained, trained = record["curve"][0]["accept"], record["curve"][-1]["accept"]
+    assert record["curve"][0]["tokens"] == 0 and trained[0] > untrained[0] + 0.05
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] <= 256
+    engine = Engine()
+    assert engine.load(tiny_target, out).draft.model_type == "eagle3"
+    prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 3
+    plain = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=32,
+                                            draft=DraftSettings(mode="plain")))
+    spec = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=32,
+                                           draft=DraftSettings(mode="draft", k=3)))
+    assert spec.token_ids == plain.token_ids and spec.summary.drafted > 0
+
+
+def test_training_another_target_into_the_same_folder_is_refused(tmp_path, tiny_target,
+                                                                tiny_qwen_target, texts):
+    out, home = tmp_path / "head", tmp_path / "home"
+    _lines(_train(tiny_target, texts, out, home, 0.1))
+    proc = _train(tiny_qwen_target, texts, out, home, 0.1)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "holds a head trained for another target" in err

@@ -1,0 +1,72 @@
+"""EAGLE-3 draft heads in the library: a head is a model reference like any
+other. One in the published layout, served by the loopback Hub, is pulled
+through ``hf:``, checked against its target in words, listed as a head, and
+drafts from the command line, its reply plain decoding's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from specchat.library import compatibility, importing, index, refs
+from tinymodels import build_eagle3
+
+
+@pytest.fixture
+def heads(hub, tiny_dir, tiny_target):
+    good = build_eagle3(tiny_dir / "hub-eagle3", tiny_target, layout="speculators")
+    narrow = build_eagle3(tiny_dir / "hub-eagle3-narrow", tiny_target, hidden=32)
+    hub.add_repo("test-org/tiny-eagle3", good)
+    hub.add_repo("test-org/other-eagle3", narrow)
+    return hub
+
+
+def _cli(*args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "specchat", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_a_head_from_the_hub_is_checked_listed_and_drafts(heads, tiny_target):
+    pulled = _cli("models", "pull", "hf:test-org/tiny-eagle3")
+    assert pulled.returncode == 0, pulled.stderr
+    refs.pull("hf:test-org/other-eagle3")
+    ok = compatibility.check(str(tiny_target), "hf:test-org/tiny-eagle3")
+    assert ok.compatible, ok.reasons
+    assert ok.reasons[0] == (f"an EAGLE-3 head that reads {tiny_target.name}'s hidden states "
+                             "at layers [2, 3, 3] (width 64) and drafts over 256 of its 400 ids")
+    bad = compatibility.check(str(tiny_target), "hf:test-org/other-eagle3")
+    assert not bad.compatible
+    assert bad.reasons[0].startswith("other-eagle3 is an EAGLE-3 head for another model: "
+                                     "other-eagle3 reads hidden states of width 32, ")
+    listed = _cli("models", "list", "--json")
+    names = {m["name"]: m for m in json.loads(listed.stdout)}
+    head = next(m for m in names.values() if m["source"] == "hf:test-org/tiny-eagle3")
+    assert head["model_type"] == "eagle3" and head["head"]["draft_vocab"] == 256
+    assert head["tokenizer_fingerprint"] is None
+    plain = _cli("generate", "--target", str(tiny_target), "--plain", "--prompt", "Hello, world!",
+                 "--max-tokens", "24", "--json")
+    spec = _cli("generate", "--target", str(tiny_target), "--draft", "hf:test-org/tiny-eagle3",
+                "--prompt", "Hello, world!", "--max-tokens", "24", "--json")
+    assert spec.returncode == 0, spec.stderr
+    got = json.loads(spec.stdout)
+    assert got["token_ids"] == json.loads(plain.stdout)["token_ids"]
+    assert got["stats"]["drafted"] > 0 and got["models"]["draft"] == "test-org/tiny-eagle3"
+
+
+def test_a_head_folder_imports_and_a_pickled_one_is_refused(lib_home, tiny_dir, tiny_target,
+                                                            tmp_path):
+    folder = build_eagle3(tiny_dir / "import-eagle3", tiny_target)
+    model = importing.import_path(folder, name="my-head")
+    assert model.model_type == "eagle3" and model.head["reads_width"] == 64
+    assert [m.name for m in index.list_installed()] == ["my-head"]
+    pickled = tmp_path / "pickled-head"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"not opened")
+    with pytest.raises(Exception, match="only pickled pytorch_model.bin, which SpecChat does "
+                                        "not open"):
+        importing.import_path(pickled, name="pickled-head")
