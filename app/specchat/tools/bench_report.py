@@ -74,6 +74,8 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
             b["drafted"] += d["drafted"]
             b["accepted"] += d["accepted"]
     out["suffix_by_match"] = dict(sorted(by_match.items()))
+    ttft = [r.ttft_s for r in runs if getattr(r, "ttft_s", None) is not None]
+    out["ttft_s"] = statistics.median(ttft) if ttft else None
     over = [r for r in runs if r.overhead_s is not None]
     if over:
         out["overhead_fraction"] = sum(r.overhead_s for r in over) / sum(r.wall_s for r in over)
@@ -244,7 +246,7 @@ def format_report(rep: dict) -> str:
         lines.append("")
         lines.append(title)
         lines.append(f"{'mode':<16}{'tok/s':>8}{'accept':>8}{'tok/step':>9}{'vs plain':>9}"
-                     f"{'vs mlx-lm':>10}{'theory':>8}  identical")
+                     f"{'vs mlx-lm':>10}{'theory':>8}{'ttft s':>8}  identical")
         for name, s in modes.items():
             ident = {True: "yes", False: "NO", None: "-"}[s.get("identical_to_plain")]
             if s.get("divergences"):
@@ -255,7 +257,8 @@ def format_report(rep: dict) -> str:
                          f"{_cell(s['tokens_per_step'], '.2f', 9)}"
                          f"{_cell(s['speedup_vs_plain'], '.2f', 9, 'x')}"
                          f"{_cell(s['speedup_vs_mlx_lm_plain'], '.2f', 10, 'x')}"
-                         f"{_cell(s.get('theoretical_speedup'), '.2f', 8, 'x')}  {ident}")
+                         f"{_cell(s.get('theoretical_speedup'), '.2f', 8, 'x')}"
+                         f"{_cell(s.get('ttft_s'), '.2f', 8)}  {ident}")
 
     block("all prompts (tokens/s: median over prompts)", rep["modes"])
     for kind, modes in rep["by_kind"].items():

@@ -40,6 +40,7 @@ class Run:
     rejections: int  # steps that ended with a rejected draft
     overhead_s: float | None = None  # time outside forward passes (SpecChat only)
     wall_s: float = 0.0
+    ttft_s: float | None = None  # request to first token, prefill included (SpecChat only)
     k_used: list[int] = field(default_factory=list)
     blas_threads: dict = field(default_factory=dict)  # steps at each BLAS thread count
     origins: dict = field(default_factory=dict)  # emitted tokens per origin (events.py)
@@ -74,7 +75,8 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                decode_s=s.wall_s - s.prefill_s, steps=s.steps, drafted=s.drafted,
                accepted=s.accepted,
                rejections=sum(1 for e in steps if e.drafted and e.accepted < e.drafted),
-               overhead_s=s.overhead_s, wall_s=s.wall_s, k_used=[e.k for e in steps],
+               overhead_s=s.overhead_s, wall_s=s.wall_s, ttft_s=s.ttft_s,
+               k_used=[e.k for e in steps],
                blas_threads=s.blas_threads, origins=dict(s.tokens_by_origin),
                by_key=dict(s.drafted_by.get("suffix", {}).get("by_key", {})),
                ssd=dict(s.drafter_stats.get("ssd", {})))
