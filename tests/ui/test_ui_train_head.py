@@ -6,6 +6,7 @@ Resume that goes on from it, and the head listed under its target."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def texts(tmp_path, monkeypatch):
     return folder
 
 
+def _updates(text: str) -> int:
+    found = re.search(r"([\d,]+) updates", text)
+    return int(found.group(1).replace(",", "")) if found else 0
+
+
 def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny_target,
                                                              texts):
     dlg = window.open_model_manager()
@@ -37,20 +43,26 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     wait_until(lambda: dlg.train_button.isEnabled())
     assert dlg.train_button.text() == "Train a draft head…"
 
-    seen = []
+    out = trained_heads.default_out(str(tiny_target))
+    at_once = dlg.train_head(5)  # cancelled while the texts are still being read
+    dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().cancel_button.click()
+    wait_until(at_once.done, timeout=120_000)
+    assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == (
+        "Cancelled; nothing was saved.")
+    assert not (out / "model.safetensors").exists()
+    assert window.session.engine.held_by is None and dlg.train_button.isEnabled()
+
     first = dlg.train_head(5)  # five minutes: it is cancelled long before
     row = dlg.tasks.itemAt(dlg.tasks.count() - 1).widget()
     wait_until(lambda: window.session.engine.held_by == head_training.HOLDER)
     assert not dlg.train_button.isEnabled()
+    assert window.open_model_manager() is dlg  # one manager while it trains: Cancel in reach
     window.composer.edit.setPlainText("Hello there")
     window.composer.send_button.click()  # refused in words, not queued behind the training
     wait_until(lambda: "Training a draft head is running" in window.error_banner.label.text())
-    wait_until(lambda: "updates" in row.detail.text()
-               and not row.detail.text().startswith("0 tokens"), timeout=120_000)
-    seen.append(row.bar.value())
+    wait_until(lambda: _updates(row.detail.text()) > 0, timeout=120_000)
     row.cancel_button.click()
     wait_until(first.done, timeout=120_000)
-    out = trained_heads.default_out(str(tiny_target))
     assert "Stopped; train again to go on." in row.detail.text()
     saved = json.loads((out / "specchat-training.json").read_text())
     assert saved["step"] > 0 and (out / "model.safetensors").is_file()

@@ -251,7 +251,7 @@ class TrainPlan:
     seed: int = 0
     checkpoint_s: float = 120.0
     held_out: float = 0.1  # share of samples kept out for the acceptance report
-    max_steps: int | None = None  # stop after this many steps too (a reproducible run)
+    max_steps: int | None = None  # stop after this many updates in all, too (a reproducible run)
     held_pieces: int = 16  # held-out pieces the acceptance is measured on
 
 
@@ -261,9 +261,9 @@ class TrainProgress:
 
     stage: str  # "preparing", "labelling" (a piece done), "training", "checkpoint", "done"
     step: int
-    tokens: int  # training tokens seen (positions learnt from)
-    elapsed_s: float
-    budget_s: float
+    tokens: int  # tokens labelled by the target in all (a resumed run's included)
+    elapsed_s: float  # this run's time
+    budget_s: float  # this run's budget
     loss: float | None = None
     accept: tuple[float, ...] = ()  # held-out greedy acceptance of draft positions 1..steps
     resumed: bool = False

@@ -19,7 +19,7 @@ The draft vocabulary is the text's 8192 most frequent ids by default: a
 head trained on thousands, not millions, of tokens learns a small output
 layer better than a large one.
 
-It runs on the engine thread (submit ``train`` with ``EngineClient.call``):
+It runs on the engine thread (``EngineClient.train_head`` submits it):
 a time budget, a checkpoint every ``checkpoint_s`` that a killed run resumes
 from (the head in the published ``speculators`` layout, the optimizer, the
 position in the data), and a held-out split whose acceptance per draft
@@ -52,6 +52,8 @@ from specchat.engine.events import TrainPlan, TrainProgress
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 STATE = "specchat-training.json"  # beside the head: where a run resumes from
+MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
+BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
 
 
 @dataclass
@@ -158,6 +160,22 @@ def _head_weights(head: Eagle3Head, draft_ids: list[int], vocab: int) -> dict[st
     return out
 
 
+def _output_rows(runner, rows: mx.array) -> mx.array | None:
+    """The target's output layer's rows for ``rows`` in float32, dequantized
+    from a 4- or 8-bit layer (most MLX models on the Hub)."""
+    w = runner.head_weight()
+    if w is not None:
+        return w[rows].astype(mx.float32)
+    layer = runner.head
+    layer = getattr(layer, "__self__", layer)  # a tied head: the embedding's as_linear
+    if isinstance(layer, nn.QuantizedLinear | nn.QuantizedEmbedding):
+        biases = layer.biases[rows] if getattr(layer, "biases", None) is not None else None
+        return mx.dequantize(layer.weight[rows], layer.scales[rows], biases,
+                             group_size=layer.group_size, bits=layer.bits,
+                             mode=getattr(layer, "mode", "affine")).astype(mx.float32)
+    return None
+
+
 class _Trainer:
     def __init__(self, engine, plan: TrainPlan):
         if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
@@ -183,11 +201,11 @@ class _Trainer:
             weight_decay=0.0)
         self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
         self.rng = random.Random(plan.seed + 1)
-        w = self.runner.head_weight()
+        w = _output_rows(self.runner, self.rows)
         if self.resumed:
             self._load()
         elif w is not None:  # the target's own output layer (its draft-vocabulary rows)
-            self.head.lm_head.weight = w[self.rows].astype(mx.float32)
+            self.head.lm_head.weight = w
             norm = getattr(self.runner.trunk, "norm", None)  # and its final norm
             if isinstance(norm, nn.RMSNorm):
                 self.head.norm.weight = norm.weight.astype(mx.float32)
@@ -211,8 +229,8 @@ class _Trainer:
                 raise EngineError(f"{path} cannot be read ({exc}); remove the folder to start "
                                   "again") from exc
             if state.target != fp:
-                raise EngineError(f"{self.out} holds a head trained for another target; choose "
-                                  "another folder (--out) or remove it")
+                raise EngineError(f"{self.out} holds a head trained for another target; train "
+                                  "into another folder, or remove that one")
             return state, True
         vocab = int(self.runner.trunk.embed_tokens.weight.shape[0])
         ends = sorted(self.engine.end_ids)
@@ -222,11 +240,14 @@ class _Trainer:
     def _intermediate(self) -> int:
         """The MLP width: the plan's, or the one a resumed head was made with."""
         config = self.out / "config.json"
-        if self.resumed and config.is_file():
-            layer = json.loads(config.read_text(encoding="utf-8")).get(
-                "transformer_layer_config", {})
+        if not (self.resumed and config.is_file()):
+            return self.plan.intermediate
+        try:
+            layer = json.loads(config.read_text(encoding="utf-8"))["transformer_layer_config"]
             return int(layer.get("intermediate_size") or 0) or self.plan.intermediate
-        return self.plan.intermediate
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise EngineError(f"{config} cannot be read ({exc}); remove the folder to start "
+                              "again") from exc
 
     def _load(self) -> None:
         weights = mx.load(str(self.out / "model.safetensors"))
@@ -349,7 +370,8 @@ class _Trainer:
         updates: labelling costs a target forward, an update a head's."""
         self.buffer.append((feats.astype(mx.float16), labels, ids))
         mx.eval(self.buffer[-1])
-        while sum(ids.shape[0] for _, _, ids in self.buffer) > self.plan.buffer_tokens:
+        limit = min(self.plan.buffer_tokens, BUFFER_BYTES // (2 * feats.shape[-1]))
+        while len(self.buffer) > 1 and sum(ids.shape[0] for _, _, ids in self.buffer) > limit:
             self.buffer.pop(0)
 
     def _window(self) -> tuple[mx.array, mx.array, mx.array]:
@@ -362,15 +384,19 @@ class _Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, report: Callable[[TrainProgress], None], cancelled: threading.Event | None):
+        """Train for this run's budget (``plan.minutes`` more, on top of what
+        a resumed head had); the progress reports this run's time."""
         budget = self.plan.minutes * 60.0
         st = self.state
         order = list(range(len(self.train)))
         random.Random(self.plan.seed).shuffle(order)
-        start, last_ckpt = time.perf_counter() - st.elapsed_s, time.perf_counter()
+        before, start = st.elapsed_s, time.perf_counter()
+        last_ckpt = start
 
         def progress(stage: str, loss=None, accept=(), message="") -> None:
-            st.elapsed_s = time.perf_counter() - start
-            report(TrainProgress(stage, st.step, st.tokens, st.elapsed_s, budget, loss, accept,
+            now = time.perf_counter() - start
+            st.elapsed_s = before + now
+            report(TrainProgress(stage, st.step, st.tokens, now, budget, loss, accept,
                                  self.resumed, message))
 
         if not st.curve:
@@ -389,7 +415,10 @@ class _Trainer:
                 self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
                 st.cursor += 1
                 st.tokens += len(seq) - 1
-                owed += self.plan.passes * (len(seq) - 1) / self.plan.train_len
+                # Until a few pieces are kept (a fresh or resumed run), fewer
+                # updates each, so they do not all fall on one piece.
+                owed += (self.plan.passes * (len(seq) - 1) / self.plan.train_len
+                         * min(1.0, len(self.buffer) / MIN_PIECES))
                 progress("labelling", loss)
                 continue
             value, grads = self.loss_and_grad(*self._window())
@@ -408,11 +437,14 @@ class _Trainer:
                 progress("checkpoint", loss, acc)
             else:
                 progress("training", loss)
+        stopped = cancelled is not None and cancelled.is_set()
+        if stopped and st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
+            progress("done", message="cancelled before the first update; nothing was saved")
+            return st
         acc = self.accept()
         st.curve.append({"tokens": st.tokens, "accept": list(acc)})
         self.save()
-        progress("done", loss, acc, message="cancelled" if cancelled is not None
-                 and cancelled.is_set() else "")
+        progress("done", loss, acc, message="cancelled" if stopped else "")
         return st
 
 

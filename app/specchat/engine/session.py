@@ -163,14 +163,19 @@ class Engine:
 
     def _load_head_beside(self, head: str | Path | None, say) -> None:
         path = str(Path(head).expanduser().resolve()) if head else None
-        if self.head is not None and self.head.info.path != path:
-            self.head = self._head = None
+        draft_is_head = self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name
+        if self.head is not None and (self.head.info.path != path or draft_is_head):
+            if self._head is not self._model_drafter:  # not the head just loaded as the draft
+                self._head = None
+            self.head = None
             gc.collect()
-        if path is None or self.head is not None:
+        if path is None:
             return
-        if self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name:
+        if draft_is_head:
             raise EngineError("The draft is a head already: load the other head as the draft "
                               "instead (one head at a time).")
+        if self.head is not None:
+            return
         if not (Path(path).is_dir() and is_head(read_config(Path(path)))):
             raise EngineError(f"{Path(path).name} is not an EAGLE-3 draft head (its config.json "
                               "names no eagle3 architecture).")
@@ -304,6 +309,10 @@ class Engine:
                 raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights "
                                   "in its folder), so it cannot draft for itself: choose a draft "
                                   "model, or draft from the conversation (suffix matching).")
+            if "head" in wanted.needs:
+                raise EngineError("This mode drafts with an EAGLE-3 head loaded beside the draft "
+                                  "model, and none is: load one (--head), or choose the head "
+                                  "as the draft.")
             raise EngineError("This mode needs a draft model, which is not loaded: choose a "
                               "draft, or draft from the conversation (suffix matching).")
         chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]

@@ -31,7 +31,8 @@ def add_parser(sub, model_ref) -> None:
     hsub = h.add_subparsers(dest="heads_command", required=True)
     t = hsub.add_parser("train", help="train (or go on training) a head for TARGET")
     t.add_argument("--target", required=True, type=model_ref, help="the target model")
-    t.add_argument("--minutes", type=float, default=60.0, help="time budget (default 60)")
+    t.add_argument("--minutes", type=float, default=60.0,
+                   help="this run's time budget; a resumed run trains this much more (default 60)")
     t.add_argument("--out", help="the head's folder (default: in the model library); a run "
                                  "there that was stopped or killed goes on from its checkpoint")
     t.add_argument("--texts", action="append", type=Path, metavar="PATH",
@@ -42,7 +43,8 @@ def add_parser(sub, model_ref) -> None:
     t.add_argument("--no-history", action="store_true", help="leave your conversations out")
     t.add_argument("--draft-vocab", type=int, default=8192,
                    help="the ids the head proposes from: the text's most frequent (default 8192)")
-    t.add_argument("--steps", type=int, help="stop after this many steps in all, too")
+    t.add_argument("--steps", type=int,
+                   help="stop after this many updates in all (a resumed run's included), too")
     t.add_argument("--checkpoint-s", type=float, default=120.0,
                    help="seconds between checkpoints (each measures held-out acceptance)")
     t.add_argument("--held-out", type=int, default=16, metavar="PIECES",
@@ -83,19 +85,26 @@ def main(args) -> int:
     client = make_client()
     stopped, job = threading.Event(), None
 
-    def stop(*_args) -> None:  # Ctrl-C: the run stops at the next step, saving its checkpoint
+    def stop(*_args) -> None:  # Ctrl-C: the load, or the run at its next step (checkpoint kept)
         stopped.set()
         if job is not None:
             job.cancel()
 
     old = signal.signal(signal.SIGINT, stop)
     try:
-        client.load(args.target).wait()
+        job = client.load(args.target)
+        job.wait()
+        if stopped.is_set():
+            raise EngineError("Stopped before training began; nothing was saved.")
         job = client.train_head(plan)
         if stopped.is_set():
             job.cancel()
         record = job.wait(on_event=lambda ev: report(ev) if isinstance(ev, TrainProgress)
                           else None)
+        if not trained_heads.can_resume(out):
+            print("specchat: training stopped before the first update; nothing was saved",
+                  file=sys.stderr)
+            return 130
         trained_heads.list_trained(out, args.target)
     except (EngineError, LibraryError) as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)
@@ -104,7 +113,7 @@ def main(args) -> int:
         signal.signal(signal.SIGINT, old)
         client.close()
     last = record["curve"][-1] if record.get("curve") else {}
-    print(f"The head is in {out} ({record['tokens']:,} training tokens); draft with it: "
+    print(f"The head is in {out} ({record['tokens']:,} tokens labelled by the target); draft with it: "
           f"--draft {out}" + (". Held-out acceptance by position: "
                               + ", ".join(f"{a:.0%}" for a in last.get("accept", [])) if last
                               else ""), file=sys.stderr)

@@ -42,15 +42,22 @@ class HeadTraining:
     def __init__(self, session):
         self.session = session
         self._job = None
+        self._cancelled = False  # Cancel before the job exists (the texts are being read)
 
     @property
     def target(self) -> str | None:
         engine = self.session.engine
         return engine.target_ref if engine.ready else None
 
+    @property
+    def running(self) -> bool:
+        return self.session.engine.held_by == HOLDER
+
     def refusal(self) -> str | None:
         """Why training cannot start now, in words; None when it can."""
         engine = self.session.engine
+        if engine.loading:
+            return "A model is loading: train once it has loaded."
         if self.target is None:
             return "Load a model first: a head is trained for the loaded target."
         if engine.held_by is not None:
@@ -61,13 +68,15 @@ class HeadTraining:
         return trained_heads.default_out(self.target) if self.target else None
 
     def cancel(self) -> None:
+        self._cancelled = True
         if self._job is not None:
             self._job.cancel()
 
     async def run(self, minutes: float, on_progress: Callable[[TrainProgress], None],
-                  max_steps: int | None = None) -> InstalledModel:
-        """Train for ``minutes`` (or ``max_steps`` updates) and list the head;
-        raises EngineError or LibraryError with a readable message."""
+                  max_steps: int | None = None) -> InstalledModel | None:
+        """Train for ``minutes`` more (or up to ``max_steps`` updates in all)
+        and list the head; None when cancelled before anything was saved.
+        Raises EngineError or LibraryError with a readable message."""
         engine, target, out = self.session.engine, self.target, self.out()
         loop = asyncio.get_running_loop()
         engine.hold(HOLDER)
@@ -75,12 +84,16 @@ class HeadTraining:
             corpus = await self.session.conversations.corpus()
             files = await loop.run_in_executor(
                 None, trained_heads.file_chats, trained_heads.default_texts(), MAX_CHARS)
+            if self._cancelled:
+                return None
             plan = TrainPlan(samples=tuple(trained_heads.corpus_chats(corpus) + files),
                              out=str(out), minutes=minutes, max_steps=max_steps)
             self._job = engine.client.train_head(plan, loop=loop)
             await self._job.result(on_event=lambda ev: on_progress(ev)
                                    if isinstance(ev, TrainProgress) else None)
+            if not trained_heads.can_resume(out):
+                return None
             return await loop.run_in_executor(None, trained_heads.list_trained, out, target)
         finally:
-            self._job = None
+            self._job, self._cancelled = None, False
             engine.release(HOLDER)

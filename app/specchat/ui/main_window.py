@@ -279,10 +279,19 @@ class MainWindow(QMainWindow):
         from specchat.ui.head_training import HeadTraining
         from specchat.ui.model_manager import ModelManager
 
-        dlg = ModelManager(self.session.engine.client, self, HeadTraining(self.session))
+        if getattr(self, "head_training", None) is None:
+            self.head_training = HeadTraining(self.session)
+        old = getattr(self, "model_manager", None)
+        if old is not None and (old.isVisible() or self.head_training.running):
+            old.show()  # one manager while it has work going: its Cancel stays in reach
+            old.raise_()
+            old.activateWindow()
+            return old
+        dlg = ModelManager(self.session.engine.client, self, self.head_training)
         dlg.modelsChanged.connect(self.session.pairs.reload_choices)
-        self.session.engine.loaded.connect(dlg.update_training)  # what can be trained now
-        self.session.engine.heldChanged.connect(dlg.update_training)
+        engine = self.session.engine  # what can be trained now
+        for signal in (engine.loaded, engine.heldChanged, engine.loadStarted, engine.loadFailed):
+            signal.connect(dlg.update_training)
         dlg.show()
         self.model_manager = dlg
         return dlg

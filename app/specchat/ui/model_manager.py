@@ -199,13 +199,19 @@ class ModelManager(QDialog):
         listed = {m.source for m in models}
         built = [b for b in library_view.built_in_models() if b.model.ref not in listed]
         self._built_in = built
-        self._installed_rows = [*built, *models]
-        self.installed.setRowCount(len(self._installed_rows))
+        rows: list = []
+        for b in built:  # a built-in target, and the heads made for it
+            mine = [m for m in models if m.head and m.head.get("for") in (b.model.name,
+                                                                          b.model.ref)]
+            rows += [b, *mine]
+        rows += [m for m in models if m not in rows]
+        self._installed_rows = rows
+        self.installed.setRowCount(len(rows))
         cells = [(b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
-                  b.model.params) for b in built]
-        cells += [(("↳ " if m.head else "") + m.name, library_view.source_text(m),
-                   size_text(m.size_bytes), params_text(m.params) if m.params else "")
-                  for m in models]
+                  b.model.params) if b in built else
+                 (("↳ " if b.head else "") + b.name, library_view.source_text(b),
+                  size_text(b.size_bytes), params_text(b.params) if b.params else "")
+                 for b in rows]
         for i, row in enumerate(cells):
             for j, v in enumerate(row):
                 self.installed.setItem(i, j, QTableWidgetItem(v))
@@ -302,7 +308,13 @@ class ModelManager(QDialog):
         self.refresh()
         self.modelsChanged.emit()
 
-    def train_head(self, minutes: float, max_steps: int | None = None) -> asyncio.Future:
+    def train_head(self, minutes: float, max_steps: int | None = None) -> asyncio.Future | None:
+        """Start training for the loaded target; None (and the reason shown)
+        when it cannot start now."""
+        refusal = self.trainer.refusal()
+        if refusal is not None:
+            self.update_training()
+            return None
         row = self._add_task(f"Training a draft head for {self.trainer.target}")
         row.cancel_button.clicked.connect(self.trainer.cancel)
         self.train_button.setEnabled(False)
@@ -321,6 +333,10 @@ class ModelManager(QDialog):
         except Exception as exc:  # noqa: BLE001 - EngineError/LibraryError text is for people
             row.fail(str(exc))
         else:
+            if head is None:  # cancelled before it learnt anything
+                row.fail("Cancelled; nothing was saved.")
+                self.refresh()
+                return
             accept = " ".join(f"{a:.0%}" for a in last[0].accept) if last else ""
             row.finish(("Stopped; train again to go on. " if row.cancelled.is_set() else "")
                        + f"{head.name} is listed under its target"
