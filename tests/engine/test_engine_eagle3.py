@@ -85,3 +85,31 @@ def test_a_head_for_another_target_is_refused_in_words(tiny_dir, tiny_target):
         engine.load(tiny_target, narrow)
     with pytest.raises(EngineError, match="it reads layers \\[2, 12, 21\\], target-llama has 6"):
         engine.load(tiny_target, far)
+
+
+def test_a_head_beside_a_draft_model_drafts_in_its_own_modes(tiny_dir, tiny_target, tiny_draft):
+    """Loaded beside a draft model, a head drafts in ``head`` and
+    ``head+suffix`` while ``draft`` keeps the draft model; loading another
+    head as the draft then drops the side head, not the new draft."""
+    side = build_eagle3(tiny_dir / "eagle3-side", tiny_target, seed=21)
+    e = Engine()
+    pair = e.load(tiny_target, tiny_draft, head=side)
+    assert pair.head is not None and pair.draft.model_type != "eagle3"
+    plain = _gen(e, "plain").token_ids
+    for mode in ("head", "head+suffix"):
+        r = _gen(e, mode)
+        assert r.token_ids == plain, mode
+        assert r.summary.drafted_by.get("eagle3", {}).get("drafted", 0) > 0, mode
+        assert "draft" not in r.summary.drafted_by, mode
+    r = _gen(e, "draft", 3)
+    assert r.token_ids == plain and r.summary.drafted_by["draft"]["drafted"] > 0
+    assert "eagle3" not in r.summary.drafted_by
+
+    other = build_eagle3(tiny_dir / "eagle3-other", tiny_target, seed=22)
+    pair = e.load(tiny_target, other)
+    assert pair.head is None and pair.draft.model_type == "eagle3"
+    r = _gen(e, "draft", 3)
+    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    e.load(tiny_target, tiny_draft)
+    with pytest.raises(EngineError, match="drafts with an EAGLE-3 head loaded beside"):
+        _gen(e, "head")
