@@ -11,6 +11,13 @@ tokens on, and saves the window while that reply streams, with the charts
 showing. The settings it changes are put back afterwards; the conversation
 stays in the history (pass --home DIR to keep it out of yours).
 tests/ui/test_ui_screenshot.py runs the same ``shoot`` with the tiny models.
+
+The README's picture comes from the installed package (the .deb's code,
+packages and Python; docs/app.md, "The packages"):
+
+    QT_QPA_PLATFORM=offscreen PYTHONPATH=/usr/lib/specchat/app_packages \
+        /usr/bin/python3 benchmarks/screenshot.py --app /usr/lib/specchat/app \
+        --target bundled:qwen2.5-coder-1.5b --draft bundled:qwen2.5-coder-0.5b
 """
 
 from __future__ import annotations
@@ -93,6 +100,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--after-chars", type=int, default=500,
                    help="take the picture once the reply has this many characters")
     p.add_argument("--home", help="SPECCHAT_HOME for this run (default: yours)")
+    p.add_argument("--app", type=Path, default=ROOT / "app",
+                   help="SpecChat's sources (default: this checkout's); the installed "
+                        "package's are /usr/lib/specchat/app (run with its Python, its "
+                        "app_packages on PYTHONPATH)")
     return p.parse_args(argv)
 
 
@@ -100,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.home:
         os.environ["SPECCHAT_HOME"] = args.home
-    sys.path.insert(0, str(ROOT / "app"))
+    sys.path.insert(0, str(args.app))
     import qasync
     from specchat import startup
 
@@ -125,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with loop:
         shown = loop.run_until_complete(run())
+    import specchat
+
+    shown["sources"] = str(Path(specchat.__file__).parent)  # which SpecChat took it
     print(json.dumps(shown))
     if not shown["streaming"]:
         print("note: the reply ended before --after-chars characters, so the picture shows it "
