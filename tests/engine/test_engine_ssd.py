@@ -123,7 +123,7 @@ def test_the_mode_is_registered_and_explained(engine):
 def test_ssd_needs_a_draft_model(tiny_target):
     e = Engine()
     e.load(tiny_target)
-    with pytest.raises(EngineError, match="No draft model is loaded"):
+    with pytest.raises(EngineError, match="needs a draft model, which is not loaded"):
         _run(e, PROMPTS[0])
 
 

@@ -10,14 +10,14 @@ from ui_support import load, run_compare, send_and_wait, wait_until
 
 
 def test_window_title_and_shortcut_tooltip(window):
-    assert window.windowTitle().startswith("SpecChat")
+    assert window.windowTitle() == "SpecChat"  # nothing loaded yet
     assert "Ctrl+Shift+S" in window.options.spec_box.toolTip()
     assert not window.composer.send_button.isEnabled()  # nothing loaded yet
 
 
 def test_send_streams_text_and_gauges(qtbot, window, tiny_target, tiny_draft):
     load(qtbot, window, tiny_target, tiny_draft)
-    assert window.windowTitle().startswith("SpecChat")
+    assert window.windowTitle().endswith(" — SpecChat")  # the pair first, the app once
     seen: list = []
     window.conversation.gaugesChanged.connect(seen.append)
     partial_lengths: list[int] = []

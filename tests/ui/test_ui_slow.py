@@ -15,7 +15,7 @@ def test_chat_turn_with_bundled_smollm2(qtbot, window):
     pair = load(qtbot, window, "bundled:smollm2-135m", None, timeout=600_000)
     assert progress, "the first load reports its import progress"
     assert pair.target.name and pair.draft is None
-    assert window.windowTitle().startswith("SpecChat")
+    assert window.windowTitle().endswith(" — SpecChat")  # the pair first, the app once
     window.session.update_settings(max_tokens=24)
     msg = send_and_wait(qtbot, window, "What is the capital of France? Answer in one word.",
                         timeout=300_000)
