@@ -122,6 +122,7 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
         assert mode in p.stdout
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
     """--background-load N runs the bench beside N spinning processes and says
     so in the report, with the BLAS thread counts each mode's steps ran at."""

@@ -116,6 +116,7 @@ def test_a_reply_cancelled_mid_block_leaves_a_cache_the_next_request_can_use(arc
     assert _gen(engine, PROMPT, "plain", max_tokens=40).token_ids == want
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 @pytest.mark.parametrize("arch", ["qwen3_5", "gemma3_text"])
 def test_samples_follow_the_target(arch_models, arch):
     """Rejection sampling stays exact when the second step starts from a

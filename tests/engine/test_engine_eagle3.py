@@ -67,6 +67,7 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
     assert all(t % 2 == 0 for p in seen for t in p.tokens)  # its vocabulary: even ids
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_head_samples_follow_the_target(head_engine):
     sampling = SamplingParams(temperature=1.0, top_k=3)
     joint = exact_joint(head_engine.target.model, sampling, PROMPT, 4)

@@ -95,6 +95,7 @@ def test_a_target_without_an_mtp_head_says_so(tiny_dir, tiny_tokenizer):
     assert _gen(engine, "mtp+suffix").summary.mode == modes.SUFFIX.name
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_mtp_samples_follow_the_target(mtp_engine):
     """At T > 0 the head's q rows go to rejection sampling like any draft's:
     four tokens (two K = 2 steps) follow the target. The random head is

@@ -284,6 +284,7 @@ def check_distribution(engine, prompt, mode, k, sampling, length=2, n=1200):
     return first
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_a_whole_block_of_three_and_its_bonus_follow_the_target(engine):
     """K = 3 on the first step: the four tokens it can emit (three drafts and
     the bonus) jointly follow the target, and every outcome of that step
@@ -298,8 +299,8 @@ def test_a_whole_block_of_three_and_its_bonus_follow_the_target(engine):
 
 @pytest.mark.parametrize("mode,k,sampling", [
     ("draft", None, SamplingParams(temperature=0.6, top_p=0.8, top_k=6)),
-    ("suffix", 3, SamplingParams(temperature=1.2, top_k=5)),
-    ("hybrid", 4, SamplingParams(temperature=0.8, top_p=0.7)),
+    pytest.param("suffix", 3, SamplingParams(temperature=1.2, top_k=5), marks=pytest.mark.slow),
+    pytest.param("hybrid", 4, SamplingParams(temperature=0.8, top_p=0.7), marks=pytest.mark.slow),
 ])
 def test_speculative_samples_follow_the_target(engine, echo_prompt, mode, k, sampling):
     length = 3 if k else 2
@@ -315,6 +316,7 @@ def pruned_engine(tiny_engine):
     return tiny_engine
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_pruned_draft_head_samples_follow_the_target(pruned_engine):
     """q is the draft's distribution over its pruned rows (the target's top
     tokens may lie outside them): rejection sampling stays exact."""
@@ -339,6 +341,7 @@ def test_seeded_runs_are_reproducible(engine):
         assert a.token_ids == b.token_ids
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_rejection_acceptance_beats_token_equality(engine):
     """Same pair, same settings: Leviathan acceptance vs mlx-lm's equality rule."""
     rates = {}
@@ -427,6 +430,7 @@ def test_a_wider_draft_only_proposes_ids_the_target_has(wide_engine):
     assert max(proposed) < vocab
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_a_wider_draft_samples_follow_the_target(wide_engine):
     check_distribution(wide_engine, PROMPT, "draft", 2, SamplingParams(temperature=1.0, top_k=6),
                        length=3, n=1500)

@@ -88,6 +88,7 @@ def test_a_speculated_block_is_the_block_drafting_makes(engine, monkeypatch):
     assert hits > 0
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_ssd_samples_follow_the_target(engine, settled):
     """The first four tokens with K = 1: the first step emits one or two of
     them, so a later step takes its block from the speculation cache

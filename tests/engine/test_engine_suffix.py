@@ -221,6 +221,7 @@ def test_the_conversation_being_answered_is_not_its_own_history(engine):
     assert again.summary.tokens_by_origin.get("history", 0) > 10
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_sampled_suffix_drafts_from_history_follow_the_target(engine, monkeypatch):
     """A suffix draft is a deterministic proposal (one-hot q): acceptance is
     p(x), and what comes out follows the target's distribution. (The runs
@@ -237,6 +238,7 @@ def test_sampled_suffix_drafts_from_history_follow_the_target(engine, monkeypatc
                        length=3, n=2000)
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_chained_suffix_and_model_drafts_follow_the_target(engine, monkeypatch):
     """A chained block: the suffix match's tokens (one-hot q), then the draft
     model's (its own q), verified as one block, jointly exact."""

@@ -44,6 +44,7 @@ def _lines(proc) -> list[dict]:
     return [json.loads(line) for line in out.splitlines()]
 
 
+@pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_a_trained_head_drafts_resumes_after_sigkill_and_beats_the_untrained(
         tmp_path, tiny_target, texts):
     out, home = tmp_path / "head", tmp_path / "home"
