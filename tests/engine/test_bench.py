@@ -182,6 +182,7 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
     assert "suffix drafts: accepted/drafted by source and match length" in p.stdout
 
 
+@pytest.mark.slow  # a long run: CI's slow step keeps the default run under 15 minutes
 def test_bench_with_a_draft_head(tmp_path, tiny_dir, tiny_target, tiny_draft):
     """An EAGLE-3 head beside the draft model (--head): the head modes, the
     draft model's and mlx-lm's run in one process and all reproduce plain

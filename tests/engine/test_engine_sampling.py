@@ -298,7 +298,8 @@ def test_a_whole_block_of_three_and_its_bonus_follow_the_target(engine):
 
 
 @pytest.mark.parametrize("mode,k,sampling", [
-    ("draft", None, SamplingParams(temperature=0.6, top_p=0.8, top_k=6)),
+    pytest.param("draft", None, SamplingParams(temperature=0.6, top_p=0.8, top_k=6),
+                 marks=pytest.mark.slow),
     pytest.param("suffix", 3, SamplingParams(temperature=1.2, top_k=5), marks=pytest.mark.slow),
     pytest.param("hybrid", 4, SamplingParams(temperature=0.8, top_p=0.7), marks=pytest.mark.slow),
 ])

@@ -351,7 +351,11 @@ def test_cli_ctrl_c_during_a_slow_render_ends_cleanly(runaway):
     assert proc.returncode in (1, 130), stderr  # never -6 (SIGABRT)
     _clean_end(stderr)
     assert time.monotonic() - start < 10
-    assert "Stopped while the chat template was being rendered" in stderr
+    # Ctrl-C stops the render; if the signal lands outside it (the moment
+    # cannot be seen from outside the process), the render's own budget ends
+    # it: either way one line, no traceback, never an abort.
+    assert ("Stopped while the chat template was being rendered" in stderr
+            or "to render and was stopped" in stderr), stderr
 
 
 # -- rendering stays what it was -------------------------------------------------

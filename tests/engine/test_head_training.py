@@ -80,6 +80,7 @@ def test_a_trained_head_drafts_resumes_after_sigkill_and_beats_the_untrained(
     assert spec.token_ids == plain.token_ids and spec.summary.drafted > 0
 
 
+@pytest.mark.slow  # a long run: CI's slow step keeps the default run under 15 minutes
 def test_training_another_target_into_the_same_folder_is_refused(tmp_path, tiny_target,
                                                                 tiny_qwen_target, texts):
     out, home = tmp_path / "head", tmp_path / "home"
