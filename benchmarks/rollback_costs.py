@@ -39,7 +39,6 @@ import mlx_lm.models.qwen3_5 as qwen3_5  # noqa: E402
 from mlx_lm.models import gated_delta  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.utils import _get_classes  # noqa: E402
-
 from specchat.engine import rollback  # noqa: E402
 
 
