@@ -231,6 +231,9 @@ class LoadProgress:
     fraction: float | None = None
 
 
+TRAINING_STATE = "specchat-training.json"  # beside a head being trained: where a run resumes
+
+
 @dataclass(frozen=True)
 class TrainPlan:
     """What ``EngineClient.train_head`` trains (engine/head_training.py)."""

@@ -48,10 +48,10 @@ from specchat.engine import chat
 from specchat.engine.compat import facts_from_tokenizer
 from specchat.engine.eagle3 import Eagle3Head, HeadConfig
 from specchat.engine.errors import EngineError
-from specchat.engine.events import TrainPlan, TrainProgress
+from specchat.engine.events import TRAINING_STATE, TrainPlan, TrainProgress
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
-STATE = "specchat-training.json"  # beside the head: where a run resumes from
+STATE = TRAINING_STATE
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
 BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
 

@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from specchat.engine.events import Message
+from specchat.engine.events import TRAINING_STATE, Message
 from specchat.library import index, paths
 from specchat.library.facts import read_folder
 
@@ -72,7 +72,7 @@ def default_out(target: str) -> Path:
 
 
 def can_resume(out: Path) -> bool:
-    return (out / "specchat-training.json").is_file() and (out / "model.safetensors").is_file()
+    return (out / TRAINING_STATE).is_file() and (out / "model.safetensors").is_file()
 
 
 def list_trained(out: Path, target: str) -> index.InstalledModel:
