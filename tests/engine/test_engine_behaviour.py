@@ -185,6 +185,35 @@ def test_identical_request_twice_reuses_all_but_the_last_token(engine):
     assert b.summary.reused_prompt_tokens == len(PROMPT) - 1
 
 
+@pytest.mark.parametrize("mode", ["draft", "ssd"])
+def test_the_draft_reads_the_prompt_once_as_prompt_processing(engine, mode, monkeypatch):
+    """The draft model reads the prompt once, before its first proposal:
+    after the reply's first token (ssd: before the first step, which it
+    drafts). The read is prompt processing (``prefill_s``), not a draft step
+    the policy would take for a slow draft."""
+    engine.reset_cache()
+    drafter = engine.model_drafter
+    reads = []
+    catch_up = drafter.catch_up
+
+    def timed(context):
+        t0 = time.perf_counter()
+        catch_up(context)
+        reads.append((len(context), time.perf_counter() - t0))
+
+    monkeypatch.setattr(drafter, "catch_up", timed)
+    events = []
+    r = engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=20,
+                                        draft=DraftSettings(mode=mode, k=3)),
+                        on_step=events.append)
+    steps = [e for e in events if e.token_ids or e.drafted]
+    after_first_token = mode == "draft"
+    assert [n for n, _ in reads] == [len(PROMPT) + after_first_token]
+    assert (steps[0].drafted == 0) is after_first_token and steps[1].drafted > 0
+    assert r.summary.prefill_s >= reads[0][1]
+    assert r.token_ids == gen(engine, max_tokens=20).token_ids
+
+
 # -- refusals ---------------------------------------------------------------------------
 
 def test_mismatched_tokenizers_are_refused_with_reasons(tiny_target, mismatched_draft):

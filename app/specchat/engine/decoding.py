@@ -121,8 +121,9 @@ class Progress:
     context: list[int]  # committed ids; the last one is not in the cache yet
     keys: KeyStream  # every random draw of the request, drafter and verifier alike
     stream: TextStream
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # reading the prompt: the target's prefill, then the drafter's
     reused: int = 0  # prompt tokens already in the cache
+    prompt_read: bool = False  # the drafter has read the prompt
     out: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish: str = "length"
@@ -157,16 +158,34 @@ def _seeded(sampling) -> bool:
     return not sampling.greedy and sampling.seed is not None
 
 
+def _read_prompt(d: Decoding, run: Progress) -> float:
+    """The drafter reads what it has not seen of the prompt, once, before
+    its first proposal: usually after the reply's first token went out, so
+    that speculation costs no time to first token. Its time is prompt
+    processing (``prefill_s``), kept out of the draft timing that the policy
+    and auto-off learn from: a long prompt is not a slow drafter."""
+    if run.prompt_read:
+        return 0.0
+    read_s = 0.0
+    if not d.drafter.ready(run.context):
+        # Not for a seeded sampled reply: whether the drafter is ready depends
+        # on what an earlier reply left in its cache, and the seed promises
+        # the same tokens whatever came before, so it drafts from the first step.
+        if (run.tally.steps == 0 and d.drafter.waits_for_first_token
+                and not _seeded(d.request.sampling)):
+            return 0.0  # the first token first
+        t0 = time.perf_counter()
+        d.drafter.catch_up(run.context)
+        read_s = time.perf_counter() - t0
+        run.prefill_s += read_s
+    run.prompt_read = True
+    return read_s
+
+
 def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
     """The drafter's block for this step, capped by the policy and by the
     token budget (the target's own token needs one)."""
-    if d.drafter is None or remaining <= 1:
-        return None
-    if run.tally.steps == 0 and not _seeded(d.request.sampling) and not d.drafter.ready(run.context):
-        # The first token first: the drafter reads the prompt after it. Not
-        # for a seeded sampled reply: whether the drafter is ready depends on
-        # what an earlier reply left in its cache, and the seed promises the
-        # same tokens whatever came before, so it drafts from the first step.
+    if d.drafter is None or remaining <= 1 or not run.prompt_read:
         return None
     policy = d.policy
     ctl = DraftControl(
@@ -211,6 +230,7 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
             governor.tick()
             drafting = d.drafter is not None and remaining > 1
             step = d.policy.break_even.next_step() if drafting else None
+            read_s = _read_prompt(d, run) if drafting and step != PAUSED else 0.0
             catch_up_s = _catch_up(d, run) if step == PROBE else 0.0
             proposal = (None if step == PAUSED else _propose(d, run, remaining)) or NO_DRAFT
             t_v = time.perf_counter()
@@ -224,13 +244,13 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
                 d.slot.rewind(kept)
             if d.drafter is not None:
                 d.drafter.kept(kept)
-            run.tally.forward_s += verify_s + proposal.draft_s + catch_up_s
+            run.tally.forward_s += verify_s + proposal.draft_s + catch_up_s + read_s
             run.tally.add(proposal, n)
             run.tally.paused += step == PAUSED
             d.policy.observe_proposal(proposal, n)
             # The rest of the step's wall time (the previous block's commit and
             # event, proposing) is the loop's own work: auto-off counts it per step.
-            other_s = end - last_end - verify_s - proposal.draft_s - catch_up_s
+            other_s = end - last_end - verify_s - proposal.draft_s - catch_up_s - read_s
             last_end = end
             d.policy.break_even.observe(proposal, n, verify_s, other_s)
             yield Block(proposal, n, nxt, t_v, paused=step == PAUSED, probe=step == PROBE,

@@ -263,6 +263,7 @@ class ModelDrafter(Drafter):
         self.loaded = draft
         self.runner = Runner(draft.model, draft.info.model_type, draft.config)
         self.slot = CacheSlot(self.runner)
+        self._prompt_length = 0  # this request's prompt, in ids
         self.head: PrunedHead | None = None
         weight = self.runner.head_weight()
         vocab = weight.shape[0] if weight is not None else 0
@@ -281,17 +282,23 @@ class ModelDrafter(Drafter):
         return total
 
     def prepare(self, prompt: Sequence[int], request=None) -> None:
-        """The prefix of the prompt the cache already holds is kept; the rest
-        is read with the first proposal, after the reply's first token."""
+        """The prefix of the prompt the cache already holds is kept; the loop
+        has the rest read (``catch_up``) after the reply's first token."""
         if self.head is not None:
             self.head.restart(prompt)
         self.slot.sync_to(prompt)
+        self._prompt_length = len(prompt)
 
     def ready(self, context: Sequence[int]) -> bool:
         return len(context) - self.slot.length <= FEED_MAX
 
     def catch_up(self, context: Sequence[int]) -> None:
+        reading_prompt = self.slot.length < self._prompt_length
         self._pending(context[self.slot.length:], feed_max=1)
+        if reading_prompt and self.slot.length == self._prompt_length:
+            # As the target's after its prefill: a regenerated reply (the same
+            # prompt) goes back here on a cache that cannot drop positions.
+            self.slot.mark_prompt()
 
     def _pending(self, pending: Sequence[int], feed_max: int = FEED_MAX) -> list[int]:
         """Prefill all but the last ``feed_max`` of the context ids the cache

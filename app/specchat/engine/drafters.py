@@ -126,20 +126,26 @@ class Drafter:
         None for all of them."""
         return None
 
+    # Whether the reply's first token goes out before this drafter reads the
+    # prompt, when it is not ``ready`` for the first step.
+    waits_for_first_token: bool = True
+
     def prepare(self, prompt: Sequence[int], request: Any = None) -> None:
-        """A request (events.GenerateRequest) starts: called during prefill,
-        so that a drafter's own prompt processing counts as prefill (time to
-        first token), not as a decoding step. State from an earlier request
-        may be reused where it is a prefix of ``prompt``."""
+        """A request (events.GenerateRequest) starts, during the target's
+        prefill. Cheap work only: a drafter not ``ready`` for the first step
+        has the rest of the prompt read by ``catch_up``, which the loop
+        counts as prompt processing and not as a decoding step. State from
+        an earlier request may be reused where it is a prefix of ``prompt``."""
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         raise NotImplementedError
 
     def ready(self, context: Sequence[int]) -> bool:
         """Whether drafting for ``context`` now costs no more than a draft
-        step. The loop lets the first token of a reply go out before a
-        drafter that still has the prompt to read (the draft model's
-        prefill), so speculation costs no time to first token."""
+        step. One that is not (the draft model, with the prompt still to
+        read) lets the reply's first token go out first, so speculation
+        costs no time to first token, and then reads the prompt
+        (``catch_up``) outside the draft timing."""
         return True
 
     def kept(self, length: int) -> None:
@@ -150,8 +156,9 @@ class Drafter:
         in the next context.)"""
 
     def catch_up(self, context: Sequence[int]) -> None:
-        """Mid-request, before break-even auto-off probes speculation: bring
-        any state up to ``context`` now, outside the probe's timing."""
+        """Bring any state up to ``context`` now, outside the draft timing:
+        the prompt, after the reply's first token; and mid-request, before
+        break-even auto-off probes speculation."""
 
     def finish(self, context: Sequence[int]) -> None:
         """The request ended with ``context`` committed."""
