@@ -22,6 +22,7 @@ import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from specchat.library import jsonfile, paths, staging
@@ -98,8 +99,6 @@ def get(name: str) -> BundledModel:
 # -- finding the files ---------------------------------------------------------
 def part_files(name: str) -> list[Path]:
     """The model's files in join order, located through package metadata."""
-    from importlib import metadata
-
     model = get(name)
     files: list[Path] = []
     for dist_name, glob in model.parts:
@@ -128,8 +127,6 @@ def shipped(name: str) -> bool:
     metadata alone (no file listed or read), once per process: packages do
     not change while SpecChat runs. The packaged app carries the default
     pair but not SmolLM2, whose package depends on llama-cpp-python."""
-    from importlib import metadata
-
     try:
         for dist, _glob in get(name).parts:
             metadata.distribution(dist)

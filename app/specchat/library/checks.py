@@ -23,16 +23,17 @@ check and the engine accept exactly the same templates.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
+import math
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.template import TemplateError, compile_template
+from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
 
 # safetensors dtypes and their sizes in bytes (safetensors' README).
@@ -127,9 +128,7 @@ def _tensor(name: str, info: object, file: str, shown: Path) -> Tensor:
             and 0 <= offsets[0] <= offsets[1]):
         raise bad(f"has data_offsets {offsets!r} (expected [start, end], 0 <= start <= end)")
     start, end = offsets
-    need = DTYPE_BYTES[dtype]
-    for s in shape:
-        need *= s
+    need = DTYPE_BYTES[dtype] * math.prod(shape)
     if end - start != need:
         raise bad(f"has shape {shape} of {dtype}, which is {need:,} bytes, but its "
                   f"data_offsets span {end - start:,}")
@@ -508,22 +507,6 @@ def check_chat_template(template: str, where: Path | str, name: str | None = Non
 
 
 # -- the whole folder ------------------------------------------------------------
-_PASSED: dict[tuple, bool] = {}
-_PASSED_MAX = 64
-_PASSED_LOCK = threading.Lock()
-
-
-def _stamps(files: list[Path]) -> tuple:
-    out = []
-    for f in files:
-        try:
-            st = f.stat()
-            out.append((f.name, st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append((f.name, None))
-    return tuple(out)
-
-
 def check_folder(folder: Path, config: dict, weight_files: list[Path],
                  shown: Path | None = None) -> dict[str, Tensor]:
     """Everything above for one MLX folder (config.json already read);
@@ -537,15 +520,13 @@ def check_folder(folder: Path, config: dict, weight_files: list[Path],
     for found in by_file.values():
         tensors.update(found)
     check_tensors(tensors, config, shown)
-    small = [folder / n for n in ("config.json", "tokenizer_config.json", "chat_template.jinja",
-                                  "chat_template.json")]
-    key = (os.fspath(folder), _stamps(small))
-    with _PASSED_LOCK:
-        if key in _PASSED:
-            return tensors
-    check_tokenizer_config(folder, shown)
-    with _PASSED_LOCK:
-        while len(_PASSED) >= _PASSED_MAX:
-            _PASSED.pop(next(iter(_PASSED)))
-        _PASSED[key] = True
+    small = ("config.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
+    _tokenizer_config_passed(folder, shown, *(stamp(folder / n) for n in small))
     return tensors
+
+
+@functools.lru_cache(maxsize=64)
+def _tokenizer_config_passed(folder: Path, shown: Path, *_stamps: object) -> None:
+    """check_tokenizer_config, remembered (only when it passes) until one of
+    the small files changes."""
+    check_tokenizer_config(folder, shown)

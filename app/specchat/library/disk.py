@@ -1,6 +1,7 @@
 """Free disk space, checked before work that writes a lot (a download, an
 import, a GGUF conversion, joining the bundled parts), so it is refused with
-the numbers before the first byte instead of failing midway.
+the numbers before the first byte instead of failing midway; and a file's
+stamp, which says whether a file checked before has changed since.
 
 One check and one message for all of them, so the user reads the same line
 whichever way a model arrives. The margin leaves room for what the sizes do
@@ -29,6 +30,17 @@ def free_bytes(folder: Path) -> int | None:
         return shutil.disk_usage(folder).free
     except OSError:
         return None
+
+
+def stamp(path: Path) -> tuple[int, int, int] | None:
+    """(size, mtime in ns, inode) of a file, None if it cannot be asked: the
+    key under which the library remembers a check of the file (a file
+    replaced or rewritten gets another stamp)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def check_free_space(folder: Path, needed: int, doing: str, shown: Path | None = None) -> None:

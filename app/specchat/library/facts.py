@@ -9,14 +9,16 @@ checking and suggesting stay fast and work before any weights are loaded.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.compat import facts_from_tokenizer_json
-from specchat.library.checks import check_folder, read_safetensors, text_config
+from specchat.library.checks import Tensor, check_folder, read_safetensors, text_config
+from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
 
 # mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
@@ -107,11 +109,9 @@ def _head_config(folder: Path) -> dict | None:
     return config if config is not None and folders.is_head(config) else None
 
 
-def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
+def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict[str, Tensor]]:
     config = folders.validate_folder(folder, LibraryError)
-    tensors = check_folder(folder, config, folders.weight_files(folder), shown)
-    return config, {name: {"dtype": t.dtype, "shape": list(t.shape)}
-                    for name, t in tensors.items()}
+    return config, check_folder(folder, config, folders.weight_files(folder), shown)
 
 
 def cache_kind(config: dict) -> tuple[str, str | None]:
@@ -142,10 +142,10 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     return "full", None
 
 
-def count_params(config: dict, tensors: dict[str, dict]) -> tuple[int, str | None]:
+def count_params(config: dict, tensors: dict[str, Tensor]) -> tuple[int, str | None]:
     """(logical parameter count, storage label) from the safetensors headers
-    (``tensors``: name -> dtype and shape, as checks.read_safetensors read
-    them while checking the folder: the one safetensors reader).
+    (``tensors`` as checks.read_safetensors read them while checking the
+    folder: the one safetensors reader).
 
     Quantized weights (uint32 words with ``.scales``/``.biases`` beside them)
     count as ``words * 32 / bits`` parameters; scales and biases are not
@@ -157,18 +157,15 @@ def count_params(config: dict, tensors: dict[str, dict]) -> tuple[int, str | Non
         bits = None
     dtype_bytes: dict[str, int] = {}
     total = 0
-    for name, info in tensors.items():
-        shape = info.get("shape") or []
-        n = 1
-        for s in shape:
-            n *= int(s)
+    for name, t in tensors.items():
+        n = math.prod(t.shape)
         base = name.rsplit(".", 1)[0]
         if name.endswith((".scales", ".biases")) and f"{base}.weight" in tensors:
             continue
-        if bits and info.get("dtype") == "U32" and f"{base}.scales" in tensors:
+        if bits and t.dtype == "U32" and f"{base}.scales" in tensors:
             n = n * 32 // int(bits)
         else:
-            dtype_bytes[info.get("dtype", "?")] = dtype_bytes.get(info.get("dtype", "?"), 0) + n
+            dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + n
         total += n
     if bits:
         label = f"q{int(bits)}"
@@ -224,22 +221,6 @@ def _pos_int(v) -> int | None:
     return int(v) if v != float("inf") else None
 
 
-# Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
-# is one C call that holds the GIL for about 200 ms, which stalls the GUI thread
-# whenever a worker thread re-checks a pair it has already checked.
-_TOKENIZER_CACHE: dict[tuple, object] = {}
-_TOKENIZER_CACHE_MAX = 16
-_TOKENIZER_CACHE_LOCK = threading.Lock()  # checks run on executor threads
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 def tokenizer_facts(folder: Path, shown: Path | None = None):
     """TokenizerFacts from tokenizer.json, or None when the folder has only a
     sentencepiece model (then compatibility cannot be checked without loading).
@@ -247,21 +228,20 @@ def tokenizer_facts(folder: Path, shown: Path | None = None):
     Errors name ``shown`` (the user's folder) instead of ``folder``."""
     if not (folder / "tokenizer.json").exists():
         return None
-    key = (str(folder.resolve()), _stamp(folder / "tokenizer.json"),
-           _stamp(folder / "tokenizer_config.json"))
-    with _TOKENIZER_CACHE_LOCK:
-        if key in _TOKENIZER_CACHE:
-            return _TOKENIZER_CACHE[key]
     try:
-        facts = facts_from_tokenizer_json(folder)
+        return _parsed_tokenizer(folder.resolve(), stamp(folder / "tokenizer.json"),
+                                 stamp(folder / "tokenizer_config.json"))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         where = (shown or folder) / "tokenizer.json"
         raise LibraryError(f"{where} could not be read ({exc})") from exc
-    with _TOKENIZER_CACHE_LOCK:
-        while len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
-            _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
-        _TOKENIZER_CACHE[key] = facts
-    return facts
+
+
+# Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
+# is one C call that holds the GIL for about 200 ms, which stalls the GUI thread
+# whenever a worker thread re-checks a pair it has already checked.
+@functools.lru_cache(maxsize=16)
+def _parsed_tokenizer(folder: Path, *_stamps: object):
+    return facts_from_tokenizer_json(folder)
 
 
 HEAD_TENSORS = ("fc.weight", "lm_head.weight")  # besides its layer's (layers.0. or midlayer.)
@@ -280,8 +260,7 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
                               "pickled files can run code)" if pickled else ""))
     tensors = {}
     for f in files:
-        tensors.update((n, {"dtype": t.dtype, "shape": list(t.shape)})
-                       for n, t in read_safetensors(f, shown / f.name).items())
+        tensors.update(read_safetensors(f, shown / f.name))
     missing = [n for n in HEAD_TENSORS if n not in tensors]
     if missing or not any(n.startswith(("layers.0.", "midlayer.")) for n in tensors):
         raise LibraryError(f"{shown} says it is an EAGLE-3 head but its weights lack "

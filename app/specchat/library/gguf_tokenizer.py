@@ -14,6 +14,7 @@ supported; that covers Qwen2/2.5, Llama 3 and SmolLM GGUFs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specchat.library.errors import LibraryError
@@ -229,8 +230,6 @@ def validate(tokenizer_json: str) -> None:
     """Load the JSON with ``tokenizers``, check every added token kept its id
     and round-trip a sample, so a broken tokenizer fails the import rather
     than the first chat."""
-    import json
-
     from tokenizers import Tokenizer
 
     try:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from collections import deque
@@ -151,13 +152,9 @@ def offline() -> bool:
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     if value.upper() in {"1", "ON", "YES", "TRUE"}:
         return True
-    try:
-        import sys
-
-        hf_constants = sys.modules.get("huggingface_hub.constants")
-        return bool(hf_constants and hf_constants.HF_HUB_OFFLINE)
-    except AttributeError:
-        return False
+    # As huggingface_hub read it at its import, if it is imported (never imported for this).
+    hf_constants = sys.modules.get("huggingface_hub.constants")
+    return bool(getattr(hf_constants, "HF_HUB_OFFLINE", False))
 
 
 def installed(ref: str | HubRef) -> InstalledModel | None:

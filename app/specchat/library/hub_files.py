@@ -28,10 +28,11 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specchat.library import jsonfile, paths
+from specchat.library import disk, jsonfile, paths
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
@@ -90,14 +91,6 @@ def _key(blob: Path) -> str:
         return str(blob)
 
 
-def _stamp(blob: Path) -> list[int] | None:
-    try:
-        st = blob.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
 def _load() -> dict:
     return jsonfile.read_record(_record_file())
 
@@ -109,7 +102,7 @@ def _save(data: dict) -> None:
 
 def remember(blob: Path) -> None:
     data = _load()
-    data[_key(blob)] = _stamp(blob)
+    data[_key(blob)] = disk.stamp(blob)  # a JSON list
     _save(data)
 
 
@@ -121,8 +114,8 @@ def forget(blob: Path) -> None:
 
 def checked_before(blob: Path) -> bool:
     """Whether the blob passed a check and has not changed since."""
-    stamp = _stamp(blob)
-    return stamp is not None and _load().get(_key(blob)) == stamp
+    stamp = disk.stamp(blob)
+    return stamp is not None and _load().get(_key(blob)) == list(stamp)
 
 
 def check(blob: Path, size: int | None, tick: Tick) -> str | None:
@@ -182,8 +175,6 @@ def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]
         if not told:
             waiting()
             told = True
-        import time
-
         time.sleep(POLL)
         tick()
     try:

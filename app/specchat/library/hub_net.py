@@ -35,6 +35,7 @@ byte. A timeout is not retried: a server silent for that long is reported.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -154,8 +155,6 @@ def summary(body: bytes, content_type: str | None = None, error: str | None = No
         return _short(match.group(1).decode("utf-8", "replace"))
     text = body[:4096].decode("utf-8", "replace").strip()
     if text.startswith("{"):
-        import json
-
         try:
             data = json.loads(body)
             if isinstance(data, dict) and isinstance(data.get("error"), str):

@@ -17,6 +17,7 @@ Only json, os and pathlib here: ``specchat models list`` must stay fast.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import re
 import shutil
@@ -140,12 +141,7 @@ def _locked() -> Iterator[None]:
     home = paths.home()
     home.mkdir(parents=True, exist_ok=True)
     with _thread_lock, open(home / ".index.lock", "a+") as lock_file:
-        try:
-            import fcntl
-
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        except ImportError:  # not on macOS/Linux: threads are still serialized
-            pass
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         yield
 
 
