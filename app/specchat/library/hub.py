@@ -78,6 +78,7 @@ ALLOW_PATTERNS = [*MODEL_JSON, "model*.safetensors", "tokenizer.model", "*.tikto
 PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # always fullmatch: "$" lets a trailing newline through
+_BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob id or a SHA-256
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -261,16 +262,13 @@ _BROKEN = {"ReadError", "RemoteProtocolError", "ChunkedEncodingError", "WriteErr
            "NetworkError", "TransportError", "_EndedEarly"}
 
 
-def _kinds(exc: BaseException) -> set[str]:
-    return {c.__name__ for c in type(exc).__mro__}
-
-
-def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> LibraryError:
+def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> SpecChatError:
     """One sentence a person can act on, for whatever the client raised
-    (``file``: the file being downloaded, None while asking about the repo)."""
+    (``file``: the file being downloaded, None while asking about the repo);
+    what already is one is returned as it is."""
     from huggingface_hub import errors
 
-    if isinstance(exc, LibraryError):
+    if isinstance(exc, SpecChatError):
         return exc
     if isinstance(exc, errors.GatedRepoError):
         return LibraryError(
@@ -286,7 +284,7 @@ def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> LibraryE
             f"{hub.ref} was not found on the Hugging Face Hub. Check the name (it is "
             "case-sensitive, e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit); private repos "
             "need `hf auth login`.")
-    kinds = _kinds(exc)
+    kinds = hub_net.kinds(exc)
     where = hub_net.endpoint()
     _connect, read = hub_net.timeouts()
     if kinds & _UNREACHABLE:
@@ -350,7 +348,7 @@ def _remote_files(hub: HubRef, tick: Callable[[], None]
             continue
         lfs = getattr(s, "lfs", None)
         etag = lfs.sha256 if lfs is not None else getattr(s, "blob_id", None)
-        if not etag or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag) or s.size is None:
+        if not etag or not _BLOB_ID.fullmatch(etag) or s.size is None:
             raise LibraryError(
                 f"The Hub gave no checksum or size for {s.rfilename} of {hub.ref}; SpecChat "
                 "does not install files it cannot check.")
@@ -424,12 +422,7 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     have = installed(hub)
     if offline():
         if have is not None:
-            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
-                                                 cancelled))
-            say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
-                                 f"Offline mode: using the downloaded copy of {hub.ref} "
-                                 "(not checked for updates)"))
-            return have
+            return _fall_back(hub, have, progress, cancelled, "Offline mode:")
         raise LibraryError(
             f"Offline mode (HF_HUB_OFFLINE is set): {hub.ref} has not been downloaded yet. "
             "Unset HF_HUB_OFFLINE and connect to the internet to pull it, or pick an "
@@ -437,20 +430,18 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     if have is not None and hub.revision and _COMMIT.fullmatch(hub.revision) \
             and have.revision == hub.revision:
         # A commit never changes: nothing to ask the Hub, but the files are checked.
-        _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+        _check_installed(hub, have, progress, cancelled)
         return have
     say(DownloadProgress(0, None, 0.0, f"Asking the Hub about {hub.ref}"))
     asking = _Tracker(0, 0, hub.name, None, cancelled)
     try:
         commit, files, names = _remote_files(hub, asking.tick)
-    except SpecChatError as exc:
-        if have is not None and isinstance(exc, HubUnreachable):
-            return _fall_back(hub, have, progress, cancelled)
-        raise
     except Exception as exc:  # noqa: BLE001 - translated into one message
         err = _translate(exc, hub)
         if have is not None and isinstance(err, HubUnreachable):
-            return _fall_back(hub, have, progress, cancelled)
+            return _fall_back(hub, have, progress, cancelled, "Could not reach the Hub;")
+        if err is exc:
+            raise
         raise err from exc
     _refuse_unusable(hub, files, names)
     storage = _storage_folder(hub)
@@ -470,19 +461,31 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     return _register(hub, commit, snapshot, have)
 
 
-def _fall_back(hub: HubRef, have: InstalledModel, progress, cancelled) -> InstalledModel:
-    """The Hub is out of reach: the installed copy, if its files still check out."""
-    _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+def _fall_back(hub: HubRef, have: InstalledModel, progress, cancelled,
+               why: str) -> InstalledModel:
+    """The Hub is out of reach (``why``, in words, ends with its colon or
+    semicolon): the installed copy, if its files still check out."""
+    _check_installed(hub, have, progress, cancelled)
     if progress is not None:
         progress(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
-                                  f"Could not reach the Hub; using the downloaded copy of "
-                                  f"{hub.ref} (not checked for updates)"))
+                                  f"{why} using the downloaded copy of {hub.ref} (not checked "
+                                  "for updates)"))
     return have
 
 
-def _damaged(f_name: str, blob_id: str, got: str) -> str:
-    return (f"{f_name}: expected {hub_files.kind_of(blob_id)} {blob_id}, "
-            f"the file has {got}")
+def _recheck(hub: HubRef, storage: Path, blob: Path, name: str, size: int | None,
+             tracker: _Tracker) -> str | None:
+    """None if a cached blob (the file ``name``) still matches its id (it is
+    hashed again only if it changed since its last check); else it is
+    unlisted and removed, and what was wrong is returned in words."""
+    if not hub_files.checked_before(blob):
+        tracker.emit(f"Checking {name} of {hub.name}", force=True)
+    got = hub_files.check(blob, size, tracker.tick)
+    if got is None:
+        return None
+    _unlist_users(storage, blob)
+    hub_files.remove_blob(storage, blob.name)
+    return f"{name}: expected {hub_files.kind_of(blob.name)} {blob.name}, the file has {got}"
 
 
 def _unlist_users(storage: Path, blob: Path) -> None:
@@ -504,15 +507,11 @@ def _missing(hub: HubRef, storage: Path, files: list[_RemoteFile],
     for f in files:
         blob = storage / "blobs" / f.etag
         if blob.is_file():
-            if not hub_files.checked_before(blob):
-                tracker.emit(f"Checking {f.name} of {hub.name}", force=True)
-            got = hub_files.check(blob, f.size, tracker.tick)
-            if got is None:
+            damage = _recheck(hub, storage, blob, f.name, f.size, tracker)
+            if damage is None:
                 continue
-            _unlist_users(storage, blob)
-            hub_files.remove_blob(storage, f.etag)
-            tracker.emit(f"{f.name} in the library was damaged ({_damaged(f.name, f.etag, got)});"
-                         " downloading it again", force=True)
+            tracker.emit(f"{f.name} in the library was damaged ({damage}); downloading it again",
+                         force=True)
         todo.append(f)
     return todo
 
@@ -682,24 +681,19 @@ def _remember_ref(storage: Path, hub: HubRef, commit: str) -> None:
         pass
 
 
-def _check_installed(hub: HubRef, have: InstalledModel, tracker: _Tracker) -> None:
-    """Check an installed copy's files without the network (a file that
-    changed since its last check is hashed again); a damaged one is removed,
-    the model unlisted, and LibraryError names it."""
+def _check_installed(hub: HubRef, have: InstalledModel, progress, cancelled) -> None:
+    """Check an installed copy's files without the network (_recheck); a
+    damaged one is removed, the model unlisted, and LibraryError names it."""
+    tracker = _Tracker(have.size_bytes, 0, hub.name, progress, cancelled)
     folder = Path(have.path)
     storage = folder.parent.parent
     problems = []
     for pointer in sorted(folder.iterdir()) if folder.is_dir() else []:
         blob = Path(os.path.realpath(pointer))
-        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", blob.name) or not blob.is_file():
-            continue
-        if not hub_files.checked_before(blob):
-            tracker.emit(f"Checking {pointer.name} of {hub.name}", force=True)
-        got = hub_files.check(blob, None, tracker.tick)
-        if got is not None:
-            _unlist_users(storage, blob)
-            hub_files.remove_blob(storage, blob.name)
-            problems.append(_damaged(pointer.name, blob.name, got))
+        if _BLOB_ID.fullmatch(blob.name) and blob.is_file():
+            damage = _recheck(hub, storage, blob, pointer.name, None, tracker)
+            if damage is not None:
+                problems.append(damage)
     if problems:
         raise LibraryError(
             f"{have.name} ({hub.ref}) is damaged and was removed from the list: "
@@ -751,8 +745,7 @@ def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None
     have = installed(hub)
     if have is not None and Path(have.path).is_dir():
         try:
-            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
-                                                 cancelled))
+            _check_installed(hub, have, progress, cancelled)
             return Path(have.path)
         except DownloadCancelled:
             raise

@@ -290,7 +290,9 @@ class _EndedEarly(Exception):
     """The body ended before the file's size without an error."""
 
 
-def _kinds(exc: BaseException) -> set[str]:
+def kinds(exc: BaseException) -> set[str]:
+    """The names of an exception's classes: how errors are told apart across
+    huggingface_hub's HTTP stacks, whose classes cannot all be imported."""
     return {c.__name__ for c in type(exc).__mro__}
 
 
@@ -310,7 +312,7 @@ def download(url: str, filename: str, size: int | None, sink: Sink, tick: Tick) 
                 raise _EndedEarly(f"{sink.offset} of {size} bytes")
             return
         except Exception as exc:
-            if not (_kinds(exc) & _RETRY):
+            if not (kinds(exc) & _RETRY):
                 raise
             failures = 0 if sink.offset > start else failures + 1
             if failures > RETRIES:
