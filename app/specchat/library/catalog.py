@@ -31,6 +31,7 @@ from pathlib import Path
 import specchat
 from specchat.library.errors import LibraryError
 from specchat.library.memory import MemoryEstimate, estimate
+from specchat.library.units import params_text
 
 MODEL = "model"
 MTP = "mtp"
@@ -147,8 +148,7 @@ class Pair:
         """MemoryEstimate for the pair in ``dtype`` (default: this machine's
         compute dtype), without measuring what is available. An own head is
         part of the target's parameters."""
-        return estimate(self.target, self.draft, context_tokens, dtype=dtype,
-                               measure=False)
+        return estimate(self.target, self.draft, context_tokens, dtype=dtype, measure=False)
 
     def to_json(self, context_tokens: int = 4096) -> dict:
         mem = self.memory(context_tokens)
@@ -159,8 +159,8 @@ class Pair:
 
 
 def _fewer(target: CatalogModel, draft: CatalogModel) -> str:
-    return (f"{target.params / draft.params:.0f}x fewer parameters ({_b(draft.params)} vs "
-            f"{_b(target.params)})")
+    return (f"{target.params / draft.params:.0f}x fewer parameters "
+            f"({params_text(draft.params)} vs {params_text(target.params)})")
 
 
 def _why_model(target: CatalogModel, draft: CatalogModel) -> str:
@@ -225,10 +225,6 @@ class Catalog:
 
     def same_tokenizer(self, model: CatalogModel) -> list[CatalogModel]:
         return [m for m in self.models if m.tokenizer.id == model.tokenizer.id and m.id != model.id]
-
-
-def _b(params: int) -> str:
-    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
 
 
 def _entry(m: dict, tok: Tokenizer) -> CatalogModel:

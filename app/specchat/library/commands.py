@@ -125,12 +125,10 @@ def cmd_where(args, as_json: bool) -> int:
     if as_json:
         _print_json(data)
         return 0
-    print(f"library     {data['home']}")
-    print(f"downloads   {data['hub_cache']}")
-    print(f"imports     {data['models']}")
-    print(f"bundled     {data['bundled']}")
-    print(f"index       {data['index']}")
-    print(f"disk usage  {size_text(data['disk_usage_bytes'])}")
+    for label, key in (("library", "home"), ("downloads", "hub_cache"), ("imports", "models"),
+                       ("bundled", "bundled"), ("index", "index")):
+        print(f"{label:<12}{data[key]}")
+    print(f"{'disk usage':<12}{size_text(data['disk_usage_bytes'])}")
     print("(set SPECCHAT_HOME to keep the library somewhere else)")
     return 0
 

@@ -171,15 +171,13 @@ def _short(text: str) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def status_words(status: int, reason: str | None) -> str:
-    return f"{status} {reason}".strip() if reason else str(status)
-
-
-def said(status: int, reason: str | None, body: bytes, content_type: str | None,
-         error: str | None = None) -> str:
-    """``503 Service Unavailable ("upstream connect error")``."""
-    detail = summary(body, content_type, error)
-    words = status_words(status, reason)
+def said(response, body: bytes) -> str:
+    """What an error response says: ``503 Service Unavailable ("upstream
+    connect error")``, the detail from the Hub's X-Error-Message or ``body``."""
+    detail = summary(body, response.headers.get("Content-Type"),
+                     response.headers.get("X-Error-Message"))
+    status, reason = response.status_code, response.reason_phrase
+    words = f"{status} {reason}".strip() if reason else str(status)
     return f'{words} ("{detail}")' if detail else words
 
 
@@ -231,15 +229,11 @@ def model_info(repo: str, revision: str | None, tick: Tick):
             "HF_ENDPOINT right?")
     response = _read(streamed, body)
     content_type = response.headers.get("Content-Type")
-    if response.status_code >= 400 and response.headers.get("X-Error-Code"):
+    if response.status_code == 401 or (response.status_code >= 400
+                                        and response.headers.get("X-Error-Code")):
         hf_raise_for_status(response)  # the Hub's own verdict: not found, gated, revision
-    if response.status_code == 401:
-        hf_raise_for_status(response)
     if response.status_code >= 400:
-        raise HubAnswered(
-            f"{host(url)} answered "
-            f"{said(response.status_code, response.reason_phrase, body, content_type, response.headers.get('X-Error-Message'))}"
-            f" when asked about {repo}.")
+        raise HubAnswered(f"{host(url)} answered {said(response, body)} when asked about {repo}.")
     if is_web_page(content_type, body):
         raise HubAnswered(web_page_message(str(response.url), body, content_type,
                                            f"the model information for {repo}"))
@@ -364,10 +358,8 @@ def _request(url: str, filename: str, sink: Sink, tick: Tick, start: int) -> str
             return "again"
         if status >= 400:
             body = _first_bytes(q, tick)
-            raise HubAnswered(
-                f"{host(str(response.url))} answered "
-                f"{said(status, response.reason_phrase, body, content_type, response.headers.get('X-Error-Message'))}"
-                f" for {filename}.")
+            raise HubAnswered(f"{host(str(response.url))} answered {said(response, body)} for "
+                              f"{filename}.")
         if start and status == 200:  # Range ignored: the whole file follows
             sink.restart()
         first = True

@@ -105,7 +105,8 @@ def import_path(path: str | os.PathLike, name: str | None = None,
             built.mkdir()
             _copy_model_files(plan, src, built, say, cancelled)
         else:
-            built = _convert_gguf(src, work.path, say, cancelled, where)
+            built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
+            _check(cancelled, src)
         return _install(built, final_name, source, kind, say, src)
     except LibraryError:  # ImportCancelled included: already says what happened
         raise
@@ -241,13 +242,6 @@ def _open_planned(f: _File, src: Path):
         raise LibraryError(f"{src / f.name} changed while it was being imported; nothing was "
                            "added. Import it again.")
     return fin
-
-
-def _convert_gguf(src: Path, work: Path, say: Progress,
-                  cancelled: threading.Event | None, where: Path) -> Path:
-    out = import_gguf(src, work / "model", say, cancelled, shown_dir=where)
-    _check(cancelled, src)
-    return Path(out)
 
 
 def _install(built: Path, name: str, source: str, kind: str, say: Progress,

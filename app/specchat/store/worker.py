@@ -257,30 +257,22 @@ class Remote(Generic[T]):
     The store object is looked up when the call runs, so a call queued
     before ``reopen`` and one queued after each reach their own file."""
 
-    def __init__(self, kind: type[T], worker: StoreWorker):
+    def __init__(self, kind: type[T], worker: StoreWorker, wait: bool = False):
         self._kind = kind
         self._worker = worker
-        self.blocking: T = _Blocking(kind, worker)  # type: ignore[assignment]
-
-    def __getattr__(self, name: str) -> Callable[..., asyncio.Future]:
-        if not callable(getattr(self._kind, name, None)):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> asyncio.Future:
-            return asyncio.wrap_future(self._worker.call(self._kind, name, args, kwargs))
-
-        return call
-
-
-class _Blocking:
-    def __init__(self, kind: type, worker: StoreWorker):
-        self._kind = kind
-        self._worker = worker
+        self._wait = wait
+        if not wait:
+            self.blocking: T = Remote(kind, worker, wait=True)  # type: ignore[assignment]
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if not callable(getattr(self._kind, name, None)):
             raise AttributeError(name)
-        return lambda *args, **kwargs: self._worker.call(self._kind, name, args, kwargs).result()
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            future = self._worker.call(self._kind, name, args, kwargs)
+            return future.result() if self._wait else asyncio.wrap_future(future)
+
+        return call
 
 
 def report_failure(future: asyncio.Future, report: Callable[[str], None],
