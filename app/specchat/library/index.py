@@ -172,13 +172,11 @@ def find_source(source: str) -> InstalledModel | None:
     return None
 
 
-def add(model: InstalledModel, replace: bool = True) -> InstalledModel:
-    """List a model whose files are complete. With ``replace`` an entry of the
-    same name is overwritten (an updated download), otherwise refused."""
+def add(model: InstalledModel) -> InstalledModel:
+    """List a model whose files are complete; an entry of the same name is
+    overwritten (an updated download)."""
     with _locked():
         models = _read()
-        if model.name in models and not replace:
-            raise LibraryError(f"A model named {model.name!r} is already installed")
         models[model.name] = model.to_json()
         _write(models)
     return model

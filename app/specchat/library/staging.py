@@ -165,14 +165,12 @@ def _owner_may_live(entry: Path, pid: str | None) -> bool:
 def process_alive(pid: int) -> bool:
     """Whether a process with this id is running (only a fallback: the id
     may belong to another process by now)."""
-    if pid == os.getpid():
-        return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except OSError:
-        return True
+    except OSError:  # PermissionError: another user's process
+        pass
     return True
 
 
