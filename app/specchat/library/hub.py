@@ -334,9 +334,9 @@ def _remote_files(hub: HubRef, tick: Callable[[], None]
         # It becomes a folder name (snapshots/<commit>): "../.." would write
         # outside the library.
         raise LibraryError(
-            f"{hub_net.host(hub_net.endpoint())} gave {_short(info.sha)} as the commit of "
-            f"{hub.ref}, which is not a commit id (40 hex digits); nothing was downloaded. "
-            "Is HF_ENDPOINT right?")
+            f"{hub_net.host(hub_net.endpoint())} gave {hub_net.short(repr(info.sha))} as the "
+            f"commit of {hub.ref}, which is not a commit id (40 hex digits); nothing was "
+            "downloaded. Is HF_ENDPOINT right?")
     siblings = info.siblings or []
     names = [s.rfilename for s in siblings]
     from huggingface_hub.utils import filter_repo_objects
@@ -354,11 +354,6 @@ def _remote_files(hub: HubRef, tick: Callable[[], None]
                 "does not install files it cannot check.")
         files.append(_RemoteFile(s.rfilename, s.size, etag))
     return info.sha, files, names
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 HEAD_MAX_BYTES = 4 << 30  # a draft head is one layer: published ones are well under 1 GB

@@ -149,24 +149,25 @@ def summary(body: bytes, content_type: str | None = None, error: str | None = No
     """One short line from a body: the Hub's error message, a page's
     title, a JSON ``error`` field or the first line of text."""
     if error:
-        return _short(error)
+        return short(error)
     match = _TITLE.search(body[:65536])
     if match:
-        return _short(match.group(1).decode("utf-8", "replace"))
+        return short(match.group(1).decode("utf-8", "replace"))
     text = body[:4096].decode("utf-8", "replace").strip()
     if text.startswith("{"):
         try:
             data = json.loads(body)
             if isinstance(data, dict) and isinstance(data.get("error"), str):
-                return _short(data["error"])
+                return short(data["error"])
         except ValueError:
             pass
     if is_web_page(content_type, body):
         text = re.sub(r"<[^>]*>", " ", text)
-    return _short(next((line for line in text.splitlines() if line.strip()), ""))
+    return short(next((line for line in text.splitlines() if line.strip()), ""))
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
+    """``text`` on one line, cut to at most 100 characters."""
     text = " ".join(text.split())
     return text if len(text) <= 100 else text[:97] + "..."
 
