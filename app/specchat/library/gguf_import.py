@@ -251,16 +251,11 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
 
 def _gguf_name(hf: str) -> str:
     """The GGUF name of an HF tensor name (for messages about missing ones)."""
-    for g, h in _GLOBAL_NAMES.items():
-        if h == hf:
-            return g
     parts = hf.split(".")
-    if len(parts) > 4 and parts[:2] == ["model", "layers"]:
-        inner = ".".join(parts[3:-1])
-        for g, h in _LAYER_NAMES.items():
-            if h == inner:
-                return f"blk.{parts[2]}.{g}.{parts[-1]}"
-    return hf
+    layer = {h: g for g, h in _LAYER_NAMES.items()}.get(".".join(parts[3:-1]))
+    if len(parts) > 4 and parts[:2] == ["model", "layers"] and layer:
+        return f"blk.{parts[2]}.{layer}.{parts[-1]}"
+    return {h: g for g, h in _GLOBAL_NAMES.items()}.get(hf, hf)
 
 
 def _plan(header: Header, config: dict) -> list[_Job]:

@@ -119,11 +119,8 @@ def import_path(path: str | os.PathLike, name: str | None = None,
 
 def _default_name(src: Path, kind: str) -> str:
     if kind == "gguf":
-        try:
-            summary = gguf_summary(src) or {}
-            label = summary.get("name") or summary.get("general.name")
-            if isinstance(label, str) and label.strip():
-                return index.sanitize(label)
+        try:  # general.name, or the file's stem
+            return index.sanitize(gguf_summary(src)["name"])
         except Exception:  # noqa: BLE001 - the file name is a fine fallback
             pass
         stem = src.stem if src.suffix.lower() == ".gguf" else src.name

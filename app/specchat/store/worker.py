@@ -212,7 +212,7 @@ class StoreWorker:
                         continue
                     if self._closed and db.is_busy(exc):
                         self._lost += 1
-                    if (getattr(exc, "sqlite_errorcode", None) == db.SQLITE_READONLY
+                    if (getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY
                             and not self.saving):
                         raise HistoryNotSaved(self.problem or str(exc)) from exc
                     raise
