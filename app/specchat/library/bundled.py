@@ -191,6 +191,9 @@ def _remember(model: BundledModel, files: Sequence[Path]) -> None:
 
 
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:
+    """The joined parts' SHA-256 is the pinned one (LibraryError if not); a
+    success is remembered per file sizes and mtimes, so it is not recomputed
+    each launch."""
     if digest != model.sha256:
         raise LibraryError(
             f"The files of the bundled model {model.name} are damaged or not the expected "
@@ -198,18 +201,6 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
     _remember(model, files)
-
-
-def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | None = None,
-           cancelled: threading.Event | None = None) -> None:
-    """Check the joined parts (``files``, default: the installed ones) against
-    the model's pinned SHA-256; LibraryError on a mismatch. A success is
-    remembered per file sizes and mtimes, so it is not recomputed each launch."""
-    model = get(name)
-    files = list(files) if files is not None else part_files(name)
-    if _cached(model, files):
-        return
-    _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
 
 
 # -- importing -----------------------------------------------------------------
