@@ -13,7 +13,8 @@ their locks, and snapshot links.
 * A download in progress is ``blobs/<id>.incomplete``, written only while
   holding ``.locks/models--org--repo/<id>.lock``: the path huggingface_hub
   locks for the same blob, so its downloads into this cache wait too. The
-  lock is an ``flock``, which the kernel drops when its process dies, so
+  lock is an ``flock`` (``staging.try_lock``, the library's one lock for
+  work in progress), which the kernel drops when its process dies, so
   "can the lock be taken without waiting" tells a dead owner from a live
   one exactly (no pid files, no pid reuse, no clocks). A partial file nobody
   holds is resumed by the next pull of that file or, if the repo no longer
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specchat.library import disk, jsonfile, paths
+from specchat.library import disk, jsonfile, paths, staging
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
@@ -142,26 +143,10 @@ def partial_path(storage: Path, blob_id: str) -> Path:
     return storage / "blobs" / f"{blob_id}.incomplete"
 
 
-def _try_lock(path: Path):
-    """The lock, held, if nobody else holds it; else None."""
-    from filelock import FileLock, Timeout
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), mode=0o664)
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        return None
-    return lock
-
-
-def _release(lock, path: Path) -> None:
-    """Release a held lock and remove its file (while held, so a waiter
-    that opened the old file notices it is unlinked and tries again)."""
-    with contextlib.suppress(OSError):
-        path.unlink()
-    with contextlib.suppress(OSError):
-        lock.release()
+def _try_lock(path: Path) -> int | None:
+    """The lock held (its descriptor) if nobody else holds it, else None;
+    made readable and writable for the group, as huggingface_hub makes it."""
+    return staging.try_lock(path, mode=0o664)
 
 
 @contextlib.contextmanager
@@ -180,7 +165,7 @@ def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]
     try:
         yield _adopt(storage, blob_id)
     finally:
-        _release(lock, path)
+        staging.unlock(path, lock)
 
 
 def _adopt(storage: Path, blob_id: str) -> Path:
@@ -211,13 +196,13 @@ def sweep(storage: Path, keep: set[str]) -> None:
             lock = _try_lock(path)
             if lock is not None:
                 p.unlink(missing_ok=True)
-                _release(lock, path)
+                staging.unlock(path, lock)
     locks = paths.hub_cache() / ".locks" / storage.name
     if locks.is_dir():
         for path in locks.glob("*.lock"):
             lock = _try_lock(path)
             if lock is not None:
-                _release(lock, path)
+                staging.unlock(path, lock)
         with contextlib.suppress(OSError):
             locks.rmdir()  # only if empty
 

@@ -12,7 +12,8 @@ process ids, which the system reuses. The pid in the name only matters for a
 folder whose lock file is missing (the instant between creating the two, or
 the files of older versions, which wrote no lock: those also go once a day
 old, so a reused pid cannot keep them). Imports, GGUF conversions and the
-joining of bundled models all go through here: liveness is decided in one
+joining of bundled models all go through here, and the Hub cache's partial
+downloads take the same lock (hub_files.py): liveness is decided in one
 place.
 """
 
@@ -52,6 +53,40 @@ def partial_prefix(dest: Path) -> str:
     return f".{dest.name}.partial-"
 
 
+def try_lock(path: Path, mode: int = 0o600, create: bool = True) -> int | None:
+    """A descriptor of ``path`` holding its ``flock``, taken without waiting
+    (the file and its folder are made if needed, unless not ``create``);
+    None if another process holds it, or it is gone. The same lock
+    ``filelock`` takes, so huggingface_hub's downloads and ours exclude each
+    other; a file its holder unlinked just before is not taken (it is
+    nobody's lock any more: the next try makes a new one)."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), mode)
+    except OSError:
+        if create:
+            raise
+        return None  # gone, or not ours to open
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_nlink:
+            return fd
+    except OSError:
+        pass  # held: a live process
+    os.close(fd)
+    return None
+
+
+def unlock(path: Path, fd: int) -> None:
+    """Delete a held lock's file, then drop the lock: in that order, so no
+    other process can take the lock of a file about to go."""
+    try:
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
 class WorkDir:
     """A claimed work folder; ``release`` deletes whatever is still at its
     path (nothing, once it was renamed into place) and drops the lock."""
@@ -63,11 +98,8 @@ class WorkDir:
         if self._fd < 0:
             return
         shutil.rmtree(self.path, ignore_errors=True)
-        try:
-            self._lock.unlink(missing_ok=True)
-        finally:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._fd = self._fd, -1
+        unlock(self._lock, fd)
 
     def __enter__(self) -> WorkDir:
         return self
@@ -81,13 +113,13 @@ def claim(parent: Path, prefix: str) -> WorkDir:
     parent.mkdir(parents=True, exist_ok=True)
     name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
     lock = parent / (name + LOCK_SUFFIX)
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fd = try_lock(lock)
+    if fd is None:  # a new file: nobody else can hold it
+        raise FileExistsError(f"{lock} is held by another process")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         (parent / name).mkdir()
     except BaseException:
-        os.close(fd)
-        lock.unlink(missing_ok=True)
+        unlock(lock, fd)
         raise
     return WorkDir(parent / name, lock, fd)
 
@@ -132,21 +164,15 @@ def _remove_if_unlocked(lock: Path, folder: Path | None) -> bool:
     """Take the lock without waiting; if that works its owner is dead, so
     delete the folder, then the lock file (still holding it, so a second
     sweeper cannot start on the same folder)."""
+    fd = try_lock(lock, create=False)
+    if fd is None:
+        return False  # held: a live import (or already swept)
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # held: a live import
         if folder is not None:
             _remove(folder)
-        lock.unlink(missing_ok=True)
-        return True
     finally:
-        os.close(fd)
+        unlock(lock, fd)
+    return True
 
 
 def _owner_may_live(entry: Path, pid: str | None) -> bool:
