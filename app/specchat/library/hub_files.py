@@ -37,6 +37,7 @@ from specchat.library import disk, jsonfile, paths, staging
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
+LOCK_MODE = 0o664  # group read/write, as huggingface_hub makes its lock files
 
 Tick = Callable[[], None]
 
@@ -143,12 +144,6 @@ def partial_path(storage: Path, blob_id: str) -> Path:
     return storage / "blobs" / f"{blob_id}.incomplete"
 
 
-def _try_lock(path: Path) -> int | None:
-    """The lock held (its descriptor) if nobody else holds it, else None;
-    made readable and writable for the group, as huggingface_hub makes it."""
-    return staging.try_lock(path, mode=0o664)
-
-
 @contextlib.contextmanager
 def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]) -> Iterator[Path]:
     """Hold the blob's lock (waiting for a live owner, calling ``tick`` so
@@ -156,7 +151,7 @@ def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]
     with whatever a dead process left adopted into it."""
     path = lock_path(storage, blob_id)
     told = False
-    while (lock := _try_lock(path)) is None:
+    while (lock := staging.try_lock(path, LOCK_MODE)) is None:
         if not told:
             waiting()
             told = True
@@ -193,14 +188,14 @@ def sweep(storage: Path, keep: set[str]) -> None:
             if blob_id in keep:
                 continue
             path = lock_path(storage, blob_id)
-            lock = _try_lock(path)
+            lock = staging.try_lock(path, LOCK_MODE)
             if lock is not None:
                 p.unlink(missing_ok=True)
                 staging.unlock(path, lock)
     locks = paths.hub_cache() / ".locks" / storage.name
     if locks.is_dir():
         for path in locks.glob("*.lock"):
-            lock = _try_lock(path)
+            lock = staging.try_lock(path, LOCK_MODE)
             if lock is not None:
                 staging.unlock(path, lock)
         with contextlib.suppress(OSError):
