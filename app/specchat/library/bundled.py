@@ -184,12 +184,6 @@ def _cached(model: BundledModel, files: Sequence[Path]) -> bool:
     return jsonfile.read_record(_cache_file()).get(model.name) == _cache_key(model, files)
 
 
-def _remember(model: BundledModel, files: Sequence[Path]) -> None:
-    data = jsonfile.read_record(_cache_file())
-    data[model.name] = _cache_key(model, files)
-    jsonfile.write(_cache_file(), data)
-
-
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:
     """The joined parts' SHA-256 is the pinned one (LibraryError if not); a
     success is remembered per file sizes and mtimes, so it is not recomputed
@@ -200,7 +194,9 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"version: SHA-256 of {len(files)} file(s) joined in order "
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
-    _remember(model, files)
+    data = jsonfile.read_record(_cache_file())
+    data[model.name] = _cache_key(model, files)
+    jsonfile.write(_cache_file(), data)
 
 
 # -- importing -----------------------------------------------------------------
@@ -237,7 +233,9 @@ def ensure(name: str, progress: Progress | None = None,
     say: Progress = progress or (lambda _m, _f: None)
     files = part_files(model.name)
     if dest.exists():  # an import of another version of the files: redo it
-        _discard(dest)
+        old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
+        os.replace(dest, old)  # one step: nobody sees a half-deleted model
+        shutil.rmtree(old, ignore_errors=True)
     source = {"bundled": model.name, "sha256": model.sha256}
     checking = _stage(say, model, CHECKING, 0.0, 0.2)
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
@@ -270,12 +268,6 @@ def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float)
             None if frac is None else lo + (hi - lo) * frac)
 
     return report
-
-
-def _discard(dest: Path) -> None:
-    old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
-    os.replace(dest, old)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 

@@ -306,10 +306,6 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         head_dim=head_dim,
         max_context=max_context(config),
         mtp=bool(folders.mtp_keys(folder)),
-        hidden_size=_int(text_config(config).get("hidden_size")),
+        hidden_size=_pos_int(text_config(config).get("hidden_size")),
         head=None,
     )
-
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

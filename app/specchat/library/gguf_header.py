@@ -14,11 +14,12 @@ against ``GGUFReader``.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library.errors import LibraryError
@@ -70,11 +71,12 @@ class Header:
     tensors: list[TensorInfo]
     data_offset: int
     file_size: int
-    _by_name: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
 
     def tensor(self, name: str) -> TensorInfo | None:
-        if not self._by_name:
-            self._by_name = {t.name: t for t in self.tensors}
         return self._by_name.get(name)
 
     def get(self, key: str, default=None):
