@@ -193,15 +193,7 @@ class StoreWorker:
 
     def _run(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
         try:
-            return self._attempt(kind, name, args, kwargs)
-        except Exception:
-            if name not in _READS:
-                self.failed_writes += 1
-            raise
-
-    def _attempt(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
-        method = getattr(self._stores[kind], name)
-        try:
+            method = getattr(self._stores[kind], name)
             while True:
                 try:
                     return method(*args, **kwargs)
@@ -216,6 +208,10 @@ class StoreWorker:
                             and not self.saving):
                         raise HistoryNotSaved(self.problem or str(exc)) from exc
                     raise
+        except Exception:
+            if name not in _READS:
+                self.failed_writes += 1
+            raise
         finally:
             self._set_waiting(False)
 
