@@ -498,29 +498,25 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     try:
         disk.check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path}",
                               shown=where)
-        work = staging.claim(dest.parent, staging.partial_prefix(dest))
+        # Released (what is left at tmp deleted: nothing once installed) however this ends.
+        with staging.claim(dest.parent, staging.partial_prefix(dest)) as work:
+            tmp = work.path
+            say("writing the tokenizer", 0.0)
+            (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
+            _write_json(tmp / "tokenizer_config.json", tok_config)
+            _write_json(tmp / "config.json", config)
+            _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
+            st = gguf_path.stat()
+            _write_json(tmp / MARKER, {
+                "format": FORMAT,
+                "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
+                           "mtime_ns": st.st_mtime_ns, **(source or {})},
+                "summary": gguf_summary(gguf_path),
+                "seconds": round(time.monotonic() - started, 1),
+            })
+            _install(tmp, dest)
     except OSError as exc:
         raise staging.write_error(gguf_path, where, exc) from exc
-    tmp = work.path
-    try:
-        say("writing the tokenizer", 0.0)
-        (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", tok_config)
-        _write_json(tmp / "config.json", config)
-        _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
-        st = gguf_path.stat()
-        _write_json(tmp / MARKER, {
-            "format": FORMAT,
-            "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
-                       "mtime_ns": st.st_mtime_ns, **(source or {})},
-            "summary": gguf_summary(gguf_path),
-            "seconds": round(time.monotonic() - started, 1),
-        })
-        _install(tmp, dest)
-    except OSError as exc:
-        raise staging.write_error(gguf_path, where, exc) from exc
-    finally:
-        work.release()  # deletes what is left at tmp (nothing once installed)
     say("converted", 1.0)
     return dest
 

@@ -95,26 +95,21 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         plan = _plan(src)  # before anything reads a file through a link
         validate_folder(src)
     where = paths.models_dir()
-    work = None
     try:
         where.mkdir(parents=True, exist_ok=True)
-        work = staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX)
-        if kind == "import":
-            _check_space_for_copy(plan, src, work.path, where)
-            built = work.path / "model"
-            built.mkdir()
-            _copy_model_files(plan, src, built, say, cancelled)
-        else:
-            built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
-            _check(cancelled, src)
-        return _install(built, final_name, source, kind, say, src)
-    except LibraryError:  # ImportCancelled included: already says what happened
-        raise
-    except OSError as exc:
+        # Released (the work folder deleted, nothing once installed) however this ends.
+        with staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX) as work:
+            if kind == "import":
+                _check_space_for_copy(plan, src, work.path, where)
+                built = work.path / "model"
+                built.mkdir()
+                _copy_model_files(plan, src, built, say, cancelled)
+            else:
+                built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
+                _check(cancelled, src)
+            return _install(built, final_name, source, kind, say, src)
+    except OSError as exc:  # a LibraryError (a cancel too) already says what happened
         raise staging.write_error(src, where, exc) from exc
-    finally:
-        if work is not None:
-            work.release()
 
 
 def _default_name(src: Path, kind: str) -> str:
