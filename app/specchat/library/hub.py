@@ -637,15 +637,12 @@ def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tr
         except (DownloadCancelled, _TooLong):
             sink.discard()  # the file is dropped (nothing to resume), finished files stay
             raise
-        except SpecChatError:
-            sink.close()
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated into one message
+        except BaseException as exc:
             sink.close()  # kept: the next pull resumes it
-            raise _translate(exc, hub, f.name) from exc
-        except BaseException:
-            sink.close()
-            raise
+            err = _translate(exc, hub, f.name) if isinstance(exc, Exception) else exc
+            if err is exc:
+                raise
+            raise err from exc
         got = sink.finish()
         if got != f.etag or sink.offset != f.size:
             sink.discard()
