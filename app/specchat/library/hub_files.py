@@ -140,10 +140,6 @@ def lock_path(storage: Path, blob_id: str) -> Path:
     return paths.hub_cache() / ".locks" / storage.name / f"{blob_id}.lock"
 
 
-def partial_path(storage: Path, blob_id: str) -> Path:
-    return storage / "blobs" / f"{blob_id}.incomplete"
-
-
 @contextlib.contextmanager
 def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]) -> Iterator[Path]:
     """Hold the blob's lock (waiting for a live owner, calling ``tick`` so
@@ -166,7 +162,7 @@ def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]
 def _adopt(storage: Path, blob_id: str) -> Path:
     """Our partial file, taking over the largest one huggingface_hub's own
     downloads leave (``<id>.<random>.incomplete``) when it is dead."""
-    ours = partial_path(storage, blob_id)
+    ours = storage / "blobs" / f"{blob_id}.incomplete"
     theirs = sorted((p for p in (storage / "blobs").glob(f"{blob_id}.*.incomplete")),
                     key=lambda p: p.stat().st_size if p.exists() else 0)
     for p in theirs:

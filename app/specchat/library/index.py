@@ -166,10 +166,7 @@ def get(name: str) -> InstalledModel | None:
 
 def find_source(source: str) -> InstalledModel | None:
     """The installed model that came from ``source`` (e.g. ``hf:org/repo``)."""
-    for m in list_installed():
-        if m.source == source:
-            return m
-    return None
+    return next((m for m in list_installed() if m.source == source), None)
 
 
 def add(model: InstalledModel) -> InstalledModel:
@@ -265,8 +262,6 @@ def _hub_repo_dir(snapshot: Path) -> Path | None:
 
 
 def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return path.resolve() != root.resolve()
+    """Whether ``path`` is below ``root`` (not ``root`` itself), links resolved."""
+    path, root = path.resolve(), root.resolve()
+    return path.is_relative_to(root) and path != root
