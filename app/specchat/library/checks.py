@@ -49,14 +49,13 @@ POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
 # mlx-lm's MODEL_REMAPPING entries that land on a layout known here.
 _REMAP = {"mistral": "llama", "iquestcoder": "llama", "xverse": "llama"}
 # Keys each known architecture's ModelArgs requires (no default).
+_LLAMA_REQUIRED = ("hidden_size", "num_hidden_layers", "intermediate_size",
+                   "num_attention_heads", "rms_norm_eps", "vocab_size")
 _REQUIRED = {
-    "llama": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size"),
-    "qwen2": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size", "num_key_value_heads"),
-    "qwen3": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size", "num_key_value_heads", "max_position_embeddings",
-              "head_dim", "tie_word_embeddings"),
+    "llama": _LLAMA_REQUIRED,
+    "qwen2": (*_LLAMA_REQUIRED, "num_key_value_heads"),
+    "qwen3": (*_LLAMA_REQUIRED, "num_key_value_heads", "max_position_embeddings", "head_dim",
+              "tie_word_embeddings"),
 }
 _PACKED_BITS = (1, 2, 3, 4, 5, 6, 8)
 # A layer index as a tensor name writes it: ASCII digits, no leading zero

@@ -177,17 +177,15 @@ class _Tracker:
     raises DownloadCancelled when asked to. It runs on the calling thread
     only: the network waits call ``tick`` every ~0.1 s (``hub_net``)."""
 
-    def __init__(self, total: int, done: int, label: str,
-                 progress: Callable[[DownloadProgress], None] | None,
-                 cancelled: threading.Event | None, interval: float | None = None):
+    def __init__(self, total: int, label: str, progress: Callable[[DownloadProgress], None] | None,
+                 cancelled: threading.Event | None):
         self.total = total
-        self.base = done  # bytes of finished files
+        self.base = 0  # bytes of finished files
         self.current = 0  # bytes of the file being downloaded
         self.label = label
         self.file: str | None = None
         self.progress = progress
         self.cancelled = cancelled
-        self.interval = PROGRESS_INTERVAL if interval is None else interval
         self._last = 0.0
         self._samples: deque[tuple[float, int]] = deque()
 
@@ -217,7 +215,7 @@ class _Tracker:
     def emit(self, message: str | None = None, force: bool = False) -> None:
         rate = self.rate()
         now = time.monotonic()
-        if self.progress is None or (not force and now - self._last < self.interval):
+        if self.progress is None or (not force and now - self._last < PROGRESS_INTERVAL):
             return
         self._last = now
         text = message or (f"Downloading {self.label}: {self.file}" if self.file
@@ -239,9 +237,6 @@ class _Tracker:
         self.base += size
         self.current = 0
         self.emit(force=True)
-
-    def fail(self) -> None:
-        self.current = 0
 
 
 # -- what went wrong, in words ---------------------------------------------------------
@@ -428,7 +423,7 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
         _check_installed(hub, have, progress, cancelled)
         return have
     say(DownloadProgress(0, None, 0.0, f"Asking the Hub about {hub.ref}"))
-    asking = _Tracker(0, 0, hub.name, None, cancelled)
+    asking = _Tracker(0, hub.name, None, cancelled)
     try:
         commit, files, names = _remote_files(hub, asking.tick)
     except Exception as exc:  # noqa: BLE001 - translated into one message
@@ -441,7 +436,7 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     _refuse_unusable(hub, files, names)
     storage = _storage_folder(hub)
     total = sum(f.size for f in files)
-    tracker = _Tracker(total, 0, hub.name, progress, cancelled)
+    tracker = _Tracker(total, hub.name, progress, cancelled)
     todo = _missing(hub, storage, files, tracker)
     tracker.base = total - sum(f.size for f in todo)
     snapshot = storage / "snapshots" / commit
@@ -604,7 +599,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
         try:
             _fetch(hub, commit, f, storage, tracker)
         except BaseException:
-            tracker.fail()
+            tracker.current = 0
             raise
         tracker.finish(f.size)
     snapshot = storage / "snapshots" / commit
@@ -676,7 +671,7 @@ def _remember_ref(storage: Path, hub: HubRef, commit: str) -> None:
 def _check_installed(hub: HubRef, have: InstalledModel, progress, cancelled) -> None:
     """Check an installed copy's files without the network (_recheck); a
     damaged one is removed, the model unlisted, and LibraryError names it."""
-    tracker = _Tracker(have.size_bytes, 0, hub.name, progress, cancelled)
+    tracker = _Tracker(have.size_bytes, hub.name, progress, cancelled)
     folder = Path(have.path)
     storage = folder.parent.parent
     problems = []
