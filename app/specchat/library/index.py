@@ -179,17 +179,13 @@ def add(model: InstalledModel) -> InstalledModel:
     return model
 
 
-def unlist(name: str) -> InstalledModel | None:
+def unlist(name: str) -> None:
     """Take a model off the list and leave its files (a download found one
-    of them damaged and is about to replace it). None if it was not listed
-    (or its entry was damaged)."""
+    of them damaged and is about to replace it)."""
     with _locked():
         models = _read()
-        if name not in models:
-            return None
-        data = models.pop(name)
-        _write(models)
-    return _checked({name: data}).get(name)
+        if models.pop(name, None) is not None:
+            _write(models)
 
 
 def unique_name(wanted: str, source: str | None = None) -> str:
