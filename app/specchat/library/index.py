@@ -184,7 +184,8 @@ def unlist(name: str) -> None:
     of them damaged and is about to replace it)."""
     with _locked():
         models = _read()
-        if models.pop(name, None) is not None:
+        if name in models:
+            del models[name]
             _write(models)
 
 
