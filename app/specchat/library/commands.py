@@ -231,17 +231,13 @@ def cmd_check(args, as_json: bool) -> int:
 def cmd_catalog(args, as_json: bool) -> int:
     cat = load_catalog()
     installed = {m.source for m in index.list_installed()}
-
-    def have(model) -> bool:
-        return model.ref in installed
-
     if as_json:
         out = []
         for p in cat.pairs:
             item = p.to_json()
-            item["target"]["installed"] = have(p.target)
+            item["target"]["installed"] = p.target.ref in installed
             if p.draft is not None:  # None: the target's own MTP head
-                item["draft"]["installed"] = have(p.draft)
+                item["draft"]["installed"] = p.draft.ref in installed
             out.append(item)
         _print_json(out)
         return 0

@@ -590,7 +590,7 @@ class _PartialFile:
 
 
 def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_RemoteFile],
-              storage: Path, tracker: _Tracker) -> Path:
+              storage: Path, tracker: _Tracker) -> None:
     tracker.emit(f"Downloading {hub.name}: {len(todo)} of {len(files)} files to fetch",
                  force=True)
     # Small files first: a cut-off pull then leaves the most files finished.
@@ -609,7 +609,6 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
             hub_files.link(blob, snapshot / f.name)
     _remember_ref(storage, hub, commit)
     tracker.emit(f"Downloaded {hub.name}", force=True)
-    return snapshot
 
 
 def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tracker) -> None:
