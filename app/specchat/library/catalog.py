@@ -95,9 +95,6 @@ class CatalogModel:
     def kv_elements_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
-    def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
-        return estimate(self, None, context_tokens, dtype=dtype, measure=False)
-
     def to_json(self) -> dict:
         return {
             "id": self.id, "name": self.name, "ref": self.ref, "tokenizer": self.tokenizer.id,
