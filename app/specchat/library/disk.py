@@ -24,14 +24,6 @@ class NotEnoughSpace(LibraryError):
     """The work would not fit on the disk; nothing was started."""
 
 
-def free_bytes(folder: Path) -> int | None:
-    """Free bytes on the disk holding ``folder`` (None if it cannot be asked)."""
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
-
-
 def stamp(path: Path) -> tuple[int, int, int] | None:
     """(size, mtime in ns, inode) of a file, None if it cannot be asked: the
     key under which the library remembers a check of the file (a file
@@ -49,8 +41,11 @@ def check_free_space(folder: Path, needed: int, doing: str, shown: Path | None =
     the message names ``shown`` instead when ``folder`` is a work folder the
     user never sees (it must be on the same disk). A disk that cannot be
     asked is not refused: the write itself then says what went wrong."""
-    free = free_bytes(folder)
-    if free is None or free >= needed * (1 + MARGIN):
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free >= needed * (1 + MARGIN):
         return
     raise NotEnoughSpace(
         f"Not enough disk space for {doing}: it needs {size_text(needed)} "
