@@ -180,10 +180,6 @@ def _cache_key(model: BundledModel, files: Sequence[Path]) -> str:
     return hashlib.sha256(json.dumps([model.sha256, stats]).encode()).hexdigest()
 
 
-def _cached(model: BundledModel, files: Sequence[Path]) -> bool:
-    return jsonfile.read_record(_cache_file()).get(model.name) == _cache_key(model, files)
-
-
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:
     """The joined parts' SHA-256 is the pinned one (LibraryError if not); a
     success is remembered per file sizes and mtimes, so it is not recomputed
@@ -241,7 +237,7 @@ def ensure(name: str, progress: Progress | None = None,
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
     try:
         if len(files) == 1:
-            if not _cached(model, files):
+            if jsonfile.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
                 _check_digest(model, files, sha256_of(files, None, checking, cancelled))
             return import_gguf(files[0], dest, later, cancelled, source=source)
         tmp_dir = paths.tmp_dir(create=True)

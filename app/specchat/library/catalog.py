@@ -42,10 +42,6 @@ KINDS = (MODEL, EAGLE3, ASSISTANT)  # what a catalog entry may be
 HEAD_WORDS = {EAGLE3: "EAGLE-3 head", ASSISTANT: "assistant drafter"}
 
 
-def catalog_dir() -> Path:
-    return Path(specchat.__file__).parent / "resources" / "catalog"
-
-
 @dataclass(frozen=True)
 class Tokenizer:
     id: str
@@ -318,4 +314,4 @@ def _load(folder: str) -> Catalog:
 
 def load_catalog(folder: Path | None = None) -> Catalog:
     """The catalog (read once per process)."""
-    return _load(str(folder or catalog_dir()))
+    return _load(str(folder or Path(specchat.__file__).parent / "resources" / "catalog"))

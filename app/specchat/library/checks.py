@@ -247,15 +247,6 @@ def first_missing_layer(present: set[int] | dict[int, object], count: int) -> in
     return None
 
 
-def _layer_indices(names) -> set[int]:
-    out = set()
-    for n in names:
-        m = _LAYER_NAME.match(n)
-        if m:
-            out.add(int(m.group(1)))
-    return out
-
-
 def check_tensors(tensors: dict[str, Tensor], config: dict, shown: Path,
                   source: str = "config.json",
                   label: Callable[[str], str] | None = None) -> None:
@@ -269,7 +260,7 @@ def check_tensors(tensors: dict[str, Tensor], config: dict, shown: Path,
     if _REMAP.get(model_type, model_type) not in _REQUIRED:
         return  # a layout not known here: left to mlx-lm
     layers = config["num_hidden_layers"]
-    present = _layer_indices(tensors)
+    present = {int(m.group(1)) for m in map(_LAYER_NAME.match, tensors) if m}
     if layers > len(present):  # before expanding a (maybe absurd) layer count
         gap = first_missing_layer(present, layers)
         raise LibraryError(

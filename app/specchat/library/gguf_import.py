@@ -496,8 +496,8 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         raise LibraryError(f"{gguf_path}: {exc}") from exc
 
     try:
-        disk.check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path}",
-                              shown=where)
+        needed = sum(j.info.n_elements * (2 if j.out_dtype == "float16" else 4) for j in jobs)
+        disk.check_free_space(dest.parent, needed, f"importing {gguf_path}", shown=where)
         # Released (what is left at tmp deleted: nothing once installed) however this ends.
         with staging.claim(dest.parent, staging.partial_prefix(dest)) as work:
             tmp = work.path
@@ -519,11 +519,6 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         raise staging.write_error(gguf_path, where, exc) from exc
     say("converted", 1.0)
     return dest
-
-
-def _output_bytes(jobs: list[_Job]) -> int:
-    size = {"float16": 2, "float32": 4}
-    return sum(j.info.n_elements * size[j.out_dtype] for j in jobs)
 
 
 def _install(tmp: Path, dest: Path) -> None:
