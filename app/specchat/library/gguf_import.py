@@ -387,8 +387,7 @@ def _chunks(data, job: _Job):
             part = part.astype(out, copy=False)
         if out == np.float16 and part.size and not np.isfinite(part).all():
             raise LibraryError(f"{job.where}: tensor {info.name!r} has values outside the "
-                               "float16 range "
-                               "(or NaN/inf in the file)")
+                               "float16 range (or NaN/inf in the file)")
         return part
 
     if job.unpermute_heads:  # small (hidden x hidden at most): done whole

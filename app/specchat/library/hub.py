@@ -441,8 +441,9 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     tracker.base = total - sum(f.size for f in todo)
     snapshot = storage / "snapshots" / commit
     have = installed(hub)  # it may have been unlisted for a damaged file
+    linked = all(hub_files.points_to(snapshot / f.name, storage / "blobs" / f.etag) for f in files)
     if not todo and have is not None and have.revision == commit \
-            and Path(have.path) == snapshot and _linked(snapshot, storage, files):
+            and Path(have.path) == snapshot and linked:
         say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0, f"{hub.ref} is up to date"))
         return have
     hub_files.sweep(storage, keep={f.etag for f in todo})
@@ -504,11 +505,6 @@ def _missing(hub: HubRef, storage: Path, files: list[_RemoteFile],
                          force=True)
         todo.append(f)
     return todo
-
-
-def _linked(snapshot: Path, storage: Path, files: list[_RemoteFile]) -> bool:
-    return all(hub_files.points_to(snapshot / f.name, storage / "blobs" / f.etag)
-               for f in files)
 
 
 def _check_space(hub: HubRef, storage: Path, todo: list[_RemoteFile]) -> None:
