@@ -704,14 +704,13 @@ def prune(storage: Path) -> None:
         return
     used = {Path(m.path).name for m in index.list_installed()
             if m.kind == "hub" and Path(m.path).parent == snapshots}
+    keep: set[str] = set()  # the blobs the snapshots kept link to
     for snap in snapshots.iterdir():
         if snap.name not in used:
             shutil.rmtree(snap, ignore_errors=True)
-    keep: set[str] = set()
-    for snap in snapshots.iterdir():
-        for link in snap.rglob("*"):
-            if link.is_symlink():
-                keep.add(Path(os.path.realpath(link)).name)
+        else:
+            keep.update(Path(os.path.realpath(link)).name for link in snap.rglob("*")
+                        if link.is_symlink())
     blobs = storage / "blobs"
     if blobs.is_dir():
         for blob in blobs.iterdir():
