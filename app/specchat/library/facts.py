@@ -41,29 +41,30 @@ _RECURRENT_LAYER_WORDS = ("linear", "mamba", "conv", "recurrent", "ssm", "rwkv")
 _QUANT_LABELS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     """Facts about one model folder; everything is a plain value so it can be
     stored in the index as JSON. (The field order is the order in which
-    ``specchat models list --json`` prints them, after the index's own fields.)"""
+    ``specchat models list --json`` prints them, after the index's own fields.)
+    The facts a draft head has none of default to None."""
 
     size_bytes: int  # bytes on disk of the model's files
     params: int | None  # logical parameters (quantized weights counted unpacked)
     quantization: str | None  # "q4", "q8", "bfloat16", "float16", "float32"
-    tokenizer_fingerprint: str | None
+    tokenizer_fingerprint: str | None = None
     model_type: str | None
     vocab_size: int | None  # tokenizer size (what speculation compares)
     attention: str  # "full", "sliding" or "recurrent"
-    untrimmable_reason: str | None
-    num_layers: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    max_context: int | None
+    untrimmable_reason: str | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    max_context: int | None = None
     mtp: bool | None  # it ships its own MTP head (mtp.* weights): it can draft for itself
     hidden_size: int | None  # the width of its hidden states (what a draft head reads)
     # For an EAGLE-3 draft head (engine/eagle3.py), what it needs of a target
     # (engine.folders.head_facts); None for a model.
-    head: dict | None
+    head: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -271,9 +272,7 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
         raise LibraryError(f"{shown}/config.json is not an EAGLE-3 head's config ({exc})") from exc
     params, label = count_params(config, tensors)
     return ModelFacts(size_bytes=folder_size(folder), params=params or None, quantization=label,
-                      tokenizer_fingerprint=None, model_type="eagle3", vocab_size=head["vocab"],
-                      attention="full", untrimmable_reason=None, num_layers=None,
-                      num_kv_heads=None, head_dim=None, max_context=None, mtp=False,
+                      model_type="eagle3", vocab_size=head["vocab"], attention="full", mtp=False,
                       hidden_size=head["reads_width"], head=head)
 
 
@@ -307,5 +306,4 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         max_context=max_context(config),
         mtp=bool(folders.mtp_keys(folder)),
         hidden_size=_pos_int(text_config(config).get("hidden_size")),
-        head=None,
     )
