@@ -711,11 +711,9 @@ def prune(storage: Path) -> None:
         else:
             keep.update(Path(os.path.realpath(link)).name for link in snap.rglob("*")
                         if link.is_symlink())
-    blobs = storage / "blobs"
-    if blobs.is_dir():
-        for blob in blobs.iterdir():
-            if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
-                blob.unlink(missing_ok=True)
+    for blob in (storage / "blobs").glob("*"):  # none if there is no such folder
+        if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
+            blob.unlink(missing_ok=True)
 
 
 def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None,

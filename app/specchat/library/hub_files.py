@@ -176,26 +176,24 @@ def _adopt(storage: Path, blob_id: str) -> Path:
 
 def sweep(storage: Path, keep: set[str]) -> None:
     """Delete partial files and lock files of this repo that no live
-    process holds, except partials of ``keep`` (resumed next)."""
-    blobs = storage / "blobs"
-    if blobs.is_dir():
-        for p in blobs.glob("*.incomplete"):
-            blob_id = p.name.split(".", 1)[0]
-            if blob_id in keep:
-                continue
-            path = lock_path(storage, blob_id)
-            lock = staging.try_lock(path, LOCK_MODE)
-            if lock is not None:
-                p.unlink(missing_ok=True)
-                staging.unlock(path, lock)
+    process holds, except partials of ``keep`` (resumed next). (A folder
+    that is not there globs as empty.)"""
+    for p in (storage / "blobs").glob("*.incomplete"):
+        blob_id = p.name.split(".", 1)[0]
+        if blob_id in keep:
+            continue
+        path = lock_path(storage, blob_id)
+        lock = staging.try_lock(path, LOCK_MODE)
+        if lock is not None:
+            p.unlink(missing_ok=True)
+            staging.unlock(path, lock)
     locks = paths.hub_cache() / ".locks" / storage.name
-    if locks.is_dir():
-        for path in locks.glob("*.lock"):
-            lock = staging.try_lock(path, LOCK_MODE)
-            if lock is not None:
-                staging.unlock(path, lock)
-        with contextlib.suppress(OSError):
-            locks.rmdir()  # only if empty
+    for path in locks.glob("*.lock"):
+        lock = staging.try_lock(path, LOCK_MODE)
+        if lock is not None:
+            staging.unlock(path, lock)
+    with contextlib.suppress(OSError):
+        locks.rmdir()  # only if empty (and there)
 
 
 # -- blobs and snapshot links ---------------------------------------------------------------
@@ -223,10 +221,8 @@ def points_to(pointer: Path, blob: Path) -> bool:
 def remove_blob(storage: Path, blob_id: str) -> None:
     """Delete a blob and every snapshot link to it."""
     blob = storage / "blobs" / blob_id
-    snapshots = storage / "snapshots"
-    if snapshots.is_dir():
-        for pointer in snapshots.rglob("*"):
-            if points_to(pointer, blob):
-                pointer.unlink(missing_ok=True)
+    for pointer in (storage / "snapshots").rglob("*"):  # none if there is no such folder
+        if points_to(pointer, blob):
+            pointer.unlink(missing_ok=True)
     blob.unlink(missing_ok=True)
     forget(blob)
