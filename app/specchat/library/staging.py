@@ -19,6 +19,7 @@ place.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -81,10 +82,9 @@ def try_lock(path: Path, mode: int = 0o600, create: bool = True) -> int | None:
 def unlock(path: Path, fd: int) -> None:
     """Delete a held lock's file, then drop the lock: in that order, so no
     other process can take the lock of a file about to go."""
-    try:
-        path.unlink(missing_ok=True)
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError):  # a lock file left behind is harmless
+        path.unlink()
+    os.close(fd)
 
 
 class WorkDir:
