@@ -210,7 +210,6 @@ def model_info(repo: str, revision: str | None, tick: Tick):
     if revision:
         url += f"/revision/{quote(revision, safe='')}"
     headers = _headers()
-    limit = INFO_MAX_BYTES
 
     def fetch():
         with get_session().stream("GET", url, params={"blobs": "true"}, headers=headers,
@@ -218,14 +217,14 @@ def model_info(repo: str, revision: str | None, tick: Tick):
             body = bytearray()
             for chunk in streamed.iter_bytes():
                 body += chunk
-                if len(body) > limit:
+                if len(body) > INFO_MAX_BYTES:
                     return streamed, None
             return streamed, bytes(body)
 
     streamed, body = call(fetch, tick)
     if body is None:
         raise HubAnswered(
-            f"{host(str(streamed.url))} sent more than {size_text(limit)} when asked about "
+            f"{host(str(streamed.url))} sent more than {size_text(INFO_MAX_BYTES)} when asked about "
             f"{repo}, far more than model information takes; SpecChat stopped reading. Is "
             "HF_ENDPOINT right?")
     response = _read(streamed, body)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecChatError
+from specchat.home import home
 
 FILENAME = "conversations.sqlite3"
 
@@ -80,8 +81,6 @@ _MIGRATIONS: tuple[str, ...] = (
 
 
 def default_path() -> Path:
-    from specchat.home import home
-
     return home() / FILENAME
 
 
