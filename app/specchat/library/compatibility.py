@@ -17,7 +17,7 @@ parameter counts) and the report says so (``verified=False``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specchat.engine import folders
@@ -183,9 +183,7 @@ class Suggestion:
     recommended: bool = False  # a catalog pair
 
     def to_json(self) -> dict:
-        return {"ref": self.ref, "name": self.name, "installed": self.installed,
-                "params": self.params, "download_bytes": self.download_bytes, "why": self.why,
-                "recommended": self.recommended}
+        return asdict(self)
 
 
 def suggest_drafts(target_ref: str) -> list[Suggestion]:
