@@ -180,6 +180,17 @@ def _cache_key(model: BundledModel, files: Sequence[Path]) -> str:
     return hashlib.sha256(json.dumps([model.sha256, stats]).encode()).hexdigest()
 
 
+def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | None = None,
+           cancelled: threading.Event | None = None) -> None:
+    """Check the joined parts (``files``, default: the installed ones) against
+    the model's pinned SHA-256 (_check_digest), unless a check of the same
+    files passed before."""
+    model = get(name)
+    files = list(files) if files is not None else part_files(name)
+    if jsonfile.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
+        _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
+
+
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:
     """The joined parts' SHA-256 is the pinned one (LibraryError if not); a
     success is remembered per file sizes and mtimes, so it is not recomputed
@@ -237,8 +248,7 @@ def ensure(name: str, progress: Progress | None = None,
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
     try:
         if len(files) == 1:
-            if jsonfile.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
-                _check_digest(model, files, sha256_of(files, None, checking, cancelled))
+            verify(model.name, files, checking, cancelled)
             return import_gguf(files[0], dest, later, cancelled, source=source)
         tmp_dir = paths.tmp_dir(create=True)
         staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died

@@ -50,6 +50,12 @@ def compute_dtype() -> str:
     return "float32"
 
 
+def kv_bytes(kv_elements_per_token: int | None, context_tokens: int, dtype: str) -> int:
+    """The KV cache for ``context_tokens``. It holds activations: float32 on
+    CPU, float16 with quantized or half-precision weights."""
+    return int((kv_elements_per_token or 0) * context_tokens * (4 if dtype == "float32" else 2))
+
+
 # -- available memory ---------------------------------------------------------
 
 
@@ -182,10 +188,7 @@ def estimate(target: SizedModel, draft: SizedModel | None = None, context_tokens
         available = available_memory()
     t_w = int((target.params or 0) * BYTES_PER_PARAM[dtype])
     d_w = int((draft.params or 0) * BYTES_PER_PARAM[dtype]) if draft is not None else 0
-    # The cache holds activations: float32 on CPU, float16 with quantized or
-    # half-precision weights.
-    per_token = context_tokens * (4 if dtype == "float32" else 2)
-    kv = sum(int((m.kv_elements_per_token() or 0) * per_token)
+    kv = sum(kv_bytes(m.kv_elements_per_token(), context_tokens, dtype)
              for m in (target, draft) if m is not None)
     runtime = int((t_w + d_w) * RUNTIME_FRACTION) + RUNTIME_FIXED
     return MemoryEstimate(dtype=dtype, context_tokens=context_tokens, target_weights=t_w,

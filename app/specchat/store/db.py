@@ -126,6 +126,17 @@ class NewerSchema(Exception):
         self.version = version
 
 
+def connect_read_only(path: str | Path) -> sqlite3.Connection:
+    """Open an existing file for reading only: SQLite itself refuses every
+    write (mode=ro), and query_only says so again on this connection."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 def placeholder() -> sqlite3.Connection:
     """An empty, read-only history in memory: what the stores read while the
     real file cannot be opened, so the window lists nothing instead of
@@ -193,14 +204,8 @@ def open_history(path: str | Path | None = None) -> Opened:
 
 
 def _read_only(path: Path, version: int) -> Opened:
-    """A newer version's history, opened for reading only: SQLite itself
-    refuses every write (mode=ro), and query_only says so again."""
     try:
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True,
-                               isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        conn.execute("PRAGMA query_only=ON")
+        conn = connect_read_only(path)
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
     except (sqlite3.Error, OSError) as exc:
         raise _unavailable(path, exc) from exc
