@@ -180,18 +180,11 @@ def sweep(storage: Path, keep: set[str]) -> None:
     that is not there globs as empty.)"""
     for p in (storage / "blobs").glob("*.incomplete"):
         blob_id = p.name.split(".", 1)[0]
-        if blob_id in keep:
-            continue
-        path = lock_path(storage, blob_id)
-        lock = staging.try_lock(path, LOCK_MODE)
-        if lock is not None:
-            p.unlink(missing_ok=True)
-            staging.unlock(path, lock)
+        if blob_id not in keep:
+            staging.remove_if_unlocked(lock_path(storage, blob_id), p, LOCK_MODE, create=True)
     locks = paths.hub_cache() / ".locks" / storage.name
     for path in locks.glob("*.lock"):
-        lock = staging.try_lock(path, LOCK_MODE)
-        if lock is not None:
-            staging.unlock(path, lock)
+        staging.remove_if_unlocked(path, None, LOCK_MODE)
     with contextlib.suppress(OSError):
         locks.rmdir()  # only if empty (and there)
 

@@ -138,14 +138,14 @@ def sweep(parent: Path, names: re.Pattern) -> list[Path]:
         if name.endswith(LOCK_SUFFIX):
             folder = parent / name[:-len(LOCK_SUFFIX)]
             if names.fullmatch(folder.name) and not folder.exists():
-                _remove_if_unlocked(entry, None)
+                remove_if_unlocked(entry, None)
             continue
         match = names.fullmatch(name)
         if match is None or entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
             continue
         lock = parent / (name + LOCK_SUFFIX)
         if lock.exists():
-            if _remove_if_unlocked(lock, entry):
+            if remove_if_unlocked(lock, entry):
                 removed.append(entry)
         elif not _owner_may_live(entry, match.groupdict().get("pid")):
             _remove(entry)
@@ -160,16 +160,18 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _remove_if_unlocked(lock: Path, folder: Path | None) -> bool:
-    """Take the lock without waiting; if that works its owner is dead, so
-    delete the folder, then the lock file (still holding it, so a second
-    sweeper cannot start on the same folder)."""
-    fd = try_lock(lock, create=False)
+def remove_if_unlocked(lock: Path, entry: Path | None, mode: int = 0o600,
+                       create: bool = False) -> bool:
+    """Take the lock without waiting (making its file first if ``create``);
+    if that works its owner is dead, so delete ``entry`` (a folder or a
+    file), then the lock file (still holding it, so a second sweeper cannot
+    start on the same entry)."""
+    fd = try_lock(lock, mode, create)
     if fd is None:
-        return False  # held: a live import (or already swept)
+        return False  # held: a live owner (or already swept)
     try:
-        if folder is not None:
-            _remove(folder)
+        if entry is not None:
+            _remove(entry)
     finally:
         unlock(lock, fd)
     return True
