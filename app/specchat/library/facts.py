@@ -131,9 +131,7 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     if model_type in RECURRENT_TYPES or any(
             w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
         return "recurrent", None
-    if any("sliding" in t or "local" in t for t in layer_types):
-        return "sliding", None
-    if model_type in SLIDING_TYPES:
+    if model_type in SLIDING_TYPES or any("sliding" in t or "local" in t for t in layer_types):
         return "sliding", None
     if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
         window = cfg.get("sliding_window")

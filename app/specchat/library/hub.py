@@ -39,6 +39,7 @@ stores or prints it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -385,13 +386,11 @@ def _storage_folder(hub: HubRef) -> Path:
 
 
 def _entry_name(hub: HubRef) -> str:
-    wanted = hub.name
-    if hub.revision is None:
-        known = load_catalog().model(hub.ref)
-        if known is not None:
-            wanted = known.id
-    else:
+    if hub.revision is not None:
         wanted = f"{hub.name}@{hub.revision[:12]}"
+    else:  # a catalog model is named by its catalog id
+        known = load_catalog().model(hub.ref)
+        wanted = known.id if known is not None else hub.name
     return index.unique_name(wanted, source=hub.ref)
 
 
@@ -655,12 +654,10 @@ def _remember_ref(storage: Path, hub: HubRef, commit: str) -> None:
     if revision == commit:
         return
     ref_file = storage / "refs" / revision
-    try:
+    with contextlib.suppress(OSError):  # only a convenience for other tools
         ref_file.parent.mkdir(parents=True, exist_ok=True)
         if not ref_file.is_file() or ref_file.read_text() != commit:
             ref_file.write_text(commit)
-    except OSError:
-        pass
 
 
 def _check_installed(hub: HubRef, have: InstalledModel, progress, cancelled) -> None:

@@ -184,8 +184,7 @@ def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path)
     fit: refuse up front if they cannot (hard links take no space)."""
     here = os.stat(work).st_dev
     needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
-    if needed:
-        check_free_space(work, needed, f"importing {src}", shown=where)
+    check_free_space(work, needed, f"importing {src}", shown=where)
 
 
 def _copy_model_files(plan: list[_File], src: Path, dest: Path, say: Progress,

@@ -276,10 +276,7 @@ def report_failure(future: asyncio.Future, report: Callable[[str], None],
     """For a write nobody awaits: say in words what could not be saved."""
 
     def done(f: asyncio.Future) -> None:
-        if f.cancelled():
-            return
-        exc = f.exception()
-        if exc is not None:
+        if not f.cancelled() and (exc := f.exception()) is not None:
             report(f"Could not {doing}: {exc}")
 
     future.add_done_callback(done)
