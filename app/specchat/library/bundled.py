@@ -276,7 +276,6 @@ def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float)
     return report
 
 
-
 # -- listing -------------------------------------------------------------------
 @dataclass(frozen=True)
 class PreparedModel:
