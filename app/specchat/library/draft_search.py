@@ -63,13 +63,13 @@ def installed_drafts(target: str) -> list[Candidate]:
     out: list[Candidate] = []
     seen: set[str] = {target}
     for model in bundled.BUNDLED.values():
-        if model.ref in seen or bundled.folder(model.name).resolve() in taken:
+        if model.ref in seen or (taken and bundled.folder(model.name).resolve() in taken):
             continue
         if bundled.available(model.name):
             seen.add(model.ref)
             out.append(Candidate(model.ref, model.display_name))
     for m in index.list_installed():
-        if m.name in seen or m.source in seen or Path(m.path).resolve() in taken:
+        if m.name in seen or m.source in seen or (taken and Path(m.path).resolve() in taken):
             continue
         seen.add(m.name)
         out.append(Candidate(m.ref, m.name))

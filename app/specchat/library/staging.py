@@ -54,6 +54,10 @@ def partial_prefix(dest: Path) -> str:
     return f".{dest.name}.partial-"
 
 
+# What flock says when another process holds the lock (filelock's own list).
+_HELD = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES}
+
+
 def try_lock(path: Path, mode: int = 0o600, create: bool = True) -> int | None:
     """A descriptor of ``path`` holding its ``flock``, taken without waiting
     (the file and its folder are made if needed, unless not ``create``);
@@ -63,18 +67,23 @@ def try_lock(path: Path, mode: int = 0o600, create: bool = True) -> int | None:
     nobody's lock any more: the next try makes a new one)."""
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), mode)
+        fd = os.open(path, flags, mode)
     except OSError:
         if create:
             raise
         return None  # gone, or not ours to open
     try:
+        with contextlib.suppress(PermissionError):  # the umask must not narrow it
+            os.fchmod(fd, mode)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.fstat(fd).st_nlink:
             return fd
-    except OSError:
-        pass  # held: a live process
+    except OSError as e:
+        if e.errno not in _HELD:  # no flock on this file system: say so, never wait on it
+            os.close(fd)
+            raise
     os.close(fd)
     return None
 
@@ -111,11 +120,15 @@ class WorkDir:
 def claim(parent: Path, prefix: str) -> WorkDir:
     """Create ``parent/<prefix><pid>-<random>`` with its lock held."""
     parent.mkdir(parents=True, exist_ok=True)
-    name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
-    lock = parent / (name + LOCK_SUFFIX)
-    fd = try_lock(lock)
-    if fd is None:  # a new file: nobody else can hold it
-        raise FileExistsError(f"{lock} is held by another process")
+    for _ in range(8):
+        name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
+        lock = parent / (name + LOCK_SUFFIX)
+        # A new file: only a sweep, seeing it before its folder exists, can
+        # take or delete it in the moment before ours; a new name then.
+        if (fd := try_lock(lock)) is not None:
+            break
+    else:
+        raise FileExistsError(f"Could not lock a work folder in {parent}")
     try:
         (parent / name).mkdir()
     except BaseException:
@@ -166,7 +179,10 @@ def remove_if_unlocked(lock: Path, entry: Path | None, mode: int = 0o600,
     if that works its owner is dead, so delete ``entry`` (a folder or a
     file), then the lock file (still holding it, so a second sweeper cannot
     start on the same entry)."""
-    fd = try_lock(lock, mode, create)
+    try:
+        fd = try_lock(lock, mode, create)
+    except OSError:
+        return False  # not lockable here: leave it
     if fd is None:
         return False  # held: a live owner (or already swept)
     try:
