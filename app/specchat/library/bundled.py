@@ -22,6 +22,7 @@ import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from specchat.library import jsonfile, paths, staging
@@ -98,8 +99,6 @@ def get(name: str) -> BundledModel:
 # -- finding the files ---------------------------------------------------------
 def part_files(name: str) -> list[Path]:
     """The model's files in join order, located through package metadata."""
-    from importlib import metadata
-
     model = get(name)
     files: list[Path] = []
     for dist_name, glob in model.parts:
@@ -128,8 +127,6 @@ def shipped(name: str) -> bool:
     metadata alone (no file listed or read), once per process: packages do
     not change while SpecChat runs. The packaged app carries the default
     pair but not SmolLM2, whose package depends on llama-cpp-python."""
-    from importlib import metadata
-
     try:
         for dist, _glob in get(name).parts:
             metadata.distribution(dist)
@@ -183,36 +180,30 @@ def _cache_key(model: BundledModel, files: Sequence[Path]) -> str:
     return hashlib.sha256(json.dumps([model.sha256, stats]).encode()).hexdigest()
 
 
-def _cached(model: BundledModel, files: Sequence[Path]) -> bool:
-    return jsonfile.read_record(_cache_file()).get(model.name) == _cache_key(model, files)
-
-
-def _remember(model: BundledModel, files: Sequence[Path]) -> None:
-    data = jsonfile.read_record(_cache_file())
-    data[model.name] = _cache_key(model, files)
-    jsonfile.write(_cache_file(), data)
+def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | None = None,
+           cancelled: threading.Event | None = None) -> None:
+    """Check the joined parts (``files``, default: the installed ones) against
+    the model's pinned SHA-256 (_check_digest), unless a check of the same
+    files passed before."""
+    model = get(name)
+    files = list(files) if files is not None else part_files(name)
+    if jsonfile.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
+        _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
 
 
 def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> None:
+    """The joined parts' SHA-256 is the pinned one (LibraryError if not); a
+    success is remembered per file sizes and mtimes, so it is not recomputed
+    each launch."""
     if digest != model.sha256:
         raise LibraryError(
             f"The files of the bundled model {model.name} are damaged or not the expected "
             f"version: SHA-256 of {len(files)} file(s) joined in order "
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
-    _remember(model, files)
-
-
-def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | None = None,
-           cancelled: threading.Event | None = None) -> None:
-    """Check the joined parts (``files``, default: the installed ones) against
-    the model's pinned SHA-256; LibraryError on a mismatch. A success is
-    remembered per file sizes and mtimes, so it is not recomputed each launch."""
-    model = get(name)
-    files = list(files) if files is not None else part_files(name)
-    if _cached(model, files):
-        return
-    _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
+    data = jsonfile.read_record(_cache_file())
+    data[model.name] = _cache_key(model, files)
+    jsonfile.write(_cache_file(), data)
 
 
 # -- importing -----------------------------------------------------------------
@@ -249,38 +240,28 @@ def ensure(name: str, progress: Progress | None = None,
     say: Progress = progress or (lambda _m, _f: None)
     files = part_files(model.name)
     if dest.exists():  # an import of another version of the files: redo it
-        _discard(dest)
+        old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
+        os.replace(dest, old)  # one step: nobody sees a half-deleted model
+        shutil.rmtree(old, ignore_errors=True)
     source = {"bundled": model.name, "sha256": model.sha256}
     checking = _stage(say, model, CHECKING, 0.0, 0.2)
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
-
-    if len(files) == 1:
-        try:
-            if not _cached(model, files):
-                digest = sha256_of(files, None, checking, cancelled)
-                _check_digest(model, files, digest)
-        except OSError as exc:
-            raise LibraryError(f"Could not read the bundled model {model.name}: "
-                               f"{exc.strerror or exc}") from exc
-        return import_gguf(files[0], dest, later, cancelled, source=source)
-    tmp_dir = paths.tmp_dir(create=True)
-    staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
-    check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
-                     f"joining the parts of {model.name}")
     try:
-        work = staging.claim(tmp_dir, staging.bundled_prefix(model.name))
+        if len(files) == 1:
+            verify(model.name, files, checking, cancelled)
+            return import_gguf(files[0], dest, later, cancelled, source=source)
+        tmp_dir = paths.tmp_dir(create=True)
+        staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
+        check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
+                         f"joining the parts of {model.name}")
+        # Released (folder and joined file deleted) however this ends.
+        with staging.claim(tmp_dir, staging.bundled_prefix(model.name)) as work:
+            joined = work.path / f"{model.name}.gguf"
+            _check_digest(model, files, sha256_of(files, joined, checking, cancelled))
+            return import_gguf(joined, dest, later, cancelled, source=source)
     except OSError as exc:
         raise LibraryError(f"Could not prepare the bundled model {model.name}: "
                            f"{exc.strerror or exc}") from exc
-    with work:  # released (folder and joined file deleted) however this ends
-        joined = work.path / f"{model.name}.gguf"
-        try:
-            digest = sha256_of(files, joined, checking, cancelled)
-            _check_digest(model, files, digest)
-            return import_gguf(joined, dest, later, cancelled, source=source)
-        except OSError as exc:
-            raise LibraryError(f"Could not prepare the bundled model {model.name}: "
-                               f"{exc.strerror or exc}") from exc
 
 
 def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float) -> Progress:
@@ -293,13 +274,6 @@ def _stage(say: Progress, model: BundledModel, stage: str, lo: float, hi: float)
             None if frac is None else lo + (hi - lo) * frac)
 
     return report
-
-
-def _discard(dest: Path) -> None:
-    old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
-    os.replace(dest, old)
-    shutil.rmtree(old, ignore_errors=True)
-
 
 
 # -- listing -------------------------------------------------------------------

@@ -31,6 +31,7 @@ from pathlib import Path
 import specchat
 from specchat.library.errors import LibraryError
 from specchat.library.memory import MemoryEstimate, estimate
+from specchat.library.units import params_text
 
 MODEL = "model"
 MTP = "mtp"
@@ -39,10 +40,6 @@ ASSISTANT = "assistant"
 KINDS = (MODEL, EAGLE3, ASSISTANT)  # what a catalog entry may be
 # How an entry of each head kind is named in messages.
 HEAD_WORDS = {EAGLE3: "EAGLE-3 head", ASSISTANT: "assistant drafter"}
-
-
-def catalog_dir() -> Path:
-    return Path(specchat.__file__).parent / "resources" / "catalog"
 
 
 @dataclass(frozen=True)
@@ -94,9 +91,6 @@ class CatalogModel:
     def kv_elements_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
-    def memory(self, context_tokens: int = 4096, dtype: str | None = None) -> MemoryEstimate:
-        return estimate(self, None, context_tokens, dtype=dtype, measure=False)
-
     def to_json(self) -> dict:
         return {
             "id": self.id, "name": self.name, "ref": self.ref, "tokenizer": self.tokenizer.id,
@@ -147,8 +141,7 @@ class Pair:
         """MemoryEstimate for the pair in ``dtype`` (default: this machine's
         compute dtype), without measuring what is available. An own head is
         part of the target's parameters."""
-        return estimate(self.target, self.draft, context_tokens, dtype=dtype,
-                               measure=False)
+        return estimate(self.target, self.draft, context_tokens, dtype=dtype, measure=False)
 
     def to_json(self, context_tokens: int = 4096) -> dict:
         mem = self.memory(context_tokens)
@@ -159,8 +152,8 @@ class Pair:
 
 
 def _fewer(target: CatalogModel, draft: CatalogModel) -> str:
-    return (f"{target.params / draft.params:.0f}x fewer parameters ({_b(draft.params)} vs "
-            f"{_b(target.params)})")
+    return (f"{target.params / draft.params:.0f}x fewer parameters "
+            f"({params_text(draft.params)} vs {params_text(target.params)})")
 
 
 def _why_model(target: CatalogModel, draft: CatalogModel) -> str:
@@ -225,10 +218,6 @@ class Catalog:
 
     def same_tokenizer(self, model: CatalogModel) -> list[CatalogModel]:
         return [m for m in self.models if m.tokenizer.id == model.tokenizer.id and m.id != model.id]
-
-
-def _b(params: int) -> str:
-    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
 
 
 def _entry(m: dict, tok: Tokenizer) -> CatalogModel:
@@ -325,4 +314,4 @@ def _load(folder: str) -> Catalog:
 
 def load_catalog(folder: Path | None = None) -> Catalog:
     """The catalog (read once per process)."""
-    return _load(str(folder or catalog_dir()))
+    return _load(str(folder or Path(specchat.__file__).parent / "resources" / "catalog"))

@@ -23,16 +23,17 @@ check and the engine accept exactly the same templates.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
+import math
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.template import TemplateError, compile_template
+from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
 
 # safetensors dtypes and their sizes in bytes (safetensors' README).
@@ -48,14 +49,13 @@ POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
 # mlx-lm's MODEL_REMAPPING entries that land on a layout known here.
 _REMAP = {"mistral": "llama", "iquestcoder": "llama", "xverse": "llama"}
 # Keys each known architecture's ModelArgs requires (no default).
+_LLAMA_REQUIRED = ("hidden_size", "num_hidden_layers", "intermediate_size",
+                   "num_attention_heads", "rms_norm_eps", "vocab_size")
 _REQUIRED = {
-    "llama": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size"),
-    "qwen2": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size", "num_key_value_heads"),
-    "qwen3": ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "rms_norm_eps", "vocab_size", "num_key_value_heads", "max_position_embeddings",
-              "head_dim", "tie_word_embeddings"),
+    "llama": _LLAMA_REQUIRED,
+    "qwen2": (*_LLAMA_REQUIRED, "num_key_value_heads"),
+    "qwen3": (*_LLAMA_REQUIRED, "num_key_value_heads", "max_position_embeddings", "head_dim",
+              "tie_word_embeddings"),
 }
 _PACKED_BITS = (1, 2, 3, 4, 5, 6, 8)
 # A layer index as a tensor name writes it: ASCII digits, no leading zero
@@ -127,9 +127,7 @@ def _tensor(name: str, info: object, file: str, shown: Path) -> Tensor:
             and 0 <= offsets[0] <= offsets[1]):
         raise bad(f"has data_offsets {offsets!r} (expected [start, end], 0 <= start <= end)")
     start, end = offsets
-    need = DTYPE_BYTES[dtype]
-    for s in shape:
-        need *= s
+    need = DTYPE_BYTES[dtype] * math.prod(shape)
     if end - start != need:
         raise bad(f"has shape {shape} of {dtype}, which is {need:,} bytes, but its "
                   f"data_offsets span {end - start:,}")
@@ -249,15 +247,6 @@ def first_missing_layer(present: set[int] | dict[int, object], count: int) -> in
     return None
 
 
-def _layer_indices(names) -> set[int]:
-    out = set()
-    for n in names:
-        m = _LAYER_NAME.match(n)
-        if m:
-            out.add(int(m.group(1)))
-    return out
-
-
 def check_tensors(tensors: dict[str, Tensor], config: dict, shown: Path,
                   source: str = "config.json",
                   label: Callable[[str], str] | None = None) -> None:
@@ -271,7 +260,7 @@ def check_tensors(tensors: dict[str, Tensor], config: dict, shown: Path,
     if _REMAP.get(model_type, model_type) not in _REQUIRED:
         return  # a layout not known here: left to mlx-lm
     layers = config["num_hidden_layers"]
-    present = _layer_indices(tensors)
+    present = {int(m.group(1)) for m in map(_LAYER_NAME.match, tensors) if m}
     if layers > len(present):  # before expanding a (maybe absurd) layer count
         gap = first_missing_layer(present, layers)
         raise LibraryError(
@@ -508,22 +497,6 @@ def check_chat_template(template: str, where: Path | str, name: str | None = Non
 
 
 # -- the whole folder ------------------------------------------------------------
-_PASSED: dict[tuple, bool] = {}
-_PASSED_MAX = 64
-_PASSED_LOCK = threading.Lock()
-
-
-def _stamps(files: list[Path]) -> tuple:
-    out = []
-    for f in files:
-        try:
-            st = f.stat()
-            out.append((f.name, st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append((f.name, None))
-    return tuple(out)
-
-
 def check_folder(folder: Path, config: dict, weight_files: list[Path],
                  shown: Path | None = None) -> dict[str, Tensor]:
     """Everything above for one MLX folder (config.json already read);
@@ -537,15 +510,13 @@ def check_folder(folder: Path, config: dict, weight_files: list[Path],
     for found in by_file.values():
         tensors.update(found)
     check_tensors(tensors, config, shown)
-    small = [folder / n for n in ("config.json", "tokenizer_config.json", "chat_template.jinja",
-                                  "chat_template.json")]
-    key = (os.fspath(folder), _stamps(small))
-    with _PASSED_LOCK:
-        if key in _PASSED:
-            return tensors
-    check_tokenizer_config(folder, shown)
-    with _PASSED_LOCK:
-        while len(_PASSED) >= _PASSED_MAX:
-            _PASSED.pop(next(iter(_PASSED)))
-        _PASSED[key] = True
+    small = ("config.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json")
+    _tokenizer_config_passed(folder, shown, *(stamp(folder / n) for n in small))
     return tensors
+
+
+@functools.lru_cache(maxsize=64)
+def _tokenizer_config_passed(folder: Path, shown: Path, *_stamps: object) -> None:
+    """check_tokenizer_config, remembered (only when it passes) until one of
+    the small files changes."""
+    check_tokenizer_config(folder, shown)

@@ -125,12 +125,10 @@ def cmd_where(args, as_json: bool) -> int:
     if as_json:
         _print_json(data)
         return 0
-    print(f"library     {data['home']}")
-    print(f"downloads   {data['hub_cache']}")
-    print(f"imports     {data['models']}")
-    print(f"bundled     {data['bundled']}")
-    print(f"index       {data['index']}")
-    print(f"disk usage  {size_text(data['disk_usage_bytes'])}")
+    for label, key in (("library", "home"), ("downloads", "hub_cache"), ("imports", "models"),
+                       ("bundled", "bundled"), ("index", "index")):
+        print(f"{label:<12}{data[key]}")
+    print(f"{'disk usage':<12}{size_text(data['disk_usage_bytes'])}")
     print("(set SPECCHAT_HOME to keep the library somewhere else)")
     return 0
 
@@ -233,17 +231,13 @@ def cmd_check(args, as_json: bool) -> int:
 def cmd_catalog(args, as_json: bool) -> int:
     cat = load_catalog()
     installed = {m.source for m in index.list_installed()}
-
-    def have(model) -> bool:
-        return model.ref in installed
-
     if as_json:
         out = []
         for p in cat.pairs:
             item = p.to_json()
-            item["target"]["installed"] = have(p.target)
+            item["target"]["installed"] = p.target.ref in installed
             if p.draft is not None:  # None: the target's own MTP head
-                item["draft"]["installed"] = have(p.draft)
+                item["draft"]["installed"] = p.draft.ref in installed
             out.append(item)
         _print_json(out)
         return 0

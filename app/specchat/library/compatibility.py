@@ -17,7 +17,7 @@ parameter counts) and the report says so (``verified=False``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specchat.engine import folders
@@ -141,16 +141,10 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
     """The verdict for ``draft_ref`` speculating for ``target_ref``."""
     t = describe(target_ref, allow_work)
     d = describe(draft_ref, allow_work)
-    problems: list[str] = []
-    good: list[str] = []
-    notes: list[str] = []
-    if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
-        problems.append(SAME_MODEL)
     is_head = d.facts is not None and d.facts.head is not None
-    tp, tg, tn = (_head_verdict if is_head else _tokenizer_verdict)(t, d)
-    problems += tp
-    good += tg
-    notes += tn
+    problems, good, notes = (_head_verdict if is_head else _tokenizer_verdict)(t, d)
+    if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
+        problems.insert(0, SAME_MODEL)
     if t.facts is not None and t.facts.untrimmable_reason:
         problems.append(f"speculative decoding is not available for {t.name}: "
                         f"{t.facts.untrimmable_reason}")
@@ -167,9 +161,7 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
                         f"({params_text(d.params)} vs {params_text(t.params)} parameters)")
     if t.facts is not None and d.facts is not None and not problems:
         good.append("both caches can be rewound after rejected draft tokens")
-    est = None
-    if t.params:
-        est = memory.estimate(t, d, context_tokens)
+    est = memory.estimate(t, d, context_tokens) if t.params else None
     return CompatReport(compatible=not problems, reasons=problems or good, target=t, draft=d,
                         memory=est, notes=notes)
 
@@ -191,9 +183,7 @@ class Suggestion:
     recommended: bool = False  # a catalog pair
 
     def to_json(self) -> dict:
-        return {"ref": self.ref, "name": self.name, "installed": self.installed,
-                "params": self.params, "download_bytes": self.download_bytes, "why": self.why,
-                "recommended": self.recommended}
+        return asdict(self)
 
 
 def suggest_drafts(target_ref: str) -> list[Suggestion]:

@@ -1,6 +1,7 @@
 """Free disk space, checked before work that writes a lot (a download, an
 import, a GGUF conversion, joining the bundled parts), so it is refused with
-the numbers before the first byte instead of failing midway.
+the numbers before the first byte instead of failing midway; and a file's
+stamp, which says whether a file checked before has changed since.
 
 One check and one message for all of them, so the user reads the same line
 whichever way a model arrives. The margin leaves room for what the sizes do
@@ -23,12 +24,15 @@ class NotEnoughSpace(LibraryError):
     """The work would not fit on the disk; nothing was started."""
 
 
-def free_bytes(folder: Path) -> int | None:
-    """Free bytes on the disk holding ``folder`` (None if it cannot be asked)."""
+def stamp(path: Path) -> tuple[int, int, int] | None:
+    """(size, mtime in ns, inode) of a file, None if it cannot be asked: the
+    key under which the library remembers a check of the file (a file
+    replaced or rewritten gets another stamp)."""
     try:
-        return shutil.disk_usage(folder).free
+        st = path.stat()
     except OSError:
         return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def check_free_space(folder: Path, needed: int, doing: str, shown: Path | None = None) -> None:
@@ -37,8 +41,11 @@ def check_free_space(folder: Path, needed: int, doing: str, shown: Path | None =
     the message names ``shown`` instead when ``folder`` is a work folder the
     user never sees (it must be on the same disk). A disk that cannot be
     asked is not refused: the write itself then says what went wrong."""
-    free = free_bytes(folder)
-    if free is None or free >= needed * (1 + MARGIN):
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free >= needed * (1 + MARGIN):
         return
     raise NotEnoughSpace(
         f"Not enough disk space for {doing}: it needs {size_text(needed)} "

@@ -59,28 +59,21 @@ def installed_drafts(target: str) -> list[Candidate]:
         target_path = describe(target, allow_work=False).path
     except Exception:  # noqa: BLE001 - an unknown target fails at its load, in words
         target_path = None
-    same = _same_path(target_path)
+    taken = {Path(target_path).resolve()} if target_path else set()  # the target's folder
     out: list[Candidate] = []
     seen: set[str] = {target}
     for model in bundled.BUNDLED.values():
-        if model.ref in seen or same(str(bundled.folder(model.name))):
+        if model.ref in seen or (taken and bundled.folder(model.name).resolve() in taken):
             continue
         if bundled.available(model.name):
             seen.add(model.ref)
             out.append(Candidate(model.ref, model.display_name))
     for m in index.list_installed():
-        if m.name in seen or m.source in seen or same(m.path):
+        if m.name in seen or m.source in seen or (taken and Path(m.path).resolve() in taken):
             continue
         seen.add(m.name)
         out.append(Candidate(m.ref, m.name))
     return out
-
-
-def _same_path(target_path: str | None) -> Callable[[str | None], bool]:
-    if not target_path:
-        return lambda _path: False
-    resolved = Path(target_path).resolve()
-    return lambda path: bool(path) and Path(path).resolve() == resolved
 
 
 def judge(target: str, candidates: Sequence[Candidate]) -> tuple[list[Candidate], list[Refused]]:

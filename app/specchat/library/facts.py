@@ -9,14 +9,16 @@ checking and suggesting stay fast and work before any weights are loaded.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.compat import facts_from_tokenizer_json
-from specchat.library.checks import check_folder, read_safetensors, text_config
+from specchat.library.checks import Tensor, check_folder, read_safetensors, text_config
+from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
 
 # mlx-lm model types whose caches are recurrent (ArraysCache / MambaCache) in
@@ -39,29 +41,30 @@ _RECURRENT_LAYER_WORDS = ("linear", "mamba", "conv", "recurrent", "ssm", "rwkv")
 _QUANT_LABELS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     """Facts about one model folder; everything is a plain value so it can be
     stored in the index as JSON. (The field order is the order in which
-    ``specchat models list --json`` prints them, after the index's own fields.)"""
+    ``specchat models list --json`` prints them, after the index's own fields.)
+    The facts a draft head has none of default to None."""
 
     size_bytes: int  # bytes on disk of the model's files
     params: int | None  # logical parameters (quantized weights counted unpacked)
     quantization: str | None  # "q4", "q8", "bfloat16", "float16", "float32"
-    tokenizer_fingerprint: str | None
+    tokenizer_fingerprint: str | None = None
     model_type: str | None
     vocab_size: int | None  # tokenizer size (what speculation compares)
     attention: str  # "full", "sliding" or "recurrent"
-    untrimmable_reason: str | None
-    num_layers: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    max_context: int | None
+    untrimmable_reason: str | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    max_context: int | None = None
     mtp: bool | None  # it ships its own MTP head (mtp.* weights): it can draft for itself
     hidden_size: int | None  # the width of its hidden states (what a draft head reads)
     # For an EAGLE-3 draft head (engine/eagle3.py), what it needs of a target
     # (engine.folders.head_facts); None for a model.
-    head: dict | None
+    head: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -107,11 +110,9 @@ def _head_config(folder: Path) -> dict | None:
     return config if config is not None and folders.is_head(config) else None
 
 
-def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict]:
+def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict[str, Tensor]]:
     config = folders.validate_folder(folder, LibraryError)
-    tensors = check_folder(folder, config, folders.weight_files(folder), shown)
-    return config, {name: {"dtype": t.dtype, "shape": list(t.shape)}
-                    for name, t in tensors.items()}
+    return config, check_folder(folder, config, folders.weight_files(folder), shown)
 
 
 def cache_kind(config: dict) -> tuple[str, str | None]:
@@ -130,9 +131,7 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     if model_type in RECURRENT_TYPES or any(
             w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
         return "recurrent", None
-    if any("sliding" in t or "local" in t for t in layer_types):
-        return "sliding", None
-    if model_type in SLIDING_TYPES:
+    if model_type in SLIDING_TYPES or any("sliding" in t or "local" in t for t in layer_types):
         return "sliding", None
     if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
         window = cfg.get("sliding_window")
@@ -142,10 +141,10 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     return "full", None
 
 
-def count_params(config: dict, tensors: dict[str, dict]) -> tuple[int, str | None]:
+def count_params(config: dict, tensors: dict[str, Tensor]) -> tuple[int, str | None]:
     """(logical parameter count, storage label) from the safetensors headers
-    (``tensors``: name -> dtype and shape, as checks.read_safetensors read
-    them while checking the folder: the one safetensors reader).
+    (``tensors`` as checks.read_safetensors read them while checking the
+    folder: the one safetensors reader).
 
     Quantized weights (uint32 words with ``.scales``/``.biases`` beside them)
     count as ``words * 32 / bits`` parameters; scales and biases are not
@@ -157,18 +156,15 @@ def count_params(config: dict, tensors: dict[str, dict]) -> tuple[int, str | Non
         bits = None
     dtype_bytes: dict[str, int] = {}
     total = 0
-    for name, info in tensors.items():
-        shape = info.get("shape") or []
-        n = 1
-        for s in shape:
-            n *= int(s)
+    for name, t in tensors.items():
+        n = math.prod(t.shape)
         base = name.rsplit(".", 1)[0]
         if name.endswith((".scales", ".biases")) and f"{base}.weight" in tensors:
             continue
-        if bits and info.get("dtype") == "U32" and f"{base}.scales" in tensors:
+        if bits and t.dtype == "U32" and f"{base}.scales" in tensors:
             n = n * 32 // int(bits)
         else:
-            dtype_bytes[info.get("dtype", "?")] = dtype_bytes.get(info.get("dtype", "?"), 0) + n
+            dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + n
         total += n
     if bits:
         label = f"q{int(bits)}"
@@ -224,22 +220,6 @@ def _pos_int(v) -> int | None:
     return int(v) if v != float("inf") else None
 
 
-# Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
-# is one C call that holds the GIL for about 200 ms, which stalls the GUI thread
-# whenever a worker thread re-checks a pair it has already checked.
-_TOKENIZER_CACHE: dict[tuple, object] = {}
-_TOKENIZER_CACHE_MAX = 16
-_TOKENIZER_CACHE_LOCK = threading.Lock()  # checks run on executor threads
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 def tokenizer_facts(folder: Path, shown: Path | None = None):
     """TokenizerFacts from tokenizer.json, or None when the folder has only a
     sentencepiece model (then compatibility cannot be checked without loading).
@@ -247,21 +227,20 @@ def tokenizer_facts(folder: Path, shown: Path | None = None):
     Errors name ``shown`` (the user's folder) instead of ``folder``."""
     if not (folder / "tokenizer.json").exists():
         return None
-    key = (str(folder.resolve()), _stamp(folder / "tokenizer.json"),
-           _stamp(folder / "tokenizer_config.json"))
-    with _TOKENIZER_CACHE_LOCK:
-        if key in _TOKENIZER_CACHE:
-            return _TOKENIZER_CACHE[key]
     try:
-        facts = facts_from_tokenizer_json(folder)
+        return _parsed_tokenizer(folder.resolve(), stamp(folder / "tokenizer.json"),
+                                 stamp(folder / "tokenizer_config.json"))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         where = (shown or folder) / "tokenizer.json"
         raise LibraryError(f"{where} could not be read ({exc})") from exc
-    with _TOKENIZER_CACHE_LOCK:
-        while len(_TOKENIZER_CACHE) >= _TOKENIZER_CACHE_MAX:
-            _TOKENIZER_CACHE.pop(next(iter(_TOKENIZER_CACHE)))
-        _TOKENIZER_CACHE[key] = facts
-    return facts
+
+
+# Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
+# is one C call that holds the GIL for about 200 ms, which stalls the GUI thread
+# whenever a worker thread re-checks a pair it has already checked.
+@functools.lru_cache(maxsize=16)
+def _parsed_tokenizer(folder: Path, *_stamps: object):
+    return facts_from_tokenizer_json(folder)
 
 
 HEAD_TENSORS = ("fc.weight", "lm_head.weight")  # besides its layer's (layers.0. or midlayer.)
@@ -280,8 +259,7 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
                               "pickled files can run code)" if pickled else ""))
     tensors = {}
     for f in files:
-        tensors.update((n, {"dtype": t.dtype, "shape": list(t.shape)})
-                       for n, t in read_safetensors(f, shown / f.name).items())
+        tensors.update(read_safetensors(f, shown / f.name))
     missing = [n for n in HEAD_TENSORS if n not in tensors]
     if missing or not any(n.startswith(("layers.0.", "midlayer.")) for n in tensors):
         raise LibraryError(f"{shown} says it is an EAGLE-3 head but its weights lack "
@@ -292,9 +270,7 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
         raise LibraryError(f"{shown}/config.json is not an EAGLE-3 head's config ({exc})") from exc
     params, label = count_params(config, tensors)
     return ModelFacts(size_bytes=folder_size(folder), params=params or None, quantization=label,
-                      tokenizer_fingerprint=None, model_type="eagle3", vocab_size=head["vocab"],
-                      attention="full", untrimmable_reason=None, num_layers=None,
-                      num_kv_heads=None, head_dim=None, max_context=None, mtp=False,
+                      model_type="eagle3", vocab_size=head["vocab"], attention="full", mtp=False,
                       hidden_size=head["reads_width"], head=head)
 
 
@@ -327,10 +303,5 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         head_dim=head_dim,
         max_context=max_context(config),
         mtp=bool(folders.mtp_keys(folder)),
-        hidden_size=_int(text_config(config).get("hidden_size")),
-        head=None,
+        hidden_size=_pos_int(text_config(config).get("hidden_size")),
     )
-
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -14,10 +14,12 @@ against ``GGUFReader``.
 
 from __future__ import annotations
 
+import functools
+import math
 import mmap
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.library.errors import LibraryError
@@ -51,10 +53,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
+        return math.prod(self.dims)
 
 
 @dataclass
@@ -72,12 +71,12 @@ class Header:
     tensors: list[TensorInfo]
     data_offset: int
     file_size: int
-    byte_order: str = "<"
-    _by_name: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
 
     def tensor(self, name: str) -> TensorInfo | None:
-        if not self._by_name:
-            self._by_name = {t.name: t for t in self.tensors}
         return self._by_name.get(name)
 
     def get(self, key: str, default=None):
@@ -89,8 +88,10 @@ class Header:
 
 
 class _Cursor:
-    def __init__(self, buf, size: int, order: str):
-        self.buf, self.size, self.order, self.pos = buf, size, order, 0
+    """Reads little-endian values from ``buf`` (big-endian files are refused)."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
 
     def take(self, n: int) -> int:
         start = self.pos
@@ -100,7 +101,7 @@ class _Cursor:
         return start
 
     def scalar(self, fmt: str):
-        st = struct.Struct(self.order + fmt)
+        st = struct.Struct("<" + fmt)
         return st.unpack_from(self.buf, self.take(st.size))[0]
 
     def string(self) -> str:
@@ -109,7 +110,7 @@ class _Cursor:
         return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
 
     def skip_strings(self, count: int) -> None:
-        ln = struct.Struct(self.order + "Q")
+        ln = struct.Struct("<Q")
         for _ in range(count):
             self.take(ln.unpack_from(self.buf, self.take(8))[0])
 
@@ -132,7 +133,7 @@ class _Cursor:
                 return count, None
             if item in _SCALARS:
                 fmt = _SCALARS[item]
-                st = struct.Struct(f"{self.order}{count}{fmt}")
+                st = struct.Struct(f"<{count}{fmt}")
                 return count, list(st.unpack_from(self.buf, self.take(st.size)))
             return count, [self.value(item, True) for _ in range(count)]
         raise ValueError(f"unknown metadata value type {vtype}")
@@ -169,13 +170,12 @@ def read_header(path: str | Path, arrays: Iterable[str] = ()) -> Header:
 def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
     if bytes(buf[:4]) != MAGIC:
         raise LibraryError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
-    order = "<"
     version = struct.unpack_from("<I", buf, 4)[0]
     if version & 0xFFFF == 0:  # written on a big-endian machine
         raise LibraryError(f"{path} is a big-endian GGUF file; only little-endian is supported")
     if version not in (2, 3):
         raise LibraryError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
-    cur = _Cursor(buf, size, order)
+    cur = _Cursor(buf, size)
     cur.pos = 8
     n_tensors = cur.scalar("Q")
     n_kv = cur.scalar("Q")
@@ -208,7 +208,7 @@ def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
     data_offset = -(-cur.pos // align) * align
     tensors = [TensorInfo(n, d, t, data_offset + o) for n, d, t, o in infos]
     return Header(path=path, version=version, metadata=metadata, array_lengths=lengths,
-                  tensors=tensors, data_offset=data_offset, file_size=size, byte_order=order)
+                  tensors=tensors, data_offset=data_offset, file_size=size)
 
 
 def tensor_nbytes(info: TensorInfo) -> int:

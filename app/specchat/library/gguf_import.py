@@ -251,16 +251,11 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
 
 def _gguf_name(hf: str) -> str:
     """The GGUF name of an HF tensor name (for messages about missing ones)."""
-    for g, h in _GLOBAL_NAMES.items():
-        if h == hf:
-            return g
     parts = hf.split(".")
-    if len(parts) > 4 and parts[:2] == ["model", "layers"]:
-        inner = ".".join(parts[3:-1])
-        for g, h in _LAYER_NAMES.items():
-            if h == inner:
-                return f"blk.{parts[2]}.{g}.{parts[-1]}"
-    return hf
+    layer = {h: g for g, h in _LAYER_NAMES.items()}.get(".".join(parts[3:-1]))
+    if len(parts) > 4 and parts[:2] == ["model", "layers"] and layer:
+        return f"blk.{parts[2]}.{layer}.{parts[-1]}"
+    return {h: g for g, h in _GLOBAL_NAMES.items()}.get(hf, hf)
 
 
 def _plan(header: Header, config: dict) -> list[_Job]:
@@ -392,8 +387,7 @@ def _chunks(data, job: _Job):
             part = part.astype(out, copy=False)
         if out == np.float16 and part.size and not np.isfinite(part).all():
             raise LibraryError(f"{job.where}: tensor {info.name!r} has values outside the "
-                               "float16 range "
-                               "(or NaN/inf in the file)")
+                               "float16 range (or NaN/inf in the file)")
         return part
 
     if job.unpermute_heads:  # small (hidden x hidden at most): done whole
@@ -501,38 +495,29 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         raise LibraryError(f"{gguf_path}: {exc}") from exc
 
     try:
-        disk.check_free_space(dest.parent, _output_bytes(jobs), f"importing {gguf_path}",
-                              shown=where)
-        work = staging.claim(dest.parent, staging.partial_prefix(dest))
+        needed = sum(j.info.n_elements * (2 if j.out_dtype == "float16" else 4) for j in jobs)
+        disk.check_free_space(dest.parent, needed, f"importing {gguf_path}", shown=where)
+        # Released (what is left at tmp deleted: nothing once installed) however this ends.
+        with staging.claim(dest.parent, staging.partial_prefix(dest)) as work:
+            tmp = work.path
+            say("writing the tokenizer", 0.0)
+            (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
+            _write_json(tmp / "tokenizer_config.json", tok_config)
+            _write_json(tmp / "config.json", config)
+            _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
+            st = gguf_path.stat()
+            _write_json(tmp / MARKER, {
+                "format": FORMAT,
+                "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
+                           "mtime_ns": st.st_mtime_ns, **(source or {})},
+                "summary": gguf_summary(gguf_path),
+                "seconds": round(time.monotonic() - started, 1),
+            })
+            _install(tmp, dest)
     except OSError as exc:
         raise staging.write_error(gguf_path, where, exc) from exc
-    tmp = work.path
-    try:
-        say("writing the tokenizer", 0.0)
-        (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", tok_config)
-        _write_json(tmp / "config.json", config)
-        _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
-        st = gguf_path.stat()
-        _write_json(tmp / MARKER, {
-            "format": FORMAT,
-            "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
-                       "mtime_ns": st.st_mtime_ns, **(source or {})},
-            "summary": gguf_summary(gguf_path),
-            "seconds": round(time.monotonic() - started, 1),
-        })
-        _install(tmp, dest)
-    except OSError as exc:
-        raise staging.write_error(gguf_path, where, exc) from exc
-    finally:
-        work.release()  # deletes what is left at tmp (nothing once installed)
     say("converted", 1.0)
     return dest
-
-
-def _output_bytes(jobs: list[_Job]) -> int:
-    size = {"float16": 2, "float32": 4}
-    return sum(j.info.n_elements * size[j.out_dtype] for j in jobs)
 
 
 def _install(tmp: Path, dest: Path) -> None:

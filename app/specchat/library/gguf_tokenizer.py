@@ -14,6 +14,7 @@ supported; that covers Qwen2/2.5, Llama 3 and SmolLM GGUFs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specchat.library.errors import LibraryError
@@ -38,31 +39,22 @@ def _split(regex: str) -> dict:
     return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
 
 
+# GPT-2's own split, as in llama.cpp's "default".
+_GPT2 = {"normalizer": None, "pre_tokenizer": _byte_level(False, True, True),
+         "decoder": _byte_level(True, True, True), "ignore_merges": False}
+_LLAMA3 = {**_GPT2, "ignore_merges": True,
+           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+               _split(_LLAMA3_SPLIT), _byte_level(False, True, False)]}}
+
 # tokenizer.ggml.pre -> how the upstream tokenizer.json of that family splits
 # text (llama.cpp's llama-vocab.cpp has the same table as regex lists).
 _PRESETS: dict[str, dict] = {
-    # GPT-2's own split, as in llama.cpp's "default".
-    "gpt2": {"normalizer": None,
-             "pre_tokenizer": _byte_level(False, True, True),
-             "decoder": _byte_level(True, True, True),
-             "ignore_merges": False},
+    "gpt2": _GPT2,
     # StarCoder family (SmolLM, Refact): every digit alone, then GPT-2's split.
-    "starcoder": {"normalizer": None,
-                  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                      {"type": "Digits", "individual_digits": True},
-                      _byte_level(False, True, True)]},
-                  "decoder": _byte_level(True, True, True),
-                  "ignore_merges": False},
-    "llama3": {"normalizer": None,
-               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                   _split(_LLAMA3_SPLIT), _byte_level(False, True, False)]},
-               "decoder": _byte_level(True, True, True),
-               "ignore_merges": True},
-    "smaug": {"normalizer": None,
-              "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                  _split(_LLAMA3_SPLIT), _byte_level(False, True, False)]},
-              "decoder": _byte_level(True, True, True),
-              "ignore_merges": False},
+    "starcoder": {**_GPT2, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, _byte_level(False, True, True)]}},
+    "llama3": _LLAMA3,
+    "smaug": {**_LLAMA3, "ignore_merges": False},  # Llama 3's split, merges applied
     "qwen2": {"normalizer": {"type": "NFC"},
               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                   _split(_QWEN2_SPLIT), _byte_level(False, False, False)]},
@@ -202,35 +194,23 @@ def _post_processor(bos: str | None, eos: str | None, tokens: list[str]) -> dict
     """Prepend BOS / append EOS as the file asks (llama.cpp does this in tokenize)."""
     if bos is None and eos is None:
         return None
-    single: list[dict] = []
-    pair: list[dict] = []
-    special: dict[str, dict] = {}
-    for tok in (bos, eos):
-        if tok is not None:
-            special[tok] = {"id": tok, "ids": [tokens.index(tok)], "tokens": [tok]}
-    if bos is not None:
-        single.append({"SpecialToken": {"id": bos, "type_id": 0}})
-        pair.append({"SpecialToken": {"id": bos, "type_id": 0}})
-    single.append({"Sequence": {"id": "A", "type_id": 0}})
-    pair.append({"Sequence": {"id": "A", "type_id": 0}})
-    if eos is not None:
-        single.append({"SpecialToken": {"id": eos, "type_id": 0}})
-        pair.append({"SpecialToken": {"id": eos, "type_id": 0}})
-    if bos is not None:
-        pair.append({"SpecialToken": {"id": bos, "type_id": 1}})
-    pair.append({"Sequence": {"id": "B", "type_id": 1}})
-    if eos is not None:
-        pair.append({"SpecialToken": {"id": eos, "type_id": 1}})
-    return {"type": "TemplateProcessing", "single": single, "pair": pair,
-            "special_tokens": special}
+
+    def around(sequence: str, type_id: int) -> list[dict]:
+        """[BOS] the sequence [EOS], each special token only if there is one."""
+        ends = [[{"SpecialToken": {"id": tok, "type_id": type_id}}] if tok is not None else []
+                for tok in (bos, eos)]
+        return [*ends[0], {"Sequence": {"id": sequence, "type_id": type_id}}, *ends[1]]
+
+    special = {tok: {"id": tok, "ids": [tokens.index(tok)], "tokens": [tok]}
+               for tok in (bos, eos) if tok is not None}
+    return {"type": "TemplateProcessing", "single": around("A", 0),
+            "pair": around("A", 0) + around("B", 1), "special_tokens": special}
 
 
 def validate(tokenizer_json: str) -> None:
     """Load the JSON with ``tokenizers``, check every added token kept its id
     and round-trip a sample, so a broken tokenizer fails the import rather
     than the first chat."""
-    import json
-
     from tokenizers import Tokenizer
 
     try:

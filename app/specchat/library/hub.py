@@ -39,9 +39,11 @@ stores or prints it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from collections import deque
@@ -77,6 +79,7 @@ ALLOW_PATTERNS = [*MODEL_JSON, "model*.safetensors", "tokenizer.model", "*.tikto
 PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # always fullmatch: "$" lets a trailing newline through
+_BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob id or a SHA-256
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -151,13 +154,9 @@ def offline() -> bool:
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     if value.upper() in {"1", "ON", "YES", "TRUE"}:
         return True
-    try:
-        import sys
-
-        hf_constants = sys.modules.get("huggingface_hub.constants")
-        return bool(hf_constants and hf_constants.HF_HUB_OFFLINE)
-    except AttributeError:
-        return False
+    # As huggingface_hub read it at its import, if it is imported (never imported for this).
+    hf_constants = sys.modules.get("huggingface_hub.constants")
+    return bool(getattr(hf_constants, "HF_HUB_OFFLINE", False))
 
 
 def installed(ref: str | HubRef) -> InstalledModel | None:
@@ -179,17 +178,15 @@ class _Tracker:
     raises DownloadCancelled when asked to. It runs on the calling thread
     only: the network waits call ``tick`` every ~0.1 s (``hub_net``)."""
 
-    def __init__(self, total: int, done: int, label: str,
-                 progress: Callable[[DownloadProgress], None] | None,
-                 cancelled: threading.Event | None, interval: float | None = None):
+    def __init__(self, total: int, label: str, progress: Callable[[DownloadProgress], None] | None,
+                 cancelled: threading.Event | None):
         self.total = total
-        self.base = done  # bytes of finished files
+        self.base = 0  # bytes of finished files
         self.current = 0  # bytes of the file being downloaded
         self.label = label
         self.file: str | None = None
         self.progress = progress
         self.cancelled = cancelled
-        self.interval = PROGRESS_INTERVAL if interval is None else interval
         self._last = 0.0
         self._samples: deque[tuple[float, int]] = deque()
 
@@ -219,7 +216,7 @@ class _Tracker:
     def emit(self, message: str | None = None, force: bool = False) -> None:
         rate = self.rate()
         now = time.monotonic()
-        if self.progress is None or (not force and now - self._last < self.interval):
+        if self.progress is None or (not force and now - self._last < PROGRESS_INTERVAL):
             return
         self._last = now
         text = message or (f"Downloading {self.label}: {self.file}" if self.file
@@ -242,9 +239,6 @@ class _Tracker:
         self.current = 0
         self.emit(force=True)
 
-    def fail(self) -> None:
-        self.current = 0
-
 
 # -- what went wrong, in words ---------------------------------------------------------
 
@@ -264,16 +258,13 @@ _BROKEN = {"ReadError", "RemoteProtocolError", "ChunkedEncodingError", "WriteErr
            "NetworkError", "TransportError", "_EndedEarly"}
 
 
-def _kinds(exc: BaseException) -> set[str]:
-    return {c.__name__ for c in type(exc).__mro__}
-
-
-def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> LibraryError:
+def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> SpecChatError:
     """One sentence a person can act on, for whatever the client raised
-    (``file``: the file being downloaded, None while asking about the repo)."""
+    (``file``: the file being downloaded, None while asking about the repo);
+    what already is one is returned as it is."""
     from huggingface_hub import errors
 
-    if isinstance(exc, LibraryError):
+    if isinstance(exc, SpecChatError):
         return exc
     if isinstance(exc, errors.GatedRepoError):
         return LibraryError(
@@ -289,7 +280,7 @@ def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> LibraryE
             f"{hub.ref} was not found on the Hugging Face Hub. Check the name (it is "
             "case-sensitive, e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit); private repos "
             "need `hf auth login`.")
-    kinds = _kinds(exc)
+    kinds = hub_net.kinds(exc)
     where = hub_net.endpoint()
     _connect, read = hub_net.timeouts()
     if kinds & _UNREACHABLE:
@@ -339,9 +330,9 @@ def _remote_files(hub: HubRef, tick: Callable[[], None]
         # It becomes a folder name (snapshots/<commit>): "../.." would write
         # outside the library.
         raise LibraryError(
-            f"{hub_net.host(hub_net.endpoint())} gave {_short(info.sha)} as the commit of "
-            f"{hub.ref}, which is not a commit id (40 hex digits); nothing was downloaded. "
-            "Is HF_ENDPOINT right?")
+            f"{hub_net.host(hub_net.endpoint())} gave {hub_net.short(repr(info.sha))} as the "
+            f"commit of {hub.ref}, which is not a commit id (40 hex digits); nothing was "
+            "downloaded. Is HF_ENDPOINT right?")
     siblings = info.siblings or []
     names = [s.rfilename for s in siblings]
     from huggingface_hub.utils import filter_repo_objects
@@ -353,17 +344,12 @@ def _remote_files(hub: HubRef, tick: Callable[[], None]
             continue
         lfs = getattr(s, "lfs", None)
         etag = lfs.sha256 if lfs is not None else getattr(s, "blob_id", None)
-        if not etag or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag) or s.size is None:
+        if not etag or not _BLOB_ID.fullmatch(etag) or s.size is None:
             raise LibraryError(
                 f"The Hub gave no checksum or size for {s.rfilename} of {hub.ref}; SpecChat "
                 "does not install files it cannot check.")
         files.append(_RemoteFile(s.rfilename, s.size, etag))
     return info.sha, files, names
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 HEAD_MAX_BYTES = 4 << 30  # a draft head is one layer: published ones are well under 1 GB
@@ -400,13 +386,11 @@ def _storage_folder(hub: HubRef) -> Path:
 
 
 def _entry_name(hub: HubRef) -> str:
-    wanted = hub.name
-    if hub.revision is None:
-        known = load_catalog().model(hub.ref)
-        if known is not None:
-            wanted = known.id
-    else:
+    if hub.revision is not None:
         wanted = f"{hub.name}@{hub.revision[:12]}"
+    else:  # a catalog model is named by its catalog id
+        known = load_catalog().model(hub.ref)
+        wanted = known.id if known is not None else hub.name
     return index.unique_name(wanted, source=hub.ref)
 
 
@@ -427,12 +411,7 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     have = installed(hub)
     if offline():
         if have is not None:
-            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
-                                                 cancelled))
-            say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
-                                 f"Offline mode: using the downloaded copy of {hub.ref} "
-                                 "(not checked for updates)"))
-            return have
+            return _fall_back(hub, have, progress, cancelled, "Offline mode:")
         raise LibraryError(
             f"Offline mode (HF_HUB_OFFLINE is set): {hub.ref} has not been downloaded yet. "
             "Unset HF_HUB_OFFLINE and connect to the internet to pull it, or pick an "
@@ -440,31 +419,30 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     if have is not None and hub.revision and _COMMIT.fullmatch(hub.revision) \
             and have.revision == hub.revision:
         # A commit never changes: nothing to ask the Hub, but the files are checked.
-        _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+        _check_installed(hub, have, progress, cancelled)
         return have
     say(DownloadProgress(0, None, 0.0, f"Asking the Hub about {hub.ref}"))
-    asking = _Tracker(0, 0, hub.name, None, cancelled)
+    asking = _Tracker(0, hub.name, None, cancelled)
     try:
         commit, files, names = _remote_files(hub, asking.tick)
-    except SpecChatError as exc:
-        if have is not None and isinstance(exc, HubUnreachable):
-            return _fall_back(hub, have, progress, cancelled)
-        raise
     except Exception as exc:  # noqa: BLE001 - translated into one message
         err = _translate(exc, hub)
         if have is not None and isinstance(err, HubUnreachable):
-            return _fall_back(hub, have, progress, cancelled)
+            return _fall_back(hub, have, progress, cancelled, "Could not reach the Hub;")
+        if err is exc:
+            raise
         raise err from exc
     _refuse_unusable(hub, files, names)
     storage = _storage_folder(hub)
     total = sum(f.size for f in files)
-    tracker = _Tracker(total, 0, hub.name, progress, cancelled)
+    tracker = _Tracker(total, hub.name, progress, cancelled)
     todo = _missing(hub, storage, files, tracker)
     tracker.base = total - sum(f.size for f in todo)
     snapshot = storage / "snapshots" / commit
     have = installed(hub)  # it may have been unlisted for a damaged file
+    linked = all(hub_files.points_to(snapshot / f.name, storage / "blobs" / f.etag) for f in files)
     if not todo and have is not None and have.revision == commit \
-            and Path(have.path) == snapshot and _linked(snapshot, storage, files):
+            and Path(have.path) == snapshot and linked:
         say(DownloadProgress(have.size_bytes, have.size_bytes, 0.0, f"{hub.ref} is up to date"))
         return have
     hub_files.sweep(storage, keep={f.etag for f in todo})
@@ -473,19 +451,31 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     return _register(hub, commit, snapshot, have)
 
 
-def _fall_back(hub: HubRef, have: InstalledModel, progress, cancelled) -> InstalledModel:
-    """The Hub is out of reach: the installed copy, if its files still check out."""
-    _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress, cancelled))
+def _fall_back(hub: HubRef, have: InstalledModel, progress, cancelled,
+               why: str) -> InstalledModel:
+    """The Hub is out of reach (``why``, in words, ends with its colon or
+    semicolon): the installed copy, if its files still check out."""
+    _check_installed(hub, have, progress, cancelled)
     if progress is not None:
         progress(DownloadProgress(have.size_bytes, have.size_bytes, 0.0,
-                                  f"Could not reach the Hub; using the downloaded copy of "
-                                  f"{hub.ref} (not checked for updates)"))
+                                  f"{why} using the downloaded copy of {hub.ref} (not checked "
+                                  "for updates)"))
     return have
 
 
-def _damaged(f_name: str, blob_id: str, got: str) -> str:
-    return (f"{f_name}: expected {hub_files.kind_of(blob_id)} {blob_id}, "
-            f"the file has {got}")
+def _recheck(hub: HubRef, storage: Path, blob: Path, name: str, size: int | None,
+             tracker: _Tracker) -> str | None:
+    """None if a cached blob (the file ``name``) still matches its id (it is
+    hashed again only if it changed since its last check); else it is
+    unlisted and removed, and what was wrong is returned in words."""
+    if not hub_files.checked_before(blob):
+        tracker.emit(f"Checking {name} of {hub.name}", force=True)
+    got = hub_files.check(blob, size, tracker.tick)
+    if got is None:
+        return None
+    _unlist_users(storage, blob)
+    hub_files.remove_blob(storage, blob.name)
+    return f"{name}: expected {hub_files.kind_of(blob.name)} {blob.name}, the file has {got}"
 
 
 def _unlist_users(storage: Path, blob: Path) -> None:
@@ -507,22 +497,13 @@ def _missing(hub: HubRef, storage: Path, files: list[_RemoteFile],
     for f in files:
         blob = storage / "blobs" / f.etag
         if blob.is_file():
-            if not hub_files.checked_before(blob):
-                tracker.emit(f"Checking {f.name} of {hub.name}", force=True)
-            got = hub_files.check(blob, f.size, tracker.tick)
-            if got is None:
+            damage = _recheck(hub, storage, blob, f.name, f.size, tracker)
+            if damage is None:
                 continue
-            _unlist_users(storage, blob)
-            hub_files.remove_blob(storage, f.etag)
-            tracker.emit(f"{f.name} in the library was damaged ({_damaged(f.name, f.etag, got)});"
-                         " downloading it again", force=True)
+            tracker.emit(f"{f.name} in the library was damaged ({damage}); downloading it again",
+                         force=True)
         todo.append(f)
     return todo
-
-
-def _linked(snapshot: Path, storage: Path, files: list[_RemoteFile]) -> bool:
-    return all(hub_files.points_to(snapshot / f.name, storage / "blobs" / f.etag)
-               for f in files)
 
 
 def _check_space(hub: HubRef, storage: Path, todo: list[_RemoteFile]) -> None:
@@ -604,7 +585,7 @@ class _PartialFile:
 
 
 def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_RemoteFile],
-              storage: Path, tracker: _Tracker) -> Path:
+              storage: Path, tracker: _Tracker) -> None:
     tracker.emit(f"Downloading {hub.name}: {len(todo)} of {len(files)} files to fetch",
                  force=True)
     # Small files first: a cut-off pull then leaves the most files finished.
@@ -613,7 +594,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
         try:
             _fetch(hub, commit, f, storage, tracker)
         except BaseException:
-            tracker.fail()
+            tracker.current = 0
             raise
         tracker.finish(f.size)
     snapshot = storage / "snapshots" / commit
@@ -623,7 +604,6 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
             hub_files.link(blob, snapshot / f.name)
     _remember_ref(storage, hub, commit)
     tracker.emit(f"Downloaded {hub.name}", force=True)
-    return snapshot
 
 
 def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tracker) -> None:
@@ -646,15 +626,12 @@ def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tr
         except (DownloadCancelled, _TooLong):
             sink.discard()  # the file is dropped (nothing to resume), finished files stay
             raise
-        except SpecChatError:
-            sink.close()
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated into one message
+        except BaseException as exc:
             sink.close()  # kept: the next pull resumes it
-            raise _translate(exc, hub, f.name) from exc
-        except BaseException:
-            sink.close()
-            raise
+            err = _translate(exc, hub, f.name) if isinstance(exc, Exception) else exc
+            if err is exc:
+                raise
+            raise err from exc
         got = sink.finish()
         if got != f.etag or sink.offset != f.size:
             sink.discard()
@@ -677,32 +654,25 @@ def _remember_ref(storage: Path, hub: HubRef, commit: str) -> None:
     if revision == commit:
         return
     ref_file = storage / "refs" / revision
-    try:
+    with contextlib.suppress(OSError):  # only a convenience for other tools
         ref_file.parent.mkdir(parents=True, exist_ok=True)
         if not ref_file.is_file() or ref_file.read_text() != commit:
             ref_file.write_text(commit)
-    except OSError:
-        pass
 
 
-def _check_installed(hub: HubRef, have: InstalledModel, tracker: _Tracker) -> None:
-    """Check an installed copy's files without the network (a file that
-    changed since its last check is hashed again); a damaged one is removed,
-    the model unlisted, and LibraryError names it."""
+def _check_installed(hub: HubRef, have: InstalledModel, progress, cancelled) -> None:
+    """Check an installed copy's files without the network (_recheck); a
+    damaged one is removed, the model unlisted, and LibraryError names it."""
+    tracker = _Tracker(have.size_bytes, hub.name, progress, cancelled)
     folder = Path(have.path)
     storage = folder.parent.parent
     problems = []
     for pointer in sorted(folder.iterdir()) if folder.is_dir() else []:
         blob = Path(os.path.realpath(pointer))
-        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", blob.name) or not blob.is_file():
-            continue
-        if not hub_files.checked_before(blob):
-            tracker.emit(f"Checking {pointer.name} of {hub.name}", force=True)
-        got = hub_files.check(blob, None, tracker.tick)
-        if got is not None:
-            _unlist_users(storage, blob)
-            hub_files.remove_blob(storage, blob.name)
-            problems.append(_damaged(pointer.name, blob.name, got))
+        if _BLOB_ID.fullmatch(blob.name) and blob.is_file():
+            damage = _recheck(hub, storage, blob, pointer.name, None, tracker)
+            if damage is not None:
+                problems.append(damage)
     if problems:
         raise LibraryError(
             f"{have.name} ({hub.ref}) is damaged and was removed from the list: "
@@ -731,19 +701,16 @@ def prune(storage: Path) -> None:
         return
     used = {Path(m.path).name for m in index.list_installed()
             if m.kind == "hub" and Path(m.path).parent == snapshots}
+    keep: set[str] = set()  # the blobs the snapshots kept link to
     for snap in snapshots.iterdir():
         if snap.name not in used:
             shutil.rmtree(snap, ignore_errors=True)
-    keep: set[str] = set()
-    for snap in snapshots.iterdir():
-        for link in snap.rglob("*"):
-            if link.is_symlink():
-                keep.add(Path(os.path.realpath(link)).name)
-    blobs = storage / "blobs"
-    if blobs.is_dir():
-        for blob in blobs.iterdir():
-            if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
-                blob.unlink(missing_ok=True)
+        else:
+            keep.update(Path(os.path.realpath(link)).name for link in snap.rglob("*")
+                        if link.is_symlink())
+    for blob in (storage / "blobs").glob("*"):  # none if there is no such folder
+        if blob.is_file() and not blob.name.endswith(".incomplete") and blob.name not in keep:
+            blob.unlink(missing_ok=True)
 
 
 def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
@@ -754,8 +721,7 @@ def resolve(ref: str, progress: Callable[[DownloadProgress], None] | None = None
     have = installed(hub)
     if have is not None and Path(have.path).is_dir():
         try:
-            _check_installed(hub, have, _Tracker(have.size_bytes, 0, hub.name, progress,
-                                                 cancelled))
+            _check_installed(hub, have, progress, cancelled)
             return Path(have.path)
         except DownloadCancelled:
             raise

@@ -13,7 +13,8 @@ their locks, and snapshot links.
 * A download in progress is ``blobs/<id>.incomplete``, written only while
   holding ``.locks/models--org--repo/<id>.lock``: the path huggingface_hub
   locks for the same blob, so its downloads into this cache wait too. The
-  lock is an ``flock``, which the kernel drops when its process dies, so
+  lock is an ``flock`` (``staging.try_lock``, the library's one lock for
+  work in progress), which the kernel drops when its process dies, so
   "can the lock be taken without waiting" tells a dead owner from a live
   one exactly (no pid files, no pid reuse, no clocks). A partial file nobody
   holds is resumed by the next pull of that file or, if the repo no longer
@@ -28,13 +29,15 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specchat.library import jsonfile, paths
+from specchat.library import disk, jsonfile, paths, staging
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
+LOCK_MODE = 0o664  # group read/write, as huggingface_hub makes its lock files
 
 Tick = Callable[[], None]
 
@@ -90,14 +93,6 @@ def _key(blob: Path) -> str:
         return str(blob)
 
 
-def _stamp(blob: Path) -> list[int] | None:
-    try:
-        st = blob.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
 def _load() -> dict:
     return jsonfile.read_record(_record_file())
 
@@ -109,7 +104,7 @@ def _save(data: dict) -> None:
 
 def remember(blob: Path) -> None:
     data = _load()
-    data[_key(blob)] = _stamp(blob)
+    data[_key(blob)] = disk.stamp(blob)  # a JSON list
     _save(data)
 
 
@@ -121,8 +116,8 @@ def forget(blob: Path) -> None:
 
 def checked_before(blob: Path) -> bool:
     """Whether the blob passed a check and has not changed since."""
-    stamp = _stamp(blob)
-    return stamp is not None and _load().get(_key(blob)) == stamp
+    stamp = disk.stamp(blob)
+    return stamp is not None and _load().get(_key(blob)) == list(stamp)
 
 
 def check(blob: Path, size: int | None, tick: Tick) -> str | None:
@@ -145,32 +140,6 @@ def lock_path(storage: Path, blob_id: str) -> Path:
     return paths.hub_cache() / ".locks" / storage.name / f"{blob_id}.lock"
 
 
-def partial_path(storage: Path, blob_id: str) -> Path:
-    return storage / "blobs" / f"{blob_id}.incomplete"
-
-
-def _try_lock(path: Path):
-    """The lock, held, if nobody else holds it; else None."""
-    from filelock import FileLock, Timeout
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), mode=0o664)
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        return None
-    return lock
-
-
-def _release(lock, path: Path) -> None:
-    """Release a held lock and remove its file (while held, so a waiter
-    that opened the old file notices it is unlinked and tries again)."""
-    with contextlib.suppress(OSError):
-        path.unlink()
-    with contextlib.suppress(OSError):
-        lock.release()
-
-
 @contextlib.contextmanager
 def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]) -> Iterator[Path]:
     """Hold the blob's lock (waiting for a live owner, calling ``tick`` so
@@ -178,24 +147,22 @@ def claimed(storage: Path, blob_id: str, tick: Tick, waiting: Callable[[], None]
     with whatever a dead process left adopted into it."""
     path = lock_path(storage, blob_id)
     told = False
-    while (lock := _try_lock(path)) is None:
+    while (lock := staging.try_lock(path, LOCK_MODE)) is None:
         if not told:
             waiting()
             told = True
-        import time
-
         time.sleep(POLL)
         tick()
     try:
         yield _adopt(storage, blob_id)
     finally:
-        _release(lock, path)
+        staging.unlock(path, lock)
 
 
 def _adopt(storage: Path, blob_id: str) -> Path:
     """Our partial file, taking over the largest one huggingface_hub's own
     downloads leave (``<id>.<random>.incomplete``) when it is dead."""
-    ours = partial_path(storage, blob_id)
+    ours = storage / "blobs" / f"{blob_id}.incomplete"
     theirs = sorted((p for p in (storage / "blobs").glob(f"{blob_id}.*.incomplete")),
                     key=lambda p: p.stat().st_size if p.exists() else 0)
     for p in theirs:
@@ -209,26 +176,17 @@ def _adopt(storage: Path, blob_id: str) -> Path:
 
 def sweep(storage: Path, keep: set[str]) -> None:
     """Delete partial files and lock files of this repo that no live
-    process holds, except partials of ``keep`` (resumed next)."""
-    blobs = storage / "blobs"
-    if blobs.is_dir():
-        for p in blobs.glob("*.incomplete"):
-            blob_id = p.name.split(".", 1)[0]
-            if blob_id in keep:
-                continue
-            path = lock_path(storage, blob_id)
-            lock = _try_lock(path)
-            if lock is not None:
-                p.unlink(missing_ok=True)
-                _release(lock, path)
+    process holds, except partials of ``keep`` (resumed next). (A folder
+    that is not there globs as empty.)"""
+    for p in (storage / "blobs").glob("*.incomplete"):
+        blob_id = p.name.split(".", 1)[0]
+        if blob_id not in keep:
+            staging.remove_if_unlocked(lock_path(storage, blob_id), p, LOCK_MODE, create=True)
     locks = paths.hub_cache() / ".locks" / storage.name
-    if locks.is_dir():
-        for path in locks.glob("*.lock"):
-            lock = _try_lock(path)
-            if lock is not None:
-                _release(lock, path)
-        with contextlib.suppress(OSError):
-            locks.rmdir()  # only if empty
+    for path in locks.glob("*.lock"):
+        staging.remove_if_unlocked(path, None, LOCK_MODE)
+    with contextlib.suppress(OSError):
+        locks.rmdir()  # only if empty (and there)
 
 
 # -- blobs and snapshot links ---------------------------------------------------------------
@@ -256,10 +214,8 @@ def points_to(pointer: Path, blob: Path) -> bool:
 def remove_blob(storage: Path, blob_id: str) -> None:
     """Delete a blob and every snapshot link to it."""
     blob = storage / "blobs" / blob_id
-    snapshots = storage / "snapshots"
-    if snapshots.is_dir():
-        for pointer in snapshots.rglob("*"):
-            if points_to(pointer, blob):
-                pointer.unlink(missing_ok=True)
+    for pointer in (storage / "snapshots").rglob("*"):  # none if there is no such folder
+        if points_to(pointer, blob):
+            pointer.unlink(missing_ok=True)
     blob.unlink(missing_ok=True)
     forget(blob)

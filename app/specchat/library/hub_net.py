@@ -35,6 +35,7 @@ byte. A timeout is not retried: a server silent for that long is reported.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -148,39 +149,36 @@ def summary(body: bytes, content_type: str | None = None, error: str | None = No
     """One short line from a body: the Hub's error message, a page's
     title, a JSON ``error`` field or the first line of text."""
     if error:
-        return _short(error)
+        return short(error)
     match = _TITLE.search(body[:65536])
     if match:
-        return _short(match.group(1).decode("utf-8", "replace"))
+        return short(match.group(1).decode("utf-8", "replace"))
     text = body[:4096].decode("utf-8", "replace").strip()
     if text.startswith("{"):
-        import json
-
         try:
             data = json.loads(body)
             if isinstance(data, dict) and isinstance(data.get("error"), str):
-                return _short(data["error"])
+                return short(data["error"])
         except ValueError:
             pass
     if is_web_page(content_type, body):
         text = re.sub(r"<[^>]*>", " ", text)
-    return _short(next((line for line in text.splitlines() if line.strip()), ""))
+    return short(next((line for line in text.splitlines() if line.strip()), ""))
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
+    """``text`` on one line, cut to at most 100 characters."""
     text = " ".join(text.split())
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def status_words(status: int, reason: str | None) -> str:
-    return f"{status} {reason}".strip() if reason else str(status)
-
-
-def said(status: int, reason: str | None, body: bytes, content_type: str | None,
-         error: str | None = None) -> str:
-    """``503 Service Unavailable ("upstream connect error")``."""
-    detail = summary(body, content_type, error)
-    words = status_words(status, reason)
+def said(response, body: bytes) -> str:
+    """What an error response says: ``503 Service Unavailable ("upstream
+    connect error")``, the detail from the Hub's X-Error-Message or ``body``."""
+    detail = summary(body, response.headers.get("Content-Type"),
+                     response.headers.get("X-Error-Message"))
+    status, reason = response.status_code, response.reason_phrase
+    words = f"{status} {reason}".strip() if reason else str(status)
     return f'{words} ("{detail}")' if detail else words
 
 
@@ -212,7 +210,6 @@ def model_info(repo: str, revision: str | None, tick: Tick):
     if revision:
         url += f"/revision/{quote(revision, safe='')}"
     headers = _headers()
-    limit = INFO_MAX_BYTES
 
     def fetch():
         with get_session().stream("GET", url, params={"blobs": "true"}, headers=headers,
@@ -220,27 +217,23 @@ def model_info(repo: str, revision: str | None, tick: Tick):
             body = bytearray()
             for chunk in streamed.iter_bytes():
                 body += chunk
-                if len(body) > limit:
+                if len(body) > INFO_MAX_BYTES:
                     return streamed, None
             return streamed, bytes(body)
 
     streamed, body = call(fetch, tick)
     if body is None:
         raise HubAnswered(
-            f"{host(str(streamed.url))} sent more than {size_text(limit)} when asked about "
+            f"{host(str(streamed.url))} sent more than {size_text(INFO_MAX_BYTES)} when asked about "
             f"{repo}, far more than model information takes; SpecChat stopped reading. Is "
             "HF_ENDPOINT right?")
     response = _read(streamed, body)
     content_type = response.headers.get("Content-Type")
-    if response.status_code >= 400 and response.headers.get("X-Error-Code"):
+    if response.status_code == 401 or (response.status_code >= 400
+                                        and response.headers.get("X-Error-Code")):
         hf_raise_for_status(response)  # the Hub's own verdict: not found, gated, revision
-    if response.status_code == 401:
-        hf_raise_for_status(response)
     if response.status_code >= 400:
-        raise HubAnswered(
-            f"{host(url)} answered "
-            f"{said(response.status_code, response.reason_phrase, body, content_type, response.headers.get('X-Error-Message'))}"
-            f" when asked about {repo}.")
+        raise HubAnswered(f"{host(url)} answered {said(response, body)} when asked about {repo}.")
     if is_web_page(content_type, body):
         raise HubAnswered(web_page_message(str(response.url), body, content_type,
                                            f"the model information for {repo}"))
@@ -291,7 +284,9 @@ class _EndedEarly(Exception):
     """The body ended before the file's size without an error."""
 
 
-def _kinds(exc: BaseException) -> set[str]:
+def kinds(exc: BaseException) -> set[str]:
+    """The names of an exception's classes: how errors are told apart across
+    huggingface_hub's HTTP stacks, whose classes cannot all be imported."""
     return {c.__name__ for c in type(exc).__mro__}
 
 
@@ -311,7 +306,7 @@ def download(url: str, filename: str, size: int | None, sink: Sink, tick: Tick) 
                 raise _EndedEarly(f"{sink.offset} of {size} bytes")
             return
         except Exception as exc:
-            if not (_kinds(exc) & _RETRY):
+            if not (kinds(exc) & _RETRY):
                 raise
             failures = 0 if sink.offset > start else failures + 1
             if failures > RETRIES:
@@ -363,10 +358,8 @@ def _request(url: str, filename: str, sink: Sink, tick: Tick, start: int) -> str
             return "again"
         if status >= 400:
             body = _first_bytes(q, tick)
-            raise HubAnswered(
-                f"{host(str(response.url))} answered "
-                f"{said(status, response.reason_phrase, body, content_type, response.headers.get('X-Error-Message'))}"
-                f" for {filename}.")
+            raise HubAnswered(f"{host(str(response.url))} answered {said(response, body)} for "
+                              f"{filename}.")
         if start and status == 200:  # Range ignored: the whole file follows
             sink.restart()
         first = True

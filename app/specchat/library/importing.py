@@ -95,34 +95,27 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         plan = _plan(src)  # before anything reads a file through a link
         validate_folder(src)
     where = paths.models_dir()
-    work = None
     try:
         where.mkdir(parents=True, exist_ok=True)
-        work = staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX)
-        if kind == "import":
-            _check_space_for_copy(plan, src, work.path, where)
-            built = work.path / "model"
-            built.mkdir()
-            _copy_model_files(plan, src, built, say, cancelled)
-        else:
-            built = _convert_gguf(src, work.path, say, cancelled, where)
-        return _install(built, final_name, source, kind, say, src)
-    except LibraryError:  # ImportCancelled included: already says what happened
-        raise
-    except OSError as exc:
+        # Released (the work folder deleted, nothing once installed) however this ends.
+        with staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX) as work:
+            if kind == "import":
+                _check_space_for_copy(plan, src, work.path, where)
+                built = work.path / "model"
+                built.mkdir()
+                _copy_model_files(plan, src, built, say, cancelled)
+            else:
+                built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
+                _check(cancelled, src)
+            return _install(built, final_name, source, kind, say, src)
+    except OSError as exc:  # a LibraryError (a cancel too) already says what happened
         raise staging.write_error(src, where, exc) from exc
-    finally:
-        if work is not None:
-            work.release()
 
 
 def _default_name(src: Path, kind: str) -> str:
     if kind == "gguf":
-        try:
-            summary = gguf_summary(src) or {}
-            label = summary.get("name") or summary.get("general.name")
-            if isinstance(label, str) and label.strip():
-                return index.sanitize(label)
+        try:  # general.name, or the file's stem
+            return index.sanitize(gguf_summary(src)["name"])
         except Exception:  # noqa: BLE001 - the file name is a fine fallback
             pass
         stem = src.stem if src.suffix.lower() == ".gguf" else src.name
@@ -191,8 +184,7 @@ def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path)
     fit: refuse up front if they cannot (hard links take no space)."""
     here = os.stat(work).st_dev
     needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
-    if needed:
-        check_free_space(work, needed, f"importing {src}", shown=where)
+    check_free_space(work, needed, f"importing {src}", shown=where)
 
 
 def _copy_model_files(plan: list[_File], src: Path, dest: Path, say: Progress,
@@ -241,13 +233,6 @@ def _open_planned(f: _File, src: Path):
         raise LibraryError(f"{src / f.name} changed while it was being imported; nothing was "
                            "added. Import it again.")
     return fin
-
-
-def _convert_gguf(src: Path, work: Path, say: Progress,
-                  cancelled: threading.Event | None, where: Path) -> Path:
-    out = import_gguf(src, work / "model", say, cancelled, shown_dir=where)
-    _check(cancelled, src)
-    return Path(out)
 
 
 def _install(built: Path, name: str, source: str, kind: str, say: Progress,

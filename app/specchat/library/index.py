@@ -17,6 +17,7 @@ Only json, os and pathlib here: ``specchat models list`` must stay fast.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import re
 import shutil
@@ -140,12 +141,7 @@ def _locked() -> Iterator[None]:
     home = paths.home()
     home.mkdir(parents=True, exist_ok=True)
     with _thread_lock, open(home / ".index.lock", "a+") as lock_file:
-        try:
-            import fcntl
-
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        except ImportError:  # not on macOS/Linux: threads are still serialized
-            pass
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         yield
 
 
@@ -170,35 +166,27 @@ def get(name: str) -> InstalledModel | None:
 
 def find_source(source: str) -> InstalledModel | None:
     """The installed model that came from ``source`` (e.g. ``hf:org/repo``)."""
-    for m in list_installed():
-        if m.source == source:
-            return m
-    return None
+    return next((m for m in list_installed() if m.source == source), None)
 
 
-def add(model: InstalledModel, replace: bool = True) -> InstalledModel:
-    """List a model whose files are complete. With ``replace`` an entry of the
-    same name is overwritten (an updated download), otherwise refused."""
+def add(model: InstalledModel) -> InstalledModel:
+    """List a model whose files are complete; an entry of the same name is
+    overwritten (an updated download)."""
     with _locked():
         models = _read()
-        if model.name in models and not replace:
-            raise LibraryError(f"A model named {model.name!r} is already installed")
         models[model.name] = model.to_json()
         _write(models)
     return model
 
 
-def unlist(name: str) -> InstalledModel | None:
+def unlist(name: str) -> None:
     """Take a model off the list and leave its files (a download found one
-    of them damaged and is about to replace it). None if it was not listed
-    (or its entry was damaged)."""
+    of them damaged and is about to replace it)."""
     with _locked():
         models = _read()
-        if name not in models:
-            return None
-        data = models.pop(name)
-        _write(models)
-    return _checked({name: data}).get(name)
+        if name in models:
+            del models[name]
+            _write(models)
 
 
 def unique_name(wanted: str, source: str | None = None) -> str:
@@ -271,8 +259,6 @@ def _hub_repo_dir(snapshot: Path) -> Path | None:
 
 
 def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return path.resolve() != root.resolve()
+    """Whether ``path`` is below ``root`` (not ``root`` itself), links resolved."""
+    path, root = path.resolve(), root.resolve()
+    return path.is_relative_to(root) and path != root

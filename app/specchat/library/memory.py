@@ -50,20 +50,10 @@ def compute_dtype() -> str:
     return "float32"
 
 
-def kv_bytes_per_element(dtype: str) -> int:
-    """The cache holds activations: float32 on CPU, float16 with quantized or
-    half-precision weights."""
-    return 4 if dtype == "float32" else 2
-
-
-def weight_bytes(params: int, dtype: str) -> int:
-    return int(params * BYTES_PER_PARAM[dtype])
-
-
 def kv_bytes(kv_elements_per_token: int | None, context_tokens: int, dtype: str) -> int:
-    if not kv_elements_per_token:
-        return 0
-    return int(kv_elements_per_token * context_tokens * kv_bytes_per_element(dtype))
+    """The KV cache for ``context_tokens``. It holds activations: float32 on
+    CPU, float16 with quantized or half-precision weights."""
+    return int((kv_elements_per_token or 0) * context_tokens * (4 if dtype == "float32" else 2))
 
 
 # -- available memory ---------------------------------------------------------
@@ -196,11 +186,10 @@ def estimate(target: SizedModel, draft: SizedModel | None = None, context_tokens
         raise LibraryError(f"Unknown compute dtype {dtype!r}")
     if available is None and measure:
         available = available_memory()
-    t_w = weight_bytes(target.params or 0, dtype)
-    d_w = weight_bytes(draft.params or 0, dtype) if draft is not None else 0
-    kv = kv_bytes(target.kv_elements_per_token(), context_tokens, dtype)
-    if draft is not None:
-        kv += kv_bytes(draft.kv_elements_per_token(), context_tokens, dtype)
+    t_w = int((target.params or 0) * BYTES_PER_PARAM[dtype])
+    d_w = int((draft.params or 0) * BYTES_PER_PARAM[dtype]) if draft is not None else 0
+    kv = sum(kv_bytes(m.kv_elements_per_token(), context_tokens, dtype)
+             for m in (target, draft) if m is not None)
     runtime = int((t_w + d_w) * RUNTIME_FRACTION) + RUNTIME_FIXED
     return MemoryEstimate(dtype=dtype, context_tokens=context_tokens, target_weights=t_w,
                           draft_weights=d_w, kv_cache=kv, runtime=runtime,

@@ -72,8 +72,7 @@ def catalog_for_source(source: str) -> CatalogModel | None:
     """The catalog entry an index source (``hf:org/repo@rev``, ``bundled:NAME``)
     came from, if any: it names the tokenizer family of an installed model."""
     if source.startswith(("hf:", "bundled:")):
-        return load_catalog().model(source.split("@", 1)[0] if source.startswith("hf:")
-                                    else source)
+        return load_catalog().model(source.split("@", 1)[0])  # a revision is not in the catalog
     return None
 
 

@@ -18,6 +18,7 @@ Layout::
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from specchat.home import home
@@ -73,7 +74,7 @@ def disk_usage(root: Path | None = None) -> int:
                 st = os.lstat(os.path.join(dirpath, name))
             except OSError:
                 continue
-            if not _is_regular(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
                 continue
             key = (st.st_dev, st.st_ino)
             if key in seen:
@@ -81,9 +82,3 @@ def disk_usage(root: Path | None = None) -> int:
             seen.add(key)
             total += st.st_size
     return total
-
-
-def _is_regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)

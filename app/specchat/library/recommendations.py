@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -251,8 +252,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     if not cpu and platform.system() == "Darwin":
-        import subprocess
-
         try:
             cpu = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
                                  capture_output=True, text=True, timeout=5).stdout.strip()

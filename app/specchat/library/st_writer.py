@@ -12,6 +12,7 @@ header order. The tests read the result back with ``safetensors`` itself.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for d in self.shape:
-            n *= d
-        return n
+        return self.dtype.itemsize * math.prod(self.shape)
 
 
 def plan_shards(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:

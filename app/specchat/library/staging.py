@@ -12,12 +12,14 @@ process ids, which the system reuses. The pid in the name only matters for a
 folder whose lock file is missing (the instant between creating the two, or
 the files of older versions, which wrote no lock: those also go once a day
 old, so a reused pid cannot keep them). Imports, GGUF conversions and the
-joining of bundled models all go through here: liveness is decided in one
+joining of bundled models all go through here, and the Hub cache's partial
+downloads take the same lock (hub_files.py): liveness is decided in one
 place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -52,6 +54,48 @@ def partial_prefix(dest: Path) -> str:
     return f".{dest.name}.partial-"
 
 
+# What flock says when another process holds the lock (filelock's own list).
+_HELD = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES}
+
+
+def try_lock(path: Path, mode: int = 0o600, create: bool = True) -> int | None:
+    """A descriptor of ``path`` holding its ``flock``, taken without waiting
+    (the file and its folder are made if needed, unless not ``create``);
+    None if another process holds it, or it is gone. The same lock
+    ``filelock`` takes, so huggingface_hub's downloads and ours exclude each
+    other; a file its holder unlinked just before is not taken (it is
+    nobody's lock any more: the next try makes a new one)."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError:
+        if create:
+            raise
+        return None  # gone, or not ours to open
+    try:
+        with contextlib.suppress(PermissionError):  # the umask must not narrow it
+            os.fchmod(fd, mode)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_nlink:
+            return fd
+    except OSError as e:
+        if e.errno not in _HELD:  # no flock on this file system: say so, never wait on it
+            os.close(fd)
+            raise
+    os.close(fd)
+    return None
+
+
+def unlock(path: Path, fd: int) -> None:
+    """Delete a held lock's file, then drop the lock: in that order, so no
+    other process can take the lock of a file about to go."""
+    with contextlib.suppress(OSError):  # a lock file left behind is harmless
+        path.unlink()
+    os.close(fd)
+
+
 class WorkDir:
     """A claimed work folder; ``release`` deletes whatever is still at its
     path (nothing, once it was renamed into place) and drops the lock."""
@@ -63,11 +107,8 @@ class WorkDir:
         if self._fd < 0:
             return
         shutil.rmtree(self.path, ignore_errors=True)
-        try:
-            self._lock.unlink(missing_ok=True)
-        finally:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._fd = self._fd, -1
+        unlock(self._lock, fd)
 
     def __enter__(self) -> WorkDir:
         return self
@@ -79,15 +120,19 @@ class WorkDir:
 def claim(parent: Path, prefix: str) -> WorkDir:
     """Create ``parent/<prefix><pid>-<random>`` with its lock held."""
     parent.mkdir(parents=True, exist_ok=True)
-    name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
-    lock = parent / (name + LOCK_SUFFIX)
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    for _ in range(8):
+        name = f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
+        lock = parent / (name + LOCK_SUFFIX)
+        # A new file: only a sweep, seeing it before its folder exists, can
+        # take or delete it in the moment before ours; a new name then.
+        if (fd := try_lock(lock)) is not None:
+            break
+    else:
+        raise FileExistsError(f"Could not lock a work folder in {parent}")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         (parent / name).mkdir()
     except BaseException:
-        os.close(fd)
-        lock.unlink(missing_ok=True)
+        unlock(lock, fd)
         raise
     return WorkDir(parent / name, lock, fd)
 
@@ -106,14 +151,14 @@ def sweep(parent: Path, names: re.Pattern) -> list[Path]:
         if name.endswith(LOCK_SUFFIX):
             folder = parent / name[:-len(LOCK_SUFFIX)]
             if names.fullmatch(folder.name) and not folder.exists():
-                _remove_if_unlocked(entry, None)
+                remove_if_unlocked(entry, None)
             continue
         match = names.fullmatch(name)
         if match is None or entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
             continue
         lock = parent / (name + LOCK_SUFFIX)
         if lock.exists():
-            if _remove_if_unlocked(lock, entry):
+            if remove_if_unlocked(lock, entry):
                 removed.append(entry)
         elif not _owner_may_live(entry, match.groupdict().get("pid")):
             _remove(entry)
@@ -128,25 +173,24 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _remove_if_unlocked(lock: Path, folder: Path | None) -> bool:
-    """Take the lock without waiting; if that works its owner is dead, so
-    delete the folder, then the lock file (still holding it, so a second
-    sweeper cannot start on the same folder)."""
+def remove_if_unlocked(lock: Path, entry: Path | None, mode: int = 0o600,
+                       create: bool = False) -> bool:
+    """Take the lock without waiting (making its file first if ``create``);
+    if that works its owner is dead, so delete ``entry`` (a folder or a
+    file), then the lock file (still holding it, so a second sweeper cannot
+    start on the same entry)."""
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        fd = try_lock(lock, mode, create)
     except OSError:
-        return False
+        return False  # not lockable here: leave it
+    if fd is None:
+        return False  # held: a live owner (or already swept)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # held: a live import
-        if folder is not None:
-            _remove(folder)
-        lock.unlink(missing_ok=True)
-        return True
+        if entry is not None:
+            _remove(entry)
     finally:
-        os.close(fd)
+        unlock(lock, fd)
+    return True
 
 
 def _owner_may_live(entry: Path, pid: str | None) -> bool:
@@ -165,14 +209,12 @@ def _owner_may_live(entry: Path, pid: str | None) -> bool:
 def process_alive(pid: int) -> bool:
     """Whether a process with this id is running (only a fallback: the id
     may belong to another process by now)."""
-    if pid == os.getpid():
-        return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except OSError:
-        return True
+    except OSError:  # PermissionError: another user's process
+        pass
     return True
 
 

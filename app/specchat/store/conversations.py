@@ -157,9 +157,6 @@ class ConversationStore:
         self._db = conn
         self._where = _history_name(conn)
 
-    def _conversations(self, rows: list[sqlite3.Row]) -> list[Conversation]:
-        return [c for c in (_conversation(r, self._where) for r in rows) if c is not None]
-
     # -- conversations ---------------------------------------------------
     def create(self, title: str = "New chat", target: str | None = None,
                draft: str | None = None) -> Conversation:
@@ -187,7 +184,7 @@ class ConversationStore:
         else:
             rows = self._db.execute(
                 "SELECT * FROM conversations ORDER BY updated_at DESC, rowid DESC").fetchall()
-        return self._conversations(rows)
+        return [c for c in (_conversation(r, self._where) for r in rows) if c is not None]
 
     def rename(self, conversation_id: str, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?",

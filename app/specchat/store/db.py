@@ -9,6 +9,7 @@ even a few rows can wait on an fsync, which the GUI thread must not.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecChatError
+from specchat.home import home
 
 FILENAME = "conversations.sqlite3"
 
@@ -79,8 +81,6 @@ _MIGRATIONS: tuple[str, ...] = (
 
 
 def default_path() -> Path:
-    from specchat.home import home
-
     return home() / FILENAME
 
 
@@ -146,18 +146,16 @@ def placeholder() -> sqlite3.Connection:
     return conn
 
 
-# SQLITE_CORRUPT, SQLITE_NOTADB: the file is there but is not a database
-# SQLite can read (as opposed to one that is busy or on a full disk).
-_UNREADABLE = {11, 26}
-
-
-SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_FULL, SQLITE_CANTOPEN = 5, 6, 8, 13, 14
+# The file is there but is not a database SQLite can read (as opposed to one
+# that is busy or on a full disk).
+_UNREADABLE = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 
 
 def is_busy(exc: BaseException) -> bool:
     """Another connection holds the lock this call needed (past the busy
     timeout): the call did nothing and may be tried again."""
-    return getattr(exc, "sqlite_errorcode", None) in (SQLITE_BUSY, SQLITE_LOCKED) or (
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or (
         isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc))
 
 
@@ -224,11 +222,11 @@ def _unavailable(path: Path, exc: BaseException) -> HistoryUnavailable:
         why = f"it is not laid out as SpecChat's history ({exc})"
     elif is_busy(exc):
         why = "another program has it locked"
-    elif code == SQLITE_FULL or getattr(exc, "errno", None) == 28:
+    elif code == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) == errno.ENOSPC:
         why = "the disk is full"
     elif path.is_dir():
         why = "a folder is in its place"
-    elif code == SQLITE_CANTOPEN:
+    elif code == sqlite3.SQLITE_CANTOPEN:
         why = "the file cannot be created or opened there"
     else:
         why = str(exc)
@@ -283,6 +281,6 @@ def _migrate(conn: sqlite3.Connection) -> None:
         except sqlite3.OperationalError as exc:
             # A plain SQL error here ("table conversations already exists")
             # means the file holds tables this version did not make.
-            if getattr(exc, "sqlite_errorcode", None) == 1:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_ERROR:
                 raise WrongLayout(str(exc)) from exc
             raise

@@ -74,7 +74,7 @@ def write(folder: Path, conversations: list[UnsavedConversation]) -> Path:
 
 def pending(folder: Path) -> list[Path]:
     """The recovery files waiting to be imported, oldest first."""
-    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return sorted(folder.glob("*.json"))  # none if there is no folder
 
 
 def read(path: Path) -> list[UnsavedConversation]:

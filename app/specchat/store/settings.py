@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import typing
 from dataclasses import asdict, dataclass, fields
 
 from specchat import records, values
@@ -52,26 +53,12 @@ def preset_of(settings: AppSettings) -> str | None:
     return None
 
 
-# How each stored field is checked: a name in specchat.values' table (its
-# range), or the plain types it may have.
-_CHECKS: dict[str, str | tuple[type, ...]] = {
-    "system_prompt": (str,),
-    "temperature": "temperature",
-    "top_p": "top-p",
-    "top_k": "top-k",
-    "max_tokens": "max tokens",
-    "seed": "seed",
-    "speculative": (bool,),
-    "k": "K",
-    "spec_mode": (str, type(None)),
-    "auto_off": (bool,),
-    "color_tokens": (bool,),
-    "last_target": (str, type(None)),
-    "last_draft": (str, type(None)),
-    "local_server": (bool,),
-    "server_port": "port",
-    "server_cors_origins": "allowed origins",
-}
+# The stored fields checked against a range (a name in specchat.values' table,
+# or one of _OWN_CHECKS); every other field only against its declared type.
+_RANGES = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k",
+           "max_tokens": "max tokens", "seed": "seed", "k": "K", "server_port": "port",
+           "server_cors_origins": "allowed origins"}
+_TYPES = typing.get_type_hints(AppSettings)
 
 
 def _port(value: object) -> int:
@@ -96,12 +83,12 @@ _OWN_CHECKS = {"port": _port, "allowed origins": _origins}
 
 def _checked(name: str, value: object) -> object:
     """The value to keep for a field, or BadValue."""
-    rule = _CHECKS[name]
-    if isinstance(rule, str) and rule in _OWN_CHECKS:
+    rule = _RANGES.get(name)
+    if rule in _OWN_CHECKS:
         return _OWN_CHECKS[rule](value)
-    if isinstance(rule, str):
+    if rule is not None:
         return values.check(rule, value)
-    if not isinstance(value, rule):
+    if not records.conforms(value, _TYPES[name]):
         raise values.BadValue(f"{name} has the wrong type ({type(value).__name__})")
     return value
 
@@ -113,7 +100,7 @@ def checked_changes(changes: dict[str, object]) -> tuple[dict[str, object], list
     refused: list[str] = []
     for name, value in changes.items():
         try:
-            good[name] = _checked(name, value) if name in _CHECKS else value
+            good[name] = _checked(name, value) if name in _TYPES else value
         except values.BadValue as exc:
             refused.append(str(exc))
     return good, refused
@@ -134,8 +121,7 @@ def from_stored(data: object) -> tuple[AppSettings, list[str]]:
         try:
             good[f.name] = _checked(f.name, data[f.name])
         except Exception:  # noqa: BLE001 - whatever a stored value breaks, it is one field
-            rule = _CHECKS[f.name]
-            bad.append(rule if isinstance(rule, str) else f.name.replace("_", " "))
+            bad.append(_RANGES.get(f.name, f.name.replace("_", " ")))
     return AppSettings(**good), bad
 
 

@@ -193,15 +193,7 @@ class StoreWorker:
 
     def _run(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
         try:
-            return self._attempt(kind, name, args, kwargs)
-        except Exception:
-            if name not in _READS:
-                self.failed_writes += 1
-            raise
-
-    def _attempt(self, kind: type, name: str, args: tuple, kwargs: dict) -> Any:
-        method = getattr(self._stores[kind], name)
-        try:
+            method = getattr(self._stores[kind], name)
             while True:
                 try:
                     return method(*args, **kwargs)
@@ -212,10 +204,14 @@ class StoreWorker:
                         continue
                     if self._closed and db.is_busy(exc):
                         self._lost += 1
-                    if (getattr(exc, "sqlite_errorcode", None) == db.SQLITE_READONLY
+                    if (getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY
                             and not self.saving):
                         raise HistoryNotSaved(self.problem or str(exc)) from exc
                     raise
+        except Exception:
+            if name not in _READS:
+                self.failed_writes += 1
+            raise
         finally:
             self._set_waiting(False)
 
@@ -257,30 +253,22 @@ class Remote(Generic[T]):
     The store object is looked up when the call runs, so a call queued
     before ``reopen`` and one queued after each reach their own file."""
 
-    def __init__(self, kind: type[T], worker: StoreWorker):
+    def __init__(self, kind: type[T], worker: StoreWorker, wait: bool = False):
         self._kind = kind
         self._worker = worker
-        self.blocking: T = _Blocking(kind, worker)  # type: ignore[assignment]
-
-    def __getattr__(self, name: str) -> Callable[..., asyncio.Future]:
-        if not callable(getattr(self._kind, name, None)):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> asyncio.Future:
-            return asyncio.wrap_future(self._worker.call(self._kind, name, args, kwargs))
-
-        return call
-
-
-class _Blocking:
-    def __init__(self, kind: type, worker: StoreWorker):
-        self._kind = kind
-        self._worker = worker
+        self._wait = wait
+        if not wait:
+            self.blocking: T = Remote(kind, worker, wait=True)  # type: ignore[assignment]
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if not callable(getattr(self._kind, name, None)):
             raise AttributeError(name)
-        return lambda *args, **kwargs: self._worker.call(self._kind, name, args, kwargs).result()
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            future = self._worker.call(self._kind, name, args, kwargs)
+            return future.result() if self._wait else asyncio.wrap_future(future)
+
+        return call
 
 
 def report_failure(future: asyncio.Future, report: Callable[[str], None],
@@ -288,10 +276,7 @@ def report_failure(future: asyncio.Future, report: Callable[[str], None],
     """For a write nobody awaits: say in words what could not be saved."""
 
     def done(f: asyncio.Future) -> None:
-        if f.cancelled():
-            return
-        exc = f.exception()
-        if exc is not None:
+        if not f.cancelled() and (exc := f.exception()) is not None:
             report(f"Could not {doing}: {exc}")
 
     future.add_done_callback(done)

@@ -31,11 +31,9 @@ class BundledSource(Source):
     def pull(self, ref: str, progress=None, cancelled=None) -> index.InstalledModel:
         """A bundled model ships with SpecChat, so "pulling" it means
         converting it once; it is then listed in the index like a download."""
-
-        def report(message: str, fraction: float | None = None) -> None:
-            if progress is not None:
-                progress(DownloadProgress(0, None, 0.0, message, step_fraction=fraction))
-
+        report = None if progress is None else (
+            lambda message, fraction=None: progress(
+                DownloadProgress(0, None, 0.0, message, step_fraction=fraction)))
         folder = self.resolve(ref, report, cancelled)
         have = index.find_source(ref)
         if have is not None and Path(have.path) == folder:

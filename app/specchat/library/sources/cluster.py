@@ -23,10 +23,7 @@ PREFIX = "cluster:"
 
 def defined() -> list[str]:
     """The names of the clusters defined here, sorted."""
-    root = clusters_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if is_cluster_folder(p))
+    return sorted(p.name for p in clusters_dir().glob("*") if is_cluster_folder(p))
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,9 @@ class GgufFileSource(Source):
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
         path = Path(ref).expanduser()
-        existing = _imported(path)
-        if existing is not None:
-            return Path(existing.path)
-        return Path(importing.import_path(path, progress=progress, cancelled=cancelled).path)
+        model = _imported(path) or importing.import_path(path, progress=progress,
+                                                         cancelled=cancelled)
+        return Path(model.path)
 
     def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
         path = Path(ref).expanduser()

@@ -24,7 +24,9 @@ class HubSource(Source):
 
     def resolve(self, ref: str, progress: Progress | None = None,
                 cancelled: threading.Event | None = None) -> Path:
-        return hub.resolve(ref, _download_reporter(progress), cancelled)
+        # DownloadProgress -> (message, fraction), with the numbers in words.
+        report = None if progress is None else (lambda p: progress(p.describe(), p.fraction))
+        return hub.resolve(ref, report, cancelled)
 
     def pull(self, ref: str, progress=None, cancelled=None):
         return hub.pull(ref, progress, cancelled)
@@ -39,14 +41,3 @@ class HubSource(Source):
         raise LibraryError(
             f"{ref} is not downloaded and not in the catalog, so its tokenizer cannot be "
             f"checked yet: run `specchat models pull {ref}` first.")
-
-
-def _download_reporter(progress: Progress | None):
-    """DownloadProgress -> (message, fraction), with the numbers in words."""
-    if progress is None:
-        return None
-
-    def report(p) -> None:
-        progress(p.describe(), p.fraction)
-
-    return report
