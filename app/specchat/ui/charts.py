@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from specchat.ui import theme
 from specchat.ui.stats import GaugeValues, PositionRate
+from specchat.ui.widgets import hbox, label, vbox
 
 REDRAW_S = 0.25
 
@@ -193,18 +194,12 @@ class ChartsPanel(QWidget):
             "How often a token drafted at each position of a step was kept. The first "
             "positions are kept most; where the bars get low, drafting more tokens stops "
             "paying, which is why K auto stops there")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(8, 0, 8, 4)
-        lay.setSpacing(8)
-        for title, chart, stretch in (("tokens/s over this reply", self.speed, 3),
-                                      ("acceptance by draft position", self.acceptance, 2)):
-            box = QVBoxLayout()
-            box.setSpacing(0)
-            caption = QLabel(title)
-            caption.setObjectName("GaugeLabel")
-            box.addWidget(caption)
-            box.addWidget(chart, 1)
-            lay.addLayout(box, stretch)
+        def captioned(title: str, chart: QWidget) -> QVBoxLayout:
+            return vbox(label(title, name="GaugeLabel"), (chart, 1), spacing=0)
+
+        hbox((captioned("tokens/s over this reply", self.speed), 3),
+             (captioned("acceptance by draft position", self.acceptance), 2),
+             parent=self, margins=(8, 0, 8, 4), spacing=8)
         self.setFixedHeight(130)
 
     def show_values(self, v: GaugeValues) -> None:

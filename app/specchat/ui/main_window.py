@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QWidget
 
 from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
@@ -29,6 +29,7 @@ from specchat.ui.options_bar import OptionsBar
 from specchat.ui.pair_picker import PairPicker
 from specchat.ui.session import AppSession
 from specchat.ui.sidebar import Sidebar
+from specchat.ui.widgets import vbox
 
 STATUS_MS = 3000
 COPIED_MS = 2500
@@ -72,20 +73,10 @@ class MainWindow(QMainWindow):
         self.history_banner = HistoryBanner(self.session)
 
         center = QWidget()
-        cl = QVBoxLayout(center)
-        cl.setContentsMargins(0, 0, 0, 0)
-        cl.setSpacing(0)
-        cl.addWidget(self.picker)
-        cl.addWidget(self.options)
-        banners = QVBoxLayout()
-        banners.setContentsMargins(12, 6, 12, 0)
-        banners.addWidget(self.load_banner)
-        banners.addWidget(self.error_banner)
-        banners.addWidget(self.history_banner)
-        cl.addLayout(banners)
-        cl.addWidget(self.chat_view, 1)
-        cl.addWidget(self.gauges)
-        cl.addWidget(self.composer)
+        banners = vbox(self.load_banner, self.error_banner, self.history_banner,
+                       margins=(12, 6, 12, 0))
+        vbox(self.picker, self.options, banners, (self.chat_view, 1), self.gauges, self.composer,
+             parent=center, margins=0, spacing=0)
 
         split = QSplitter()
         split.addWidget(self.sidebar)

@@ -29,12 +29,9 @@ from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
-    QHBoxLayout,
     QLabel,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -42,6 +39,7 @@ from specchat.engine import modes
 from specchat.errors import SpecChatError
 from specchat.ui.library_view import OWN_HEAD_LABEL, ModelChoice, Verdict, cluster_choice
 from specchat.ui.pair_controller import PairController
+from specchat.ui.widgets import button, hbox, vbox
 
 if TYPE_CHECKING:
     from specchat.library import recommendations as rec
@@ -191,13 +189,8 @@ class FinderStrip(QWidget):
         self.bar.setMaximumHeight(8)
         self.status = VerdictLabel()  # one line cut with "…"; the rest on hover or a click
         self.status.setObjectName("FinderStatus")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop measuring; drafts measured so far are kept")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.status, 3)
-        lay.addWidget(self.bar, 2)
-        lay.addWidget(self.cancel_button)
+        self.cancel_button = button("Cancel", "Stop measuring; drafts measured so far are kept")
+        hbox((self.status, 3), (self.bar, 2), self.cancel_button, parent=self, margins=0)
         self.hide()
 
     def running(self, message: str, fraction: float) -> None:
@@ -252,31 +245,17 @@ class PairPicker(QFrame):
             box.currentTextChanged.connect(lambda _t, b=box: self._show_full_name(b))
         self.verdict_label = VerdictLabel()
         self.verdict_label.setObjectName("Verdict")
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load this pair")
-        self.manage_button = QPushButton("Models…")
-        self.manage_button.setToolTip("Download, import and delete models")
-        self.find_button = QPushButton(FIND_LABEL)
-        self.find_button.setToolTip(FIND_HELP)
+        self.load_button = button("Load", "Load this pair", clicked=self._load_clicked)
+        self.manage_button = button("Models…", "Download, import and delete models",
+                                    clicked=self.manageRequested)
+        self.find_button = button(FIND_LABEL, FIND_HELP, clicked=self.find_best_draft)
         self.finder_strip = FinderStrip()
         # The verdict has a line of its own under the boxes: beside them it
         # took the width the models' names need.
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Target"))
-        row.addWidget(self.target, 1)
-        row.addWidget(QLabel("Draft"))
-        row.addWidget(self.draft, 1)
-        row.addWidget(self.load_button)
-        row.addWidget(self.manage_button)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 6, 12, 6)
-        lay.setSpacing(4)
-        lay.addLayout(row)
-        verdict_row = QHBoxLayout()
-        verdict_row.addWidget(self.verdict_label, 1)
-        verdict_row.addWidget(self.find_button)
-        lay.addLayout(verdict_row)
-        lay.addWidget(self.finder_strip)
+        vbox(hbox(QLabel("Target"), (self.target, 1), QLabel("Draft"), (self.draft, 1),
+                  self.load_button, self.manage_button),
+             hbox((self.verdict_label, 1), self.find_button), self.finder_strip,
+             parent=self, margins=(12, 6, 12, 6), spacing=4)
         self._busy = False
         self._refused = False  # the label shows the engine's refusal of the last load
         self._shown: tuple | None = None  # what the lists were built from
@@ -284,9 +263,6 @@ class PairPicker(QFrame):
         self.target.currentTextChanged.connect(self._changed)
         self.draft.currentTextChanged.connect(self._changed)
         self.target.currentTextChanged.connect(self._target_changed)
-        self.load_button.clicked.connect(self._load_clicked)
-        self.manage_button.clicked.connect(self.manageRequested)
-        self.find_button.clicked.connect(self.find_best_draft)
         self.finder_strip.cancel_button.clicked.connect(self.cancel_finding)
         pairs.choicesChanged.connect(self._choices_changed)
         pairs.verdictChanged.connect(self._verdict_changed)
