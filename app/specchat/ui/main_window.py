@@ -16,18 +16,24 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QWidget
 from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
 from specchat.ui import theme
+from specchat.ui.api_activity import ApiActivityLabel
 from specchat.ui.banner import Banner
 from specchat.ui.chat_model import ChatModel
 from specchat.ui.chat_view import ChatView
+from specchat.ui.compare import CompareDialog
+from specchat.ui.compare_runner import CompareRunner
 from specchat.ui.composer import Composer
 from specchat.ui.conversation import ConversationController
 from specchat.ui.gauges import GaugeStrip
+from specchat.ui.head_training import HeadTraining
 from specchat.ui.history_banner import HistoryBanner
 from specchat.ui.lag_label import LagLabel
 from specchat.ui.load_views import LoadBanner, PairStatus, pair_name
+from specchat.ui.model_manager import ModelManager
 from specchat.ui.options_bar import OptionsBar
 from specchat.ui.pair_picker import PairPicker
 from specchat.ui.session import AppSession
+from specchat.ui.settings import SettingsDialog
 from specchat.ui.sidebar import Sidebar
 from specchat.ui.widgets import vbox
 
@@ -90,8 +96,6 @@ class MainWindow(QMainWindow):
         self.lag_status = LagLabel(self.session.lag)
         self.statusBar().addPermanentWidget(self.pair_status)
         self.statusBar().addPermanentWidget(self.lag_status)
-        from specchat.ui.api_activity import ApiActivityLabel  # the local API's line
-
         self.api_activity = ApiActivityLabel(self.session.api)
         self.statusBar().addPermanentWidget(self.api_activity)
 
@@ -267,9 +271,6 @@ class MainWindow(QMainWindow):
 
     # -- dialogs -------------------------------------------------------------------
     def open_model_manager(self):
-        from specchat.ui.head_training import HeadTraining
-        from specchat.ui.model_manager import ModelManager
-
         if getattr(self, "head_training", None) is None:
             self.head_training = HeadTraining(self.session)
         old = getattr(self, "model_manager", None)
@@ -288,9 +289,6 @@ class MainWindow(QMainWindow):
         return dlg
 
     def open_compare(self, prompt: str | None = None):
-        from specchat.ui.compare import CompareDialog
-        from specchat.ui.compare_runner import CompareRunner
-
         if prompt is None:
             prompt = self.composer.text().strip() or next(
                 (m.text for m in reversed(self.chat_model.messages) if m.role == "user"), "")
@@ -300,8 +298,6 @@ class MainWindow(QMainWindow):
         return dlg
 
     def open_settings(self) -> None:
-        from specchat.ui.settings import SettingsDialog
-
         dlg = SettingsDialog(self.session.settings, self)
         if dlg.exec():
             self.session.update_settings(**dlg.edited())
