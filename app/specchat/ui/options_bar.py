@@ -9,7 +9,7 @@ shows here through ``settingsChanged``.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -118,22 +118,17 @@ class OptionsBar(QFrame):
 
     # -- from the session and the window ---------------------------------------
     def show_settings(self, s: AppSettings) -> None:
-        for box, on in ((self.spec_box, s.speculative), (self.color_box, s.color_tokens)):
-            box.blockSignals(True)
-            box.setChecked(on)
-            box.blockSignals(False)
+        with (QSignalBlocker(self.spec_box), QSignalBlocker(self.color_box),
+              QSignalBlocker(self.mode_box), QSignalBlocker(self.k_box)):
+            self.spec_box.setChecked(s.speculative)
+            self.color_box.setChecked(s.color_tokens)
+            self.mode_box.setCurrentIndex(max(0, self.mode_box.findData(s.spec_mode)))
+            # The session's K is valid (from_stored and update_settings check
+            # it): any K from 1 to 32 is shown, listed or not.
+            if s.k is not None and self.k_box.findData(s.k) < 0:
+                self.k_box.addItem(f"K = {s.k}", s.k)
+            self.k_box.setCurrentIndex(max(0, self.k_box.findData(s.k)))
         self.legend.setVisible(s.color_tokens)
-        # The session's K is valid (from_stored and update_settings check it):
-        # any K from 1 to 32 is shown, listed or not.
-        self.mode_box.blockSignals(True)
-        self.mode_box.setCurrentIndex(max(0, self.mode_box.findData(s.spec_mode)))
-        self.mode_box.blockSignals(False)
-        k = s.k
-        self.k_box.blockSignals(True)
-        if k is not None and self.k_box.findData(k) < 0:
-            self.k_box.addItem(f"K = {k}", k)
-        self.k_box.setCurrentIndex(max(0, self.k_box.findData(k)))
-        self.k_box.blockSignals(False)
 
     def show_pair(self, pair: LoadedPair | None) -> None:
         """A pair that cannot speculate disables the options and says why."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -286,22 +286,20 @@ class PairPicker(QFrame):
         pairs = self.pairs
         loaded = pairs.loaded_target
         self._shown = (pairs.choices, pairs.clusters, loaded)
-        for box in (self.target, self.draft):
-            box.blockSignals(True)
-            box.clear()
-        self.draft.addItem(LOOKUP_LABEL, None)
-        self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
-        for c in pairs.choices:
-            self._add(self.target, c)
-            self._add(self.draft, c)
-        for state in pairs.clusters:  # targets only: the draft runs here
-            self._add(self.target, cluster_choice(state, state.ref == loaded))
-            if state.waiting is not None and state.ref not in (keep and keep[0], loaded):
-                # The chosen entry stays usable, and so does the loaded one
-                # (its ranks serve this app, so they do not answer probes).
-                self.target.model().item(self.target.count() - 1).setEnabled(False)
-        for box in (self.target, self.draft):
-            box.blockSignals(False)
+        with QSignalBlocker(self.target), QSignalBlocker(self.draft):
+            self.target.clear()
+            self.draft.clear()
+            self.draft.addItem(LOOKUP_LABEL, None)
+            self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
+            for c in pairs.choices:
+                self._add(self.target, c)
+                self._add(self.draft, c)
+            for state in pairs.clusters:  # targets only: the draft runs here
+                self._add(self.target, cluster_choice(state, state.ref == loaded))
+                if state.waiting is not None and state.ref not in (keep and keep[0], loaded):
+                    # The chosen entry stays usable, and so does the loaded one
+                    # (its ranks serve this app, so they do not answer probes).
+                    self.target.model().item(self.target.count() - 1).setEnabled(False)
         if keep:
             self.set_pair(*keep, check=False)
         self.show_measured()
@@ -363,12 +361,9 @@ class PairPicker(QFrame):
         box.lineEdit().setCursorPosition(0)
 
     def set_pair(self, target: str | None, draft: str | None, check: bool = True) -> None:
-        for box in (self.target, self.draft):
-            box.blockSignals(True)
-        self._select(self.target, target)
-        self._select(self.draft, draft)
-        for box in (self.target, self.draft):
-            box.blockSignals(False)
+        with QSignalBlocker(self.target), QSignalBlocker(self.draft):
+            self._select(self.target, target)
+            self._select(self.draft, draft)
         self.show_measured()
         if check:
             self._changed()
@@ -440,8 +435,7 @@ class PairPicker(QFrame):
         results = self.pairs.measured(self._ref(self.target))
         box = self.draft
         current = box.currentIndex()
-        box.blockSignals(True)
-        try:
+        with QSignalBlocker(box):
             for i in range(box.count()):
                 label = box.itemData(i, LABEL_ROLE)
                 if label is None:
@@ -455,8 +449,6 @@ class PairPicker(QFrame):
                 box.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
             if current >= 0:
                 box.setEditText(box.itemText(current))
-        finally:
-            box.blockSignals(False)
         self._show_start(box)
         self._fit_popup(box)
         self._show_full_name(box)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from PySide6.QtCore import QSignalBlocker
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -142,9 +143,8 @@ class SettingsDialog(QDialog):
             name = preset_of(self.values()) or "Custom"
         except values.BadValue:
             name = "Custom"
-        self.preset.blockSignals(True)
-        self.preset.setCurrentText(name)
-        self.preset.blockSignals(False)
+        with QSignalBlocker(self.preset):
+            self.preset.setCurrentText(name)
 
     def edited(self) -> dict:
         """What this dialog edits, as AppSettings fields: the window hands
