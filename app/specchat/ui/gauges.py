@@ -13,7 +13,6 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QFrame,
-    QLabel,
     QProgressBar,
     QToolButton,
     QWidget,
@@ -73,23 +72,8 @@ class SourceBar(QWidget):
         p.end()
 
 
-class _ElidedLabel(QLabel):
-    """A label that takes the room it is given and cuts its text with "…"
-    (the whole text stays in ``full``), so a long share line never pushes
-    the other gauges about."""
-
-    def __init__(self, text: str = "", parent=None):
-        super().__init__(parent)
-        self.full = ""
-        self.set_full(text)
-
-    def set_full(self, text: str) -> None:
-        self.full = text
-        self._elide()
-
-    def _elide(self) -> None:
-        self.setText(self.fontMetrics().elidedText(self.full, Qt.TextElideMode.ElideRight,
-                                                   max(20, self.width())))
+class _ElidedLabel(widgets.ElidedLabel):
+    """A share line that asks for its whole width and takes what it is given."""
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(60, super().minimumSizeHint().height())
@@ -97,10 +81,6 @@ class _ElidedLabel(QLabel):
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4,
                      super().sizeHint().height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        self._elide()
 
 
 class _SourcesGauge(QWidget):
@@ -119,7 +99,6 @@ class _SourcesGauge(QWidget):
     def show_counts(self, counts: dict[str, int]) -> None:
         self.bar.set_counts(counts)
         self.value.set_full(shares_text(counts) or "from the target only" if counts else "–")
-        self.value.updateGeometry()
         total = sum(counts.values())
         if total:
             self.setToolTip("\n".join(f"{origins.get(o).label}: {n} tokens ({n / total:.0%})"

@@ -39,7 +39,7 @@ from specchat.engine import modes
 from specchat.errors import SpecChatError
 from specchat.ui.library_view import OWN_HEAD_LABEL, ModelChoice, Verdict, cluster_choice
 from specchat.ui.pair_controller import PairController
-from specchat.ui.widgets import button, hbox, vbox
+from specchat.ui.widgets import ElidedLabel, button, hbox, vbox
 
 if TYPE_CHECKING:
     from specchat.library import recommendations as rec
@@ -88,56 +88,50 @@ def verdict_details(verdict: Verdict) -> str:
     return "\n".join(r[:1].upper() + r[1:] for r in verdict.reasons) or verdict.text
 
 
-class VerdictLabel(QLabel):
+class VerdictLabel(ElidedLabel):
     """One line, cut with "…" to the width it gets (it never widens the bar);
     the full reasoning is the tooltip, and a click unfolds it below."""
 
     def __init__(self, parent=None):
-        super().__init__(parent)
-        self._headline = ""
         self._details = ""
         self.expanded = False
+        super().__init__(min_width=40, parent=parent)
         self.setCursor(Qt.CursorShape.PointingHandCursor)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
     def show_verdict(self, headline: str, details: str = "") -> None:
-        self._headline, self._details = headline, details
+        self._details = details
         self.expanded = False
         self.setToolTip(f"{details}\n\n(click to show it here)" if details else "")
-        self._layout_text()
+        self.set_full(headline)
 
     def headline(self) -> str:
-        return self._headline
+        return self.full
 
     def details(self) -> str:
         return self._details
 
     def full_text(self) -> str:
-        return f"{self._headline}\n{self._details}" if self._details else self._headline
+        return f"{self.full}\n{self._details}" if self._details else self.full
 
     def toggle(self) -> None:
         self.expanded = not self.expanded and bool(self._details)
-        self._layout_text()
+        self._elide()
 
-    def _layout_text(self) -> None:
+    def _elide(self) -> None:
+        """Unfolded: the whole reasoning, wrapped; else the one cut line."""
         self.setWordWrap(self.expanded)
         if self.expanded:
             self.setText(self.full_text())
+            self.updateGeometry()
         else:
-            self.setText(self.fontMetrics().elidedText(self._headline, Qt.TextElideMode.ElideRight,
-                                                       max(40, self.width())))
-        self.updateGeometry()
+            super()._elide()
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(0, super().minimumSizeHint().height())
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(200, super().sizeHint().height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        if not self.expanded:
-            self._layout_text()
 
     def mouseReleaseEvent(self, event) -> None:  # noqa: N802 - Qt override
         if event.button() == Qt.MouseButton.LeftButton:

@@ -1,5 +1,5 @@
 """The few shapes every widget builds: a row or a column of children, a
-button, a caption.
+button, a caption, a line cut to its width.
 
 Why here: each widget laid its children out by hand (a line per
 ``addWidget``, one per margin) and made each button in three or four lines;
@@ -84,3 +84,27 @@ def label(text: str = "", *, name: str = "", wrap: bool = False,
     if selectable:
         lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     return lab
+
+
+class ElidedLabel(QLabel):
+    """One line cut with "…" to the width it is given, so a long text never
+    pushes its neighbours about; the whole text stays in ``full``."""
+
+    def __init__(self, text: str = "", min_width: int = 20, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.full = ""
+        self.min_width = min_width  # the width it cuts to, however narrow it is
+        self.set_full(text)
+
+    def set_full(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self.full, Qt.TextElideMode.ElideRight,
+                                                   max(self.min_width, self.width())))
+        self.updateGeometry()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._elide()
