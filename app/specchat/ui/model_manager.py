@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from specchat.library import importing, paths, refs, trained_heads
+from specchat.library import importing, index, paths, refs, trained_heads
 from specchat.library.units import params_text, size_text
 from specchat.ui import head_training, library_view
 from specchat.ui.widgets import button, hbox, label, vbox
@@ -233,8 +233,6 @@ class ModelManager(QDialog):
     async def _delete(self, name: str, row: TaskRow) -> None:
         # Unlinking gigabytes can take a while: off the GUI thread, which may
         # be streaming a reply meanwhile.
-        from specchat.library import index
-
         try:
             await asyncio.get_running_loop().run_in_executor(None, index.remove, name)
         except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
