@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
@@ -31,15 +30,13 @@ from PySide6.QtWidgets import (
 )
 
 from specchat.library import importing, index, paths, refs, trained_heads
+from specchat.library.bundled import PreparedModel
+from specchat.library.catalog import CatalogModel
+from specchat.library.hub import DownloadProgress
+from specchat.library.index import InstalledModel
 from specchat.library.units import params_text, size_text
 from specchat.ui import head_training, library_view
 from specchat.ui.widgets import button, hbox, label, vbox
-
-if TYPE_CHECKING:
-    from specchat.library.bundled import PreparedModel
-    from specchat.library.catalog import CatalogModel
-    from specchat.library.hub import DownloadProgress
-    from specchat.library.index import InstalledModel
 
 
 class TaskRow(QWidget):
