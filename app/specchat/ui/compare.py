@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QGridLayout,
@@ -29,7 +28,7 @@ from specchat.errors import SpecChatError
 from specchat.ui import links, theme
 from specchat.ui.charts import SpeedChart
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
-from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
+from specchat.ui.markdown import DocColors, build_document
 from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
 from specchat.ui.stats import SpeedTrace
@@ -127,15 +126,9 @@ class CompareDialog(QDialog):
         return view
 
     def _link(self, view: QTextBrowser, url: QUrl) -> None:
-        href = url.toString()
-        if href.startswith(COPY_SCHEME):
-            blocks = self._blocks.get(view, [])
-            n = href[len(COPY_SCHEME):]
-            if n.isdigit() and int(n) < len(blocks):
-                QGuiApplication.clipboard().setText(blocks[int(n)])
-                self.status.setText("Code copied to the clipboard")
-            return
-        self.status.setText(links.open_link(href))
+        said = links.follow(url.toString(), self._blocks.get(view, []))
+        if said:
+            self.status.setText(said)
 
     def start(self) -> None:
         text = self.prompt.toPlainText().strip()
