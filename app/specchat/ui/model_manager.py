@@ -118,7 +118,9 @@ class ModelManager(QDialog):
         self.where = label(selectable=True)
         self.installed = _table(["Name", "Source", "Size", "Parameters"])
         self.catalog = _table(["Model", "Reference", "Download", "Status"])
-        self.delete_button = button("Delete…", clicked=self.delete_selected)
+        # Not the slot itself: Qt would hand it the click's ``checked`` (False)
+        # as ``confirm``, and Delete would not ask.
+        self.delete_button = button("Delete…", clicked=lambda: self.delete_selected())
         self.download_button = button("Download", clicked=self.download_selected)
         self.import_folder_button = button("Import folder…", clicked=self.import_folder)
         self.import_gguf_button = button("Import .gguf…", clicked=self.import_gguf)
