@@ -302,7 +302,6 @@ def _refuse_contradictions(args) -> None:
         args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
-
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
