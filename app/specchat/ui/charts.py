@@ -27,13 +27,6 @@ REDRAW_S = 0.25
 # -- widgets ------------------------------------------------------------------------
 
 
-def _qcolor(c: QColor, alpha: int | None = None) -> QColor:
-    out = QColor(c)
-    if alpha is not None:
-        out.setAlpha(alpha)
-    return out
-
-
 class _Chart(pg.PlotWidget):
     """A small, still plot (no mouse panning or menu) in the window's colours,
     redrawn at most every REDRAW_S: ``changed()`` asks for a redraw,
@@ -169,9 +162,11 @@ class AcceptanceChart(_Chart):
 
     def draw(self) -> None:
         c = self.colors
+        fill = QColor(c.accent)
+        fill.setAlpha(200)
         xs = [r.position for r in self.rates]
         self._bars.setOpts(x=xs, height=[100 * r.rate for r in self.rates], width=0.7,
-                           brush=_qcolor(c.accent, 200), pen=pg.mkPen(c.accent))
+                           brush=fill, pen=pg.mkPen(c.accent))
         last = max(4, max(xs, default=1))
         self.setXRange(0.4, last + 0.6, padding=0)
         every = 1 if last <= 10 else 2 if last <= 20 else 5
