@@ -366,8 +366,7 @@ class PairPicker(QFrame):
     def _changed(self, *_args) -> None:
         self._refused = False  # another pair, or a fresh look at this one
         if self.pairs.check(*self.selection()) is not None:
-            self.verdict_label.show_verdict("Checking the pair…")
-            self.verdict_label.setProperty("ok", "")
+            self._show_line("Checking the pair…", "", "")  # restyled: not a refusal's red
 
     def _verdict_changed(self, verdict: Verdict) -> None:
         if self._refused:  # the engine's refusal came first: it stays up
