@@ -31,7 +31,7 @@ from specchat.library.engine_link import make_client
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.protocol import MAX_TOKENS_CAP
 from specchat.server.service import ApiService, Served
-from specchat.tools import recommend
+from specchat.tools import heads, recommend
 from specchat.tools.prompts import KINDS
 from specchat.tools.variants import VARIANTS
 
@@ -107,6 +107,25 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=_value("top-k"), default=0)
     p.add_argument("--seed", type=_value("seed"), default=None,
                    help="any integer (folded into 64 bits); default random")
+
+
+def _add_pair(p: argparse.ArgumentParser, target_help: str, lookup_help: str,
+              required: bool = False):
+    """``--target``, and ``--draft`` or ``--lookup``: the pair that generate
+    and serve run; the group, for a command's further choices that exclude
+    these two."""
+    p.add_argument("--target", required=required, type=_model_ref, help=target_help)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's "
+                      "tokenizer, or mtp: the target's own MTP head")
+    mode.add_argument("--lookup", action="store_true", help=lookup_help)
+    p.set_defaults(subparser=p)  # for _refuse_contradictions' usage errors
+    return mode
+
+
+def _add_k(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
+                   help="draft length: auto (adaptive, default) or a fixed N")
 
 
 def _add_bench(sub) -> None:
@@ -201,28 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specchat",
         description="Local LLM chat with speculative decoding. Without a subcommand, opens the app.",
     )
-    parser.add_argument("--target", type=_model_ref,
-                        help="target model reference (opens the app with it selected)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--draft", type=_model_ref, help="draft model reference")
-    group.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
+    _add_pair(parser, "target model reference (opens the app with it selected)",
+              "no draft model: draftless suffix matching")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate one reply and stream it to stdout")
-    g.add_argument("--target", required=True, type=_model_ref,
-                   help="target model (folder, bundled:..., .gguf, hf:...)")
-    mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
-    mode.add_argument("--lookup", action="store_true", help="draftless speculation: suffix matches in the conversation")
+    mode = _add_pair(g, "target model (folder, bundled:..., .gguf, hf:...)",
+                     "draftless speculation: suffix matches in the conversation", required=True)
     mode.add_argument("--plain", action="store_true", help="plain decoding with the target only")
     g.add_argument("--no-lookup", action="store_true",
                    help="with --draft: draft model only (default also uses suffix matches)")
-    g.set_defaults(subparser=g)
     g.add_argument("--prompt", required=True, type=_text("the prompt"), help="the user message")
     g.add_argument("--system", type=_text("the system prompt"), help="system prompt")
     _add_sampling(g)
-    g.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
-                   help="draft length: auto (adaptive, default) or a fixed N")
+    _add_k(g)
     g.add_argument("--stop", action="append", default=[], type=_text("a stop string"),
                    help="stop string (repeatable)")
     g.add_argument("--acceptance", choices=["rejection", "equality"], default="rejection",
@@ -232,8 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_models(sub)
     cluster_cmd.add_parser(sub, _model_ref)
-    from specchat.tools import heads
-
     heads.add_parser(sub, _model_ref)
     _add_serve(sub)
     return parser
@@ -241,16 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_serve(sub) -> None:
     s = sub.add_parser("serve", help="serve a pair as an OpenAI-compatible API on this computer")
-    s.add_argument("--target", type=_model_ref,
-                   help="target model (default: the built-in default pair)")
-    mode = s.add_mutually_exclusive_group()
-    mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's tokenizer, or mtp: the target's own MTP head")
-    mode.add_argument("--lookup", action="store_true", help="no draft model: draftless suffix matching")
+    _add_pair(s, "target model (default: the built-in default pair)",
+              "no draft model: draftless suffix matching")
     s.add_argument("--plain", action="store_true",
                    help="plain decoding with the target only (not with --lookup)")
-    s.set_defaults(subparser=s)
-    s.add_argument("--k", type=_value("K"), default=None, metavar="auto|N",
-                   help="draft length: auto (adaptive, default) or a fixed N")
+    _add_k(s)
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this computer only)")
     s.add_argument("--port", type=_port, default=DEFAULT_PORT,
@@ -298,7 +302,6 @@ def _refuse_contradictions(args) -> None:
         args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
-
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
@@ -341,8 +344,6 @@ def _run(argv: list[str] | None) -> int:
 
             return bench.main(args)
         if args.command == "heads":
-            from specchat.tools import heads
-
             return heads.main(args)
         if args.command == "models" and args.models_command == "recommend":
             return recommend.main(args)
@@ -379,10 +380,6 @@ def _request_from(args) -> tuple:
 def cmd_generate(args) -> int:
     request, mode = _request_from(args)
 
-    def progress(ev) -> None:
-        if isinstance(ev, LoadProgress) and not args.json:
-            print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
-
     def stream(ev) -> None:
         if isinstance(ev, StepEvent) and not args.json:
             sys.stdout.write(ev.text)
@@ -391,7 +388,7 @@ def cmd_generate(args) -> int:
     client = make_client()
     loading = client.load(args.target, args.draft if mode.needs_draft_model else None)
     try:
-        pair = loading.wait(on_event=progress)
+        pair = loading.wait(on_event=None if args.json else _print_load)
     except KeyboardInterrupt:  # Ctrl-C while loading: stop it, then exit as interrupted
         _let_end(loading)
         client.close()
@@ -424,6 +421,12 @@ def cmd_generate(args) -> int:
                   file=sys.stderr)
     client.close()
     return INTERRUPTED if cancelled else 0
+
+
+def _print_load(ev) -> None:
+    """A load's progress, a line each on stderr (stdout is the reply's)."""
+    if isinstance(ev, LoadProgress):
+        print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
 
 
 def _let_end(job) -> None:
@@ -460,10 +463,6 @@ def cmd_serve(args) -> int:
     check_bind(args.host, args.allow_remote, key)  # before minutes of loading
     target, draft = serve_pair(args)
 
-    def progress(ev) -> None:
-        if isinstance(ev, LoadProgress):
-            print(f"[{ev.stage}] {ev.message}", file=sys.stderr)
-
     def activity(a) -> None:
         if a.finished is not None and a.summary is not None:
             s = a.summary
@@ -476,7 +475,7 @@ def cmd_serve(args) -> int:
 
     client = make_client()
     try:
-        pair = client.load(target, _draft_to_load(draft)).wait(on_event=progress)
+        pair = client.load(target, _draft_to_load(draft)).wait(on_event=_print_load)
         mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
                               mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),

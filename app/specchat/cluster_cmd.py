@@ -67,14 +67,10 @@ def read(name: str):
 
     folder = folder_of(name)
     if not is_cluster_folder(folder):
-        known = ", ".join(list_names()) or "none yet"
+        known = ", ".join(defined()) or "none yet"
         raise EngineError(f"No cluster named {name!r} (defined: {known}); create it with "
                           "`specchat cluster create`.")
     return folder, hostfile.read(folder)
-
-
-def list_names() -> list[str]:
-    return defined()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,13 +90,12 @@ def main(args: argparse.Namespace) -> int:
         _show(folder, spec, args.json)
         return 0
     if cmd == "list":
-        names = list_names()
+        names = defined()
         if args.json:
             print(json.dumps(names))
         elif not names:
             print("No clusters yet: specchat cluster create NAME ...")
         else:
-
             for st in states():  # dials each rank, as the app's pair picker does
                 print(f"{st.name}: {st.model}, {st.ranks} ranks, "
                       + ("every rank answers" if st.waiting is None else st.waiting))

@@ -7,6 +7,7 @@ to be imported first.
 """
 
 import os
+import tempfile
 
 from specchat import values
 from specchat.engine import blas
@@ -34,8 +35,6 @@ def temporary_files_at_home() -> None:
     and Python's ``tempfile`` write their own files there too. The entry
     point calls this (cli.main), not library code or the tests, which pick
     their own home per test."""
-    import tempfile
-
     folder = home() / "tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,29 @@ def test_model_manager_opens_and_lists(qtbot, window, tiny_target):
                                    for r in range(dlg.installed.rowCount())]
 
 
+def test_the_model_managers_delete_button_asks_first(qtbot, window, tiny_target, monkeypatch):
+    """Delete… asks before it removes a model from disk, and No keeps it.
+    Before, Qt handed the button's ``checked`` (False) to
+    ``delete_selected``'s ``confirm``: a click deleted at once."""
+    from PySide6.QtWidgets import QMessageBox
+
+    asked: list[str] = []
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(
+        lambda _parent, _title, text, *_a: asked.append(text) or QMessageBox.StandardButton.No))
+    dlg = window.open_model_manager()
+    qtbot.addWidget(dlg)
+    fut = dlg.import_path(str(tiny_target), "tiny-kept")
+    wait_until(fut.done, timeout=60_000)
+    fut.result()
+    names = [dlg.installed.item(r, 0).text() for r in range(dlg.installed.rowCount())]
+    dlg.installed.selectRow(names.index("tiny-kept"))
+    tasks = dlg.tasks.count()
+    dlg.delete_button.click()
+    assert len(asked) == 1 and asked[0].startswith("Delete tiny-kept (")
+    assert dlg.tasks.count() == tasks  # nothing started
+    assert "tiny-kept" in [dlg.installed.item(r, 0).text() for r in range(dlg.installed.rowCount())]
+
+
 def test_refusal_suggests_drafts_that_fit(qtbot, window):
     # Judged from the catalog: nothing is converted or downloaded for this.
     window.picker.set_pair("bundled:qwen2.5-coder-1.5b",

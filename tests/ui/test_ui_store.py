@@ -179,6 +179,31 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, home, tmp_path):
     w.close()
 
 
+def test_the_delete_button_asks_first(qtbot, aloop, home, monkeypatch):
+    """Delete asks before it deletes, and No keeps the conversation. Before,
+    Qt handed the button's ``checked`` (False) to ``delete_current``'s
+    ``confirm``: a click deleted at once, without asking."""
+    from PySide6.QtWidgets import QMessageBox
+
+    asked: list[str] = []
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(
+        lambda _parent, _title, text, *_a: asked.append(text) or QMessageBox.StandardButton.No))
+    w = make_window(qtbot)
+    store = w.session.conversations.blocking
+    a = store.create("Keep me")
+    store.add_message(a.id, "user", "hello there")
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    w.open_conversation(a.id)
+    wait_until(lambda: w.sidebar.delete_button.isEnabled(), timeout=5000)
+    w.sidebar.delete_button.click()
+    assert asked == ["Delete “Keep me”? This cannot be undone."]
+    w.session.store.submit(lambda: None).result()  # anything queued has run
+    assert store.get(a.id) is not None
+    assert w.conversation.conversation_id == a.id
+    w.close()
+
+
 def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, home, tiny_target,
                                                    tiny_draft):
     w = _start_long_reply(qtbot, tiny_target, tiny_draft)

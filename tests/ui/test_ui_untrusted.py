@@ -71,6 +71,25 @@ def test_chat_opens_only_http_and_https_links(qtbot, qapp, opened):
     assert len(opened) == len(OPENED)
 
 
+def test_a_copy_link_the_model_wrote_copies_nothing(qtbot, qapp, opened):
+    """A reply may write links that look like a code block's Copy link
+    ("copy:N"); one that names no code block of the reply does nothing: no
+    error, nothing copied, nothing opened, no status line."""
+    model, view = make_view(qtbot, 900, 900)
+    model.set_messages([ChatMessage("assistant", "[a](copy:abc)\n\n[b](copy:7)")])
+    qapp.processEvents()
+    where = _anchors(view, view.visualRect(model.index(0)))
+    assert set(where) == {"copy:abc", "copy:7"}, where
+    QGuiApplication.clipboard().setText("before")
+    said: list[str] = []
+    view.copied.connect(said.append)
+    view.notice.connect(said.append)
+    for pos in where.values():
+        QTest.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert said == [] and opened == []
+    assert QGuiApplication.clipboard().text() == "before"
+
+
 def _result(text: str) -> GenerationResult:
     summary = Summary(mode="plain", finish_reason="stop", new_tokens=3, steps=3, drafted=0,
                       accepted=0, acceptance_rate=0.0, tokens_per_step=1.0, tokens_per_s=10.0,

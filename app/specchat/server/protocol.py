@@ -193,8 +193,7 @@ def _stop(stop: object) -> tuple[str, ...]:
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list):
         raise bad_value("stop must be a string or a list of strings", "stop")
-    out = [_text("a stop string", s, "stop") for s in items]
-    return tuple(out)
+    return tuple(_text("a stop string", s, "stop") for s in items)
 
 
 def _messages(messages: object) -> tuple[Message, ...]:
@@ -232,10 +231,7 @@ def _content(content: object, where: str) -> str:
                 raise bad_value(f"{where}: a text part's text must be a string", where)
             texts.append(part["text"])
         content = "".join(texts)
-    try:
-        return values.text(where, content)
-    except values.BadValue as exc:
-        raise bad_value(str(exc), where) from None
+    return _text(where, content, where)
 
 
 def _prompt(prompt: object) -> tuple[str | None, tuple[int, ...] | None]:

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from importlib import resources
+
+import qasync
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from specchat import applog, startup
+from specchat.ui import library_view, theme
 
 
 def initial_pair(target: str | None, draft: str | None, lookup: bool,
                  settings=None) -> tuple[str, str | None]:
     """The pair to select and load at start: the command line's, else the
     one used last, else the bundled default."""
-    from specchat.ui import library_view
-
     if target:
         return target, None if lookup else draft
     if settings is not None and settings.last_target:
@@ -25,18 +31,11 @@ def initial_pair(target: str | None, draft: str | None, lookup: bool,
 
 
 def create_app():
-    from PySide6.QtGui import QIcon
-    from PySide6.QtWidgets import QApplication
-
-    from specchat.ui import theme
-
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("SpecChat")
     app.setApplicationDisplayName("SpecChat")
     app.setOrganizationName("SpecChat")
     app.setDesktopFileName("dev.specchat.specchat")
-    from importlib import resources
-
     icon = resources.files("specchat").joinpath("resources/icon/specchat-256.png")
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
@@ -45,9 +44,6 @@ def create_app():
 
 
 def run(target: str | None = None, draft: str | None = None, lookup: bool = False) -> int:
-    import qasync
-
-    from specchat import applog, startup
     startup.prepare()  # the system BLAS before anything imports MLX
     applog.setup()  # before the session opens the history: what it reports is logged
     from specchat.ui.main_window import MainWindow

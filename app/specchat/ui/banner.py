@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QToolButton
+from PySide6.QtWidgets import QFrame, QProgressBar, QToolButton
+
+from specchat.ui.widgets import hbox, label
 
 
 class Banner(QFrame):
@@ -12,20 +13,14 @@ class Banner(QFrame):
         button is Cancel and the owner connects ``button.clicked``."""
         super().__init__(parent)
         self.setObjectName(object_name)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.label = label(wrap=True, selectable=True)
         self.bar = QProgressBar()
         self.bar.setFixedWidth(180)
         self.bar.setTextVisible(False)
         self.bar.hide()
         self.button = QToolButton()
         self.button.setText("Dismiss" if closable else "Cancel")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 4, 6, 4)
-        lay.addWidget(self.label, 1)
-        lay.addWidget(self.bar)
-        lay.addWidget(self.button)
+        hbox((self.label, 1), self.bar, self.button, parent=self, margins=(10, 4, 6, 4))
         if closable:
             self.button.clicked.connect(self.hide)
         self.hide()

@@ -15,22 +15,16 @@ from collections.abc import Sequence
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from specchat.ui import theme
 from specchat.ui.stats import GaugeValues, PositionRate
+from specchat.ui.widgets import hbox, label, vbox
 
 REDRAW_S = 0.25
 
 
 # -- widgets ------------------------------------------------------------------------
-
-
-def _qcolor(c: QColor, alpha: int | None = None) -> QColor:
-    out = QColor(c)
-    if alpha is not None:
-        out.setAlpha(alpha)
-    return out
 
 
 class _Chart(pg.PlotWidget):
@@ -168,9 +162,11 @@ class AcceptanceChart(_Chart):
 
     def draw(self) -> None:
         c = self.colors
+        fill = QColor(c.accent)
+        fill.setAlpha(200)
         xs = [r.position for r in self.rates]
         self._bars.setOpts(x=xs, height=[100 * r.rate for r in self.rates], width=0.7,
-                           brush=_qcolor(c.accent, 200), pen=pg.mkPen(c.accent))
+                           brush=fill, pen=pg.mkPen(c.accent))
         last = max(4, max(xs, default=1))
         self.setXRange(0.4, last + 0.6, padding=0)
         every = 1 if last <= 10 else 2 if last <= 20 else 5
@@ -193,18 +189,12 @@ class ChartsPanel(QWidget):
             "How often a token drafted at each position of a step was kept. The first "
             "positions are kept most; where the bars get low, drafting more tokens stops "
             "paying, which is why K auto stops there")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(8, 0, 8, 4)
-        lay.setSpacing(8)
-        for title, chart, stretch in (("tokens/s over this reply", self.speed, 3),
-                                      ("acceptance by draft position", self.acceptance, 2)):
-            box = QVBoxLayout()
-            box.setSpacing(0)
-            caption = QLabel(title)
-            caption.setObjectName("GaugeLabel")
-            box.addWidget(caption)
-            box.addWidget(chart, 1)
-            lay.addLayout(box, stretch)
+        def captioned(title: str, chart: QWidget) -> QVBoxLayout:
+            return vbox(label(title, name="GaugeLabel"), (chart, 1), spacing=0)
+
+        hbox((captioned("tokens/s over this reply", self.speed), 3),
+             (captioned("acceptance by draft position", self.acceptance), 2),
+             parent=self, margins=(8, 0, 8, 4), spacing=8)
         self.setFixedHeight(130)
 
     def show_values(self, v: GaugeValues) -> None:

@@ -112,8 +112,7 @@ class ChatModel(QAbstractListModel):
 
     def append_text(self, row: int, text: str, origins: tuple[str, ...] | None = None,
                     pieces: tuple[str, ...] = ()) -> None:
-        self._messages[row].add(text, origins, pieces)
-        self._changed(row)
+        self.append_steps(row, [(text, origins, pieces)])
 
     def append_steps(self, row: int,
                      steps: list[tuple[str, tuple[str, ...], tuple[str, ...]]]) -> None:

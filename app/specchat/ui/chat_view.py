@@ -389,14 +389,10 @@ class ChatView(QTreeView):
     def mouseReleaseEvent(self, event) -> None:  # noqa: N802
         if event.button() == Qt.MouseButton.LeftButton:
             href, blocks = self._anchor(event.position().toPoint())
-            if href.startswith(COPY_SCHEME):
-                n = int(href[len(COPY_SCHEME):])
-                if 0 <= n < len(blocks):
-                    QGuiApplication.clipboard().setText(blocks[n])
-                    self.copied.emit("Code copied to the clipboard")
-                return
             if href:
-                self.notice.emit(links.open_link(href))
+                said = links.follow(href, blocks)
+                if said:
+                    (self.copied if said == links.CODE_COPIED else self.notice).emit(said)
                 return
         super().mouseReleaseEvent(event)
 

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QUrl, Signal
 from PySide6.QtWidgets import (
     QDialog,
     QGridLayout,
-    QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
     QTextBrowser,
-    QVBoxLayout,
 )
 
 from specchat.engine import modes
@@ -32,10 +28,11 @@ from specchat.errors import SpecChatError
 from specchat.ui import links, theme
 from specchat.ui.charts import SpeedChart
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
-from specchat.ui.markdown import COPY_SCHEME, DocColors, build_document
+from specchat.ui.markdown import DocColors, build_document
 from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
 from specchat.ui.stats import SpeedTrace
+from specchat.ui.widgets import button, hbox, label, vbox
 
 HIGH_ACCEPTANCE = 0.6  # above it, a slow speculative run is the steps' cost, not rejections
 EVEN = 0.03  # within 3% of plain: "about as fast"
@@ -85,19 +82,14 @@ class CompareDialog(QDialog):
         self.prompt = QPlainTextEdit(prompt)
         self.prompt.setPlaceholderText("A prompt to run twice")
         self.prompt.setFixedHeight(70)
-        self.run_button = QPushButton("Run both")
-        self.run_button.setObjectName("SendButton")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop the run going on now and skip the rest")
+        self.run_button = button("Run both", name="SendButton", clicked=self.start)
+        self.cancel_button = button("Cancel", "Stop the run going on now and skip the rest",
+                                    clicked=self.cancel)
         self.cancel_button.setEnabled(False)
-        self.status = QLabel("Runs the prompt plain, then speculative, with the current settings.")
-        self.status.setWordWrap(True)
-        self.headline = QLabel("")
-        self.headline.setObjectName("GaugeValue")
-        self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.explanation = QLabel("")
-        self.explanation.setWordWrap(True)
-        self.explanation.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status = label("Runs the prompt plain, then speculative, with the current settings.",
+                            wrap=True)
+        self.headline = label(name="GaugeValue", selectable=True)
+        self.explanation = label(wrap=True, selectable=True)
         self.chart = SpeedChart(legend=True)
         self.chart.setFixedHeight(150)
         self.chart.setToolTip("Tokens per second over time (the last 2 seconds at each step), "
@@ -106,11 +98,8 @@ class CompareDialog(QDialog):
         self.plain_text = self._reply_view()
         self.spec_text = self._reply_view()
         self._blocks: dict[QTextBrowser, list[str]] = {}  # each view's copyable code blocks
-        self.plain_stats = QLabel("")
-        self.spec_stats = QLabel("")
-        for lab in (self.plain_stats, self.spec_stats):
-            lab.setWordWrap(True)
-            lab.setObjectName("GaugeLabel")
+        self.plain_stats = label(name="GaugeLabel", wrap=True)
+        self.spec_stats = label(name="GaugeLabel", wrap=True)
         grid = QGridLayout()
         grid.addWidget(QLabel("<b>Plain</b> (target only)"), 0, 0)
         self.spec_title = QLabel("<b>Speculative</b>")
@@ -119,21 +108,8 @@ class CompareDialog(QDialog):
         grid.addWidget(self.spec_text, 1, 1)
         grid.addWidget(self.plain_stats, 2, 0)
         grid.addWidget(self.spec_stats, 2, 1)
-        top = QHBoxLayout()
-        top.addWidget(self.prompt, 1)
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
-        top.addLayout(buttons)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(self.headline)
-        lay.addWidget(self.explanation)
-        lay.addLayout(grid, 1)
-        lay.addWidget(self.chart)
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button.clicked.connect(self.cancel)
+        vbox(hbox((self.prompt, 1), vbox(self.run_button, self.cancel_button)), self.status,
+             self.headline, self.explanation, (grid, 1), self.chart, parent=self)
         self.task: asyncio.Future | None = None
         self.outcome: CompareOutcome | None = None
         self._streamed: dict[QTextBrowser, str] = {}  # each pane's text so far
@@ -150,15 +126,9 @@ class CompareDialog(QDialog):
         return view
 
     def _link(self, view: QTextBrowser, url: QUrl) -> None:
-        href = url.toString()
-        if href.startswith(COPY_SCHEME):
-            blocks = self._blocks.get(view, [])
-            n = href[len(COPY_SCHEME):]
-            if n.isdigit() and int(n) < len(blocks):
-                QGuiApplication.clipboard().setText(blocks[int(n)])
-                self.status.setText("Code copied to the clipboard")
-            return
-        self.status.setText(links.open_link(href))
+        said = links.follow(url.toString(), self._blocks.get(view, []))
+        if said:
+            self.status.setText(said)
 
     def start(self) -> None:
         text = self.prompt.toPlainText().strip()

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import (
-    QHBoxLayout,
-    QLabel,
-    QPlainTextEdit,
-    QPushButton,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QPlainTextEdit, QWidget
+
+from specchat.ui.widgets import button, hbox, label, vbox
 
 QUEUED = "Will be sent when the models are loaded."
 
@@ -44,55 +39,27 @@ class Composer(QWidget):
         self.edit.setPlaceholderText("Message  (Enter to send, Shift+Enter for a new line)")
         self.edit.setTabChangesFocus(True)
         self.edit.setFixedHeight(72)
-        self.send_button = QPushButton("Send")
-        self.send_button.setObjectName("SendButton")
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setObjectName("StopButton")
-        self.stop_button.setToolTip("Stop the reply (Esc)")
-        self.stop_button.setShortcut("Esc")
+        self.send_button = button("Send", name="SendButton", clicked=self._send)
+        self.stop_button = button("Stop", "Stop the reply (Esc)", name="StopButton",
+                                  shortcut="Esc", clicked=self.stopRequested)
         self.stop_button.hide()
-        self.regen_button = QPushButton("Regenerate")
-        self.regen_button.setToolTip("Write the last reply again (Ctrl+R)")
-        self.regen_button.setShortcut("Ctrl+R")
-        self.edit_button = QPushButton("Edit last")
-        self.edit_button.setToolTip("Put your last message back here to change and resend it")
-        self.note = QLabel()
-        self.note.setObjectName("ComposerNote")
-        self.note.setWordWrap(True)
-        self.unqueue_button = QPushButton("Don't send")
-        self.unqueue_button.setToolTip("Keep the message here instead of sending it once the "
-                                       "models are loaded (Esc)")
-        self.unqueue_button.setShortcut("Esc")
-        note_row = QHBoxLayout()
-        note_row.setContentsMargins(0, 0, 0, 0)
-        note_row.addWidget(self.note, 1)
-        note_row.addWidget(self.unqueue_button)
+        self.regen_button = button("Regenerate", "Write the last reply again (Ctrl+R)",
+                                   shortcut="Ctrl+R", clicked=self.regenerateRequested)
+        self.edit_button = button("Edit last",
+                                  "Put your last message back here to change and resend it",
+                                  clicked=self.editRequested)
+        self.note = label(name="ComposerNote", wrap=True)
+        self.unqueue_button = button("Don't send", "Keep the message here instead of sending it "
+                                     "once the models are loaded (Esc)", shortcut="Esc",
+                                     clicked=self.unqueueRequested)
         self.note_bar = QWidget()
-        self.note_bar.setLayout(note_row)
+        hbox((self.note, 1), self.unqueue_button, parent=self.note_bar, margins=0)
         self.note_bar.hide()
-        side = QVBoxLayout()
-        side.setSpacing(4)
-        side.addWidget(self.send_button)
-        side.addWidget(self.stop_button)
-        row = QHBoxLayout()
-        row.setSpacing(4)
-        row.addWidget(self.regen_button)
-        row.addWidget(self.edit_button)
-        side.addLayout(row)
-        main = QHBoxLayout()
-        main.addWidget(self.edit, 1)
-        main.addLayout(side)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 12, 10)
-        lay.setSpacing(4)
-        lay.addWidget(self.note_bar)
-        lay.addLayout(main)
+        side = vbox(self.send_button, self.stop_button,
+                    hbox(self.regen_button, self.edit_button, spacing=4), spacing=4)
+        vbox(self.note_bar, hbox((self.edit, 1), side), parent=self, margins=(12, 8, 12, 10),
+             spacing=4)
         self.edit.submitted.connect(self._send)
-        self.send_button.clicked.connect(self._send)
-        self.stop_button.clicked.connect(self.stopRequested)
-        self.regen_button.clicked.connect(self.regenerateRequested)
-        self.edit_button.clicked.connect(self.editRequested)
-        self.unqueue_button.clicked.connect(self.unqueueRequested)
         self.edit.textChanged.connect(self._edited)
         self._generating = False
         self._queued = False

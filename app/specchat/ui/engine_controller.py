@@ -21,12 +21,7 @@ from specchat.engine.events import (
     LoadProgress,
     StepEvent,
 )
-
-
-def _default_client():
-    from specchat.library.engine_link import make_client
-
-    return make_client()
+from specchat.library.engine_link import make_client
 
 
 class EngineController(QObject):
@@ -38,7 +33,7 @@ class EngineController(QObject):
 
     def __init__(self, client=None, parent=None):
         super().__init__(parent)
-        self.client = client if client is not None else _default_client()
+        self.client = client if client is not None else make_client()
         self.pair: LoadedPair | None = None
         self.target_ref: str | None = None
         self.draft_ref: str | None = None

@@ -13,18 +13,15 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QFrame,
-    QHBoxLayout,
-    QLabel,
     QProgressBar,
     QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
 from specchat import origins
 from specchat.engine import modes
 from specchat.store.summary import origin_shares, shares_text
-from specchat.ui import theme
+from specchat.ui import theme, widgets
 from specchat.ui.charts import ChartsPanel
 from specchat.ui.stats import GaugeValues
 
@@ -40,15 +37,9 @@ MODE_TIP = "How this reply is decoded"
 class _Gauge(QWidget):
     def __init__(self, label: str, tooltip: str, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 2, 8, 2)
-        lay.setSpacing(0)
-        self.value = QLabel("–")
-        self.value.setObjectName("GaugeValue")
-        self.caption = QLabel(label)
-        self.caption.setObjectName("GaugeLabel")
-        lay.addWidget(self.value)
-        lay.addWidget(self.caption)
+        self.value = widgets.label("–", name="GaugeValue")
+        self.caption = widgets.label(label, name="GaugeLabel")
+        widgets.vbox(self.value, self.caption, parent=self, margins=(8, 2, 8, 2), spacing=0)
         self.setToolTip(tooltip)
 
 
@@ -81,23 +72,8 @@ class SourceBar(QWidget):
         p.end()
 
 
-class _ElidedLabel(QLabel):
-    """A label that takes the room it is given and cuts its text with "…"
-    (the whole text stays in ``full``), so a long share line never pushes
-    the other gauges about."""
-
-    def __init__(self, text: str = "", parent=None):
-        super().__init__(parent)
-        self.full = ""
-        self.set_full(text)
-
-    def set_full(self, text: str) -> None:
-        self.full = text
-        self._elide()
-
-    def _elide(self) -> None:
-        self.setText(self.fontMetrics().elidedText(self.full, Qt.TextElideMode.ElideRight,
-                                                   max(20, self.width())))
+class _ElidedLabel(widgets.ElidedLabel):
+    """A share line that asks for its whole width and takes what it is given."""
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(60, super().minimumSizeHint().height())
@@ -106,24 +82,16 @@ class _ElidedLabel(QLabel):
         return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4,
                      super().sizeHint().height())
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        self._elide()
-
 
 class _SourcesGauge(QWidget):
     """Where the reply's tokens came from: the bar, and the shares in words."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 4, 8, 2)
-        lay.setSpacing(3)
         self.bar = SourceBar()
         self.value = _ElidedLabel("–")
         self.value.setObjectName("GaugeLabel")
-        lay.addWidget(self.bar)
-        lay.addWidget(self.value)
+        widgets.vbox(self.bar, self.value, parent=self, margins=(8, 4, 8, 2), spacing=3)
         self.setToolTip("Where this reply's tokens came from: the draft model, this "
                         "conversation or your history (the rest the target wrote itself); "
                         "the colours are Colour tokens'")
@@ -131,7 +99,6 @@ class _SourcesGauge(QWidget):
     def show_counts(self, counts: dict[str, int]) -> None:
         self.bar.set_counts(counts)
         self.value.set_full(shares_text(counts) or "from the target only" if counts else "–")
-        self.value.updateGeometry()
         total = sum(counts.values())
         if total:
             self.setToolTip("\n".join(f"{origins.get(o).label}: {n} tokens ({n / total:.0%})"
@@ -145,13 +112,7 @@ class GaugeStrip(QFrame):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("Gauges")
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.setSpacing(0)
-        lay = QHBoxLayout()
-        lay.setContentsMargins(8, 4, 8, 4)
-        lay.setSpacing(4)
-        outer.addLayout(lay)
+        lay = widgets.hbox(margins=(8, 4, 8, 4), spacing=4)
         self.acceptance = _Gauge("acceptance", "Share of drafted tokens the target accepted")
         self.acceptance_bar = QProgressBar()
         self.acceptance_bar.setRange(0, 100)
@@ -178,7 +139,7 @@ class GaugeStrip(QFrame):
         lay.addWidget(self.sources, 1, Qt.AlignmentFlag.AlignVCenter)  # the room left over
         lay.addWidget(self.charts_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.charts = ChartsPanel()
-        outer.addWidget(self.charts)
+        widgets.vbox(lay, self.charts, parent=self, margins=0, spacing=0)
         self.charts_button.toggled.connect(self.show_charts)
         self.values = GaugeValues()
         self.show_values(GaugeValues())

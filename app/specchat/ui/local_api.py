@@ -20,6 +20,7 @@ import logging
 from PySide6.QtCore import QObject, Signal, Slot
 
 from specchat.errors import SpecChatError
+from specchat.server.service import ApiService, Served
 from specchat.store.settings import AppSettings
 
 log = logging.getLogger("specchat.ui")
@@ -88,9 +89,7 @@ class LocalApi(QObject):
         else:
             self._service.resume()
 
-    def _served(self):
-        from specchat.server.service import Served
-
+    def _served(self) -> Served | None:
         engine = self.session.engine
         if engine.pair is None:
             return None
@@ -98,8 +97,7 @@ class LocalApi(QObject):
                          engine.target_ref)
 
     def _start(self, settings: AppSettings) -> bool:
-        from specchat.server.listener import LocalServer
-        from specchat.server.service import ApiService
+        from specchat.server.listener import LocalServer  # uvicorn: only once it is switched on
 
         self._port, self._origins = settings.server_port, settings.server_cors_origins
         service = ApiService(self.session.engine.client, self._served(),

@@ -11,24 +11,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QWidget
 
 from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
 from specchat.ui import theme
+from specchat.ui.api_activity import ApiActivityLabel
 from specchat.ui.banner import Banner
 from specchat.ui.chat_model import ChatModel
 from specchat.ui.chat_view import ChatView
+from specchat.ui.compare import CompareDialog
+from specchat.ui.compare_runner import CompareRunner
 from specchat.ui.composer import Composer
 from specchat.ui.conversation import ConversationController
 from specchat.ui.gauges import GaugeStrip
+from specchat.ui.head_training import HeadTraining
 from specchat.ui.history_banner import HistoryBanner
 from specchat.ui.lag_label import LagLabel
 from specchat.ui.load_views import LoadBanner, PairStatus, pair_name
+from specchat.ui.model_manager import ModelManager
 from specchat.ui.options_bar import OptionsBar
 from specchat.ui.pair_picker import PairPicker
 from specchat.ui.session import AppSession
+from specchat.ui.settings import SettingsDialog
 from specchat.ui.sidebar import Sidebar
+from specchat.ui.widgets import vbox
 
 STATUS_MS = 3000
 COPIED_MS = 2500
@@ -72,20 +79,10 @@ class MainWindow(QMainWindow):
         self.history_banner = HistoryBanner(self.session)
 
         center = QWidget()
-        cl = QVBoxLayout(center)
-        cl.setContentsMargins(0, 0, 0, 0)
-        cl.setSpacing(0)
-        cl.addWidget(self.picker)
-        cl.addWidget(self.options)
-        banners = QVBoxLayout()
-        banners.setContentsMargins(12, 6, 12, 0)
-        banners.addWidget(self.load_banner)
-        banners.addWidget(self.error_banner)
-        banners.addWidget(self.history_banner)
-        cl.addLayout(banners)
-        cl.addWidget(self.chat_view, 1)
-        cl.addWidget(self.gauges)
-        cl.addWidget(self.composer)
+        banners = vbox(self.load_banner, self.error_banner, self.history_banner,
+                       margins=(12, 6, 12, 0))
+        vbox(self.picker, self.options, banners, (self.chat_view, 1), self.gauges, self.composer,
+             parent=center, margins=0, spacing=0)
 
         split = QSplitter()
         split.addWidget(self.sidebar)
@@ -99,8 +96,6 @@ class MainWindow(QMainWindow):
         self.lag_status = LagLabel(self.session.lag)
         self.statusBar().addPermanentWidget(self.pair_status)
         self.statusBar().addPermanentWidget(self.lag_status)
-        from specchat.ui.api_activity import ApiActivityLabel  # the local API's line
-
         self.api_activity = ApiActivityLabel(self.session.api)
         self.statusBar().addPermanentWidget(self.api_activity)
 
@@ -276,9 +271,6 @@ class MainWindow(QMainWindow):
 
     # -- dialogs -------------------------------------------------------------------
     def open_model_manager(self):
-        from specchat.ui.head_training import HeadTraining
-        from specchat.ui.model_manager import ModelManager
-
         if getattr(self, "head_training", None) is None:
             self.head_training = HeadTraining(self.session)
         old = getattr(self, "model_manager", None)
@@ -297,9 +289,6 @@ class MainWindow(QMainWindow):
         return dlg
 
     def open_compare(self, prompt: str | None = None):
-        from specchat.ui.compare import CompareDialog
-        from specchat.ui.compare_runner import CompareRunner
-
         if prompt is None:
             prompt = self.composer.text().strip() or next(
                 (m.text for m in reversed(self.chat_model.messages) if m.role == "user"), "")
@@ -309,8 +298,6 @@ class MainWindow(QMainWindow):
         return dlg
 
     def open_settings(self) -> None:
-        from specchat.ui.settings import SettingsDialog
-
         dlg = SettingsDialog(self.session.settings, self)
         if dlg.exec():
             self.session.update_settings(**dlg.edited())

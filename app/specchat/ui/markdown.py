@@ -346,13 +346,10 @@ def spans_per_range(spans: Sequence[tuple[int, int, str]], ranges: Sequence[tupl
     for start, end in ranges:
         while first < len(spans) and spans[first][1] <= start:
             first += 1
-        rel = []
-        i = first
-        while i < len(spans) and spans[i][0] < end:
-            a, b, o = spans[i]
-            rel.append((max(a, start) - start, min(b, end) - start, o))
-            i += 1
-        out.append(tuple(rel))
+        last = first
+        while last < len(spans) and spans[last][0] < end:
+            last += 1
+        out.append(spans_within(spans[first:last], start, end))
     return out
 
 

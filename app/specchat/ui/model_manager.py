@@ -12,36 +12,31 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
     QFileDialog,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QMessageBox,
     QProgressBar,
-    QPushButton,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QVBoxLayout,
     QWidget,
 )
 
-from specchat.library import importing, paths, refs, trained_heads
+from specchat.library import importing, index, paths, refs, trained_heads
+from specchat.library.bundled import PreparedModel
+from specchat.library.catalog import CatalogModel
+from specchat.library.hub import DownloadProgress
+from specchat.library.index import InstalledModel
 from specchat.library.units import params_text, size_text
 from specchat.ui import head_training, library_view
-
-if TYPE_CHECKING:
-    from specchat.library.bundled import PreparedModel
-    from specchat.library.catalog import CatalogModel
-    from specchat.library.hub import DownloadProgress
-    from specchat.library.index import InstalledModel
+from specchat.ui.widgets import button, hbox, label, vbox
 
 
 class TaskRow(QWidget):
@@ -54,18 +49,10 @@ class TaskRow(QWidget):
         self.title = QLabel(title)
         self.bar = QProgressBar()
         self.bar.setRange(0, 0)
-        self.detail = QLabel("starting…")
-        self.detail.setObjectName("GaugeLabel")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.clicked.connect(self.cancel)
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(0, 2, 0, 2)
-        col = QVBoxLayout()
-        col.addWidget(self.title)
-        col.addWidget(self.bar)
-        col.addWidget(self.detail)
-        lay.addLayout(col, 1)
-        lay.addWidget(self.cancel_button)
+        self.detail = label("starting…", name="GaugeLabel")
+        self.cancel_button = button("Cancel", clicked=self.cancel)
+        hbox((vbox(self.title, self.bar, self.detail), 1), self.cancel_button, parent=self,
+             margins=(0, 2, 0, 2))
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -128,58 +115,35 @@ class ModelManager(QDialog):
         self.setWindowTitle("Models — SpecChat")
         self.resize(820, 560)
         self.client = engine_client
-        self.where = QLabel()
-        self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.where = label(selectable=True)
         self.installed = _table(["Name", "Source", "Size", "Parameters"])
         self.catalog = _table(["Model", "Reference", "Download", "Status"])
-        self.delete_button = QPushButton("Delete…")
-        self.download_button = QPushButton("Download")
-        self.import_folder_button = QPushButton("Import folder…")
-        self.import_gguf_button = QPushButton("Import .gguf…")
-        tabs = QTabWidget()
+        # Not the slot itself: Qt would hand it the click's ``checked`` (False)
+        # as ``confirm``, and Delete would not ask.
+        self.delete_button = button("Delete…", clicked=lambda: self.delete_selected())
+        self.download_button = button("Download", clicked=self.download_selected)
+        self.import_folder_button = button("Import folder…", clicked=self.import_folder)
+        self.import_gguf_button = button("Import .gguf…", clicked=self.import_gguf)
         inst = QWidget()
-        il = QVBoxLayout(inst)
-        il.addWidget(self.installed)
-        row = QHBoxLayout()
-        row.addWidget(self.import_folder_button)
-        row.addWidget(self.import_gguf_button)
-        row.addStretch(1)
-        row.addWidget(self.delete_button)
-        il.addLayout(row)
+        il = vbox(self.installed, hbox(self.import_folder_button, self.import_gguf_button, 1,
+                                       self.delete_button), parent=inst)
         self.train_minutes = QSpinBox()
         self.train_minutes.setRange(1, 24 * 60)
         self.train_minutes.setValue(60)
         self.train_minutes.setSuffix(" min")
-        self.train_button = QPushButton("Train a draft head…")
-        self.train_note = QLabel()
-        self.train_note.setObjectName("GaugeLabel")
-        self.train_note.setWordWrap(True)
-        trow = QHBoxLayout()
-        trow.addWidget(self.train_note, 1)
-        trow.addWidget(self.train_minutes)
-        trow.addWidget(self.train_button)
+        self.train_button = button("Train a draft head…",
+                                   clicked=lambda: self.train_head(self.train_minutes.value()))
+        self.train_note = label(name="GaugeLabel", wrap=True)
+        trow = hbox((self.train_note, 1), self.train_minutes, self.train_button)
         if trainer is not None:
             il.addLayout(trow)
-        self.train_button.clicked.connect(lambda: self.train_head(self.train_minutes.value()))
         cat = QWidget()
-        cl = QVBoxLayout(cat)
-        cl.addWidget(self.catalog)
-        crow = QHBoxLayout()
-        crow.addStretch(1)
-        crow.addWidget(self.download_button)
-        cl.addLayout(crow)
+        vbox(self.catalog, hbox(1, self.download_button), parent=cat)
+        tabs = QTabWidget()
         tabs.addTab(inst, "Installed")
         tabs.addTab(cat, "Catalog")
-        self.tasks = QVBoxLayout()
-        self.tasks.setSpacing(2)
-        lay = QVBoxLayout(self)
-        lay.addWidget(self.where)
-        lay.addWidget(tabs, 1)
-        lay.addLayout(self.tasks)
-        self.delete_button.clicked.connect(self.delete_selected)
-        self.download_button.clicked.connect(self.download_selected)
-        self.import_folder_button.clicked.connect(self.import_folder)
-        self.import_gguf_button.clicked.connect(self.import_gguf)
+        self.tasks = vbox(spacing=2)
+        vbox(self.where, (tabs, 1), self.tasks, parent=self)
         self.installed.itemSelectionChanged.connect(self._selection_changed)
         # Built-in models first (not index entries: listed, never deleted here).
         self._installed_rows: list[PreparedModel | InstalledModel] = []
@@ -268,8 +232,6 @@ class ModelManager(QDialog):
     async def _delete(self, name: str, row: TaskRow) -> None:
         # Unlinking gigabytes can take a while: off the GUI thread, which may
         # be streaming a reply meanwhile.
-        from specchat.library import index
-
         try:
             await asyncio.get_running_loop().run_in_executor(None, index.remove, name)
         except Exception as exc:  # noqa: BLE001 - LibraryError text is for people

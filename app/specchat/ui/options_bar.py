@@ -9,15 +9,13 @@ shows here through ``settingsChanged``.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFrame,
-    QHBoxLayout,
     QLabel,
-    QPushButton,
     QWidget,
 )
 
@@ -26,6 +24,7 @@ from specchat.engine import drafter_kinds, modes
 from specchat.engine.events import LoadedPair
 from specchat.store.settings import AppSettings
 from specchat.ui.session import AppSession
+from specchat.ui.widgets import button, hbox, label
 
 SPEC_SHORTCUT = "Ctrl+Shift+S"
 # The menu reaches as far as K auto can go (the longest block any drafter
@@ -39,9 +38,7 @@ class OriginLegend(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(4)
+        lay = hbox(parent=self, margins=0, spacing=4)
         for origin in origins.ORIGINS.values():
             if not any(origin.tint):
                 continue  # the target's own tokens are not tinted
@@ -110,45 +107,28 @@ class OptionsBar(QFrame):
         self.color_box.toggled.connect(self._color_changed)
         self.legend = OriginLegend()
         self.legend.hide()
-        self.spec_reason = QLabel()
-        self.spec_reason.setObjectName("ErrorBanner")
-        self.spec_reason.setWordWrap(True)
+        self.spec_reason = label(name="ErrorBanner", wrap=True)
         self.spec_reason.hide()
-        self.compare_button = QPushButton("Compare…")
-        self.compare_button.setToolTip("Run one prompt plain and speculative, side by side")
-        self.compare_button.clicked.connect(self.compareRequested)
-        self.settings_button = QPushButton("Settings…")
-        self.settings_button.clicked.connect(self.settingsRequested)
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(12, 4, 12, 4)
-        lay.addWidget(self.spec_box)
-        lay.addWidget(self.mode_box)
-        lay.addWidget(self.k_box)
-        lay.addWidget(self.color_box)
-        lay.addWidget(self.legend)
-        lay.addWidget(self.spec_reason, 1)
-        lay.addStretch(1)
-        lay.addWidget(self.compare_button)
-        lay.addWidget(self.settings_button)
+        self.compare_button = button("Compare…", "Run one prompt plain and speculative, side by "
+                                     "side", clicked=self.compareRequested)
+        self.settings_button = button("Settings…", clicked=self.settingsRequested)
+        hbox(self.spec_box, self.mode_box, self.k_box, self.color_box, self.legend,
+             (self.spec_reason, 1), 1, self.compare_button, self.settings_button, parent=self,
+             margins=(12, 4, 12, 4))
 
     # -- from the session and the window ---------------------------------------
     def show_settings(self, s: AppSettings) -> None:
-        for box, on in ((self.spec_box, s.speculative), (self.color_box, s.color_tokens)):
-            box.blockSignals(True)
-            box.setChecked(on)
-            box.blockSignals(False)
+        with (QSignalBlocker(self.spec_box), QSignalBlocker(self.color_box),
+              QSignalBlocker(self.mode_box), QSignalBlocker(self.k_box)):
+            self.spec_box.setChecked(s.speculative)
+            self.color_box.setChecked(s.color_tokens)
+            self.mode_box.setCurrentIndex(max(0, self.mode_box.findData(s.spec_mode)))
+            # The session's K is valid (from_stored and update_settings check
+            # it): any K from 1 to 32 is shown, listed or not.
+            if s.k is not None and self.k_box.findData(s.k) < 0:
+                self.k_box.addItem(f"K = {s.k}", s.k)
+            self.k_box.setCurrentIndex(max(0, self.k_box.findData(s.k)))
         self.legend.setVisible(s.color_tokens)
-        # The session's K is valid (from_stored and update_settings check it):
-        # any K from 1 to 32 is shown, listed or not.
-        self.mode_box.blockSignals(True)
-        self.mode_box.setCurrentIndex(max(0, self.mode_box.findData(s.spec_mode)))
-        self.mode_box.blockSignals(False)
-        k = s.k
-        self.k_box.blockSignals(True)
-        if k is not None and self.k_box.findData(k) < 0:
-            self.k_box.addItem(f"K = {k}", k)
-        self.k_box.setCurrentIndex(max(0, self.k_box.findData(k)))
-        self.k_box.blockSignals(False)
 
     def show_pair(self, pair: LoadedPair | None) -> None:
         """A pair that cannot speculate disables the options and says why."""

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from specchat.library import recommendations as rec
+from specchat.library.sources.cluster import ClusterState
 from specchat.store.conversations import ConversationStore
 from specchat.store.worker import Remote
 from specchat.ui import library_view
 from specchat.ui.draft_finder import DraftFinder
 from specchat.ui.engine_controller import EngineController
 from specchat.ui.library_view import ModelChoice, Verdict
-
-if TYPE_CHECKING:
-    from specchat.library.sources.cluster import ClusterState
 
 CLUSTER_POLL_MS = 5000  # how often the clusters' ranks are asked whether they answer
 NO_TARGET = Verdict(False, ("Choose a target model.",))

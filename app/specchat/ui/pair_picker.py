@@ -25,16 +25,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
-    QHBoxLayout,
     QLabel,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -42,6 +39,7 @@ from specchat.engine import modes
 from specchat.errors import SpecChatError
 from specchat.ui.library_view import OWN_HEAD_LABEL, ModelChoice, Verdict, cluster_choice
 from specchat.ui.pair_controller import PairController
+from specchat.ui.widgets import ElidedLabel, button, hbox, vbox
 
 if TYPE_CHECKING:
     from specchat.library import recommendations as rec
@@ -90,56 +88,50 @@ def verdict_details(verdict: Verdict) -> str:
     return "\n".join(r[:1].upper() + r[1:] for r in verdict.reasons) or verdict.text
 
 
-class VerdictLabel(QLabel):
+class VerdictLabel(ElidedLabel):
     """One line, cut with "…" to the width it gets (it never widens the bar);
     the full reasoning is the tooltip, and a click unfolds it below."""
 
     def __init__(self, parent=None):
-        super().__init__(parent)
-        self._headline = ""
         self._details = ""
         self.expanded = False
+        super().__init__(min_width=40, parent=parent)
         self.setCursor(Qt.CursorShape.PointingHandCursor)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
     def show_verdict(self, headline: str, details: str = "") -> None:
-        self._headline, self._details = headline, details
+        self._details = details
         self.expanded = False
         self.setToolTip(f"{details}\n\n(click to show it here)" if details else "")
-        self._layout_text()
+        self.set_full(headline)
 
     def headline(self) -> str:
-        return self._headline
+        return self.full
 
     def details(self) -> str:
         return self._details
 
     def full_text(self) -> str:
-        return f"{self._headline}\n{self._details}" if self._details else self._headline
+        return f"{self.full}\n{self._details}" if self._details else self.full
 
     def toggle(self) -> None:
         self.expanded = not self.expanded and bool(self._details)
-        self._layout_text()
+        self._elide()
 
-    def _layout_text(self) -> None:
+    def _elide(self) -> None:
+        """Unfolded: the whole reasoning, wrapped; else the one cut line."""
         self.setWordWrap(self.expanded)
         if self.expanded:
             self.setText(self.full_text())
+            self.updateGeometry()
         else:
-            self.setText(self.fontMetrics().elidedText(self._headline, Qt.TextElideMode.ElideRight,
-                                                       max(40, self.width())))
-        self.updateGeometry()
+            super()._elide()
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(0, super().minimumSizeHint().height())
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(200, super().sizeHint().height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        if not self.expanded:
-            self._layout_text()
 
     def mouseReleaseEvent(self, event) -> None:  # noqa: N802 - Qt override
         if event.button() == Qt.MouseButton.LeftButton:
@@ -191,13 +183,8 @@ class FinderStrip(QWidget):
         self.bar.setMaximumHeight(8)
         self.status = VerdictLabel()  # one line cut with "…"; the rest on hover or a click
         self.status.setObjectName("FinderStatus")
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop measuring; drafts measured so far are kept")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.status, 3)
-        lay.addWidget(self.bar, 2)
-        lay.addWidget(self.cancel_button)
+        self.cancel_button = button("Cancel", "Stop measuring; drafts measured so far are kept")
+        hbox((self.status, 3), (self.bar, 2), self.cancel_button, parent=self, margins=0)
         self.hide()
 
     def running(self, message: str, fraction: float) -> None:
@@ -252,31 +239,17 @@ class PairPicker(QFrame):
             box.currentTextChanged.connect(lambda _t, b=box: self._show_full_name(b))
         self.verdict_label = VerdictLabel()
         self.verdict_label.setObjectName("Verdict")
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load this pair")
-        self.manage_button = QPushButton("Models…")
-        self.manage_button.setToolTip("Download, import and delete models")
-        self.find_button = QPushButton(FIND_LABEL)
-        self.find_button.setToolTip(FIND_HELP)
+        self.load_button = button("Load", "Load this pair", clicked=self._load_clicked)
+        self.manage_button = button("Models…", "Download, import and delete models",
+                                    clicked=self.manageRequested)
+        self.find_button = button(FIND_LABEL, FIND_HELP, clicked=self.find_best_draft)
         self.finder_strip = FinderStrip()
         # The verdict has a line of its own under the boxes: beside them it
         # took the width the models' names need.
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Target"))
-        row.addWidget(self.target, 1)
-        row.addWidget(QLabel("Draft"))
-        row.addWidget(self.draft, 1)
-        row.addWidget(self.load_button)
-        row.addWidget(self.manage_button)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 6, 12, 6)
-        lay.setSpacing(4)
-        lay.addLayout(row)
-        verdict_row = QHBoxLayout()
-        verdict_row.addWidget(self.verdict_label, 1)
-        verdict_row.addWidget(self.find_button)
-        lay.addLayout(verdict_row)
-        lay.addWidget(self.finder_strip)
+        vbox(hbox(QLabel("Target"), (self.target, 1), QLabel("Draft"), (self.draft, 1),
+                  self.load_button, self.manage_button),
+             hbox((self.verdict_label, 1), self.find_button), self.finder_strip,
+             parent=self, margins=(12, 6, 12, 6), spacing=4)
         self._busy = False
         self._refused = False  # the label shows the engine's refusal of the last load
         self._shown: tuple | None = None  # what the lists were built from
@@ -284,9 +257,6 @@ class PairPicker(QFrame):
         self.target.currentTextChanged.connect(self._changed)
         self.draft.currentTextChanged.connect(self._changed)
         self.target.currentTextChanged.connect(self._target_changed)
-        self.load_button.clicked.connect(self._load_clicked)
-        self.manage_button.clicked.connect(self.manageRequested)
-        self.find_button.clicked.connect(self.find_best_draft)
         self.finder_strip.cancel_button.clicked.connect(self.cancel_finding)
         pairs.choicesChanged.connect(self._choices_changed)
         pairs.verdictChanged.connect(self._verdict_changed)
@@ -310,22 +280,20 @@ class PairPicker(QFrame):
         pairs = self.pairs
         loaded = pairs.loaded_target
         self._shown = (pairs.choices, pairs.clusters, loaded)
-        for box in (self.target, self.draft):
-            box.blockSignals(True)
-            box.clear()
-        self.draft.addItem(LOOKUP_LABEL, None)
-        self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
-        for c in pairs.choices:
-            self._add(self.target, c)
-            self._add(self.draft, c)
-        for state in pairs.clusters:  # targets only: the draft runs here
-            self._add(self.target, cluster_choice(state, state.ref == loaded))
-            if state.waiting is not None and state.ref not in (keep and keep[0], loaded):
-                # The chosen entry stays usable, and so does the loaded one
-                # (its ranks serve this app, so they do not answer probes).
-                self.target.model().item(self.target.count() - 1).setEnabled(False)
-        for box in (self.target, self.draft):
-            box.blockSignals(False)
+        with QSignalBlocker(self.target), QSignalBlocker(self.draft):
+            self.target.clear()
+            self.draft.clear()
+            self.draft.addItem(LOOKUP_LABEL, None)
+            self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
+            for c in pairs.choices:
+                self._add(self.target, c)
+                self._add(self.draft, c)
+            for state in pairs.clusters:  # targets only: the draft runs here
+                self._add(self.target, cluster_choice(state, state.ref == loaded))
+                if state.waiting is not None and state.ref not in (keep and keep[0], loaded):
+                    # The chosen entry stays usable, and so does the loaded one
+                    # (its ranks serve this app, so they do not answer probes).
+                    self.target.model().item(self.target.count() - 1).setEnabled(False)
         if keep:
             self.set_pair(*keep, check=False)
         self.show_measured()
@@ -387,12 +355,9 @@ class PairPicker(QFrame):
         box.lineEdit().setCursorPosition(0)
 
     def set_pair(self, target: str | None, draft: str | None, check: bool = True) -> None:
-        for box in (self.target, self.draft):
-            box.blockSignals(True)
-        self._select(self.target, target)
-        self._select(self.draft, draft)
-        for box in (self.target, self.draft):
-            box.blockSignals(False)
+        with QSignalBlocker(self.target), QSignalBlocker(self.draft):
+            self._select(self.target, target)
+            self._select(self.draft, draft)
         self.show_measured()
         if check:
             self._changed()
@@ -401,8 +366,7 @@ class PairPicker(QFrame):
     def _changed(self, *_args) -> None:
         self._refused = False  # another pair, or a fresh look at this one
         if self.pairs.check(*self.selection()) is not None:
-            self.verdict_label.show_verdict("Checking the pair…")
-            self.verdict_label.setProperty("ok", "")
+            self._show_line("Checking the pair…", "", "")  # restyled: not a refusal's red
 
     def _verdict_changed(self, verdict: Verdict) -> None:
         if self._refused:  # the engine's refusal came first: it stays up
@@ -464,8 +428,7 @@ class PairPicker(QFrame):
         results = self.pairs.measured(self._ref(self.target))
         box = self.draft
         current = box.currentIndex()
-        box.blockSignals(True)
-        try:
+        with QSignalBlocker(box):
             for i in range(box.count()):
                 label = box.itemData(i, LABEL_ROLE)
                 if label is None:
@@ -479,8 +442,6 @@ class PairPicker(QFrame):
                 box.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
             if current >= 0:
                 box.setEditText(box.itemText(current))
-        finally:
-            box.blockSignals(False)
         self._show_start(box)
         self._fit_popup(box)
         self._show_full_name(box)

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from PySide6.QtCore import QSignalBlocker
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QSpinBox,
-    QVBoxLayout,
 )
 
 from specchat import values
 from specchat.store.settings import PRESETS, AppSettings, preset_of
 from specchat.ui.value_edit import ValueEdit
+from specchat.ui.widgets import label, vbox
 
 
 class SettingsDialog(QDialog):
@@ -83,18 +83,13 @@ class SettingsDialog(QDialog):
         form.addRow("Local server", self.local_server)
         form.addRow("Port", self.port)
         form.addRow("Allowed web origins", self.cors_origins)
-        self.error = QLabel()  # the first bad value's one line
-        self.error.setObjectName("ErrorBanner")
-        self.error.setWordWrap(True)
+        self.error = label(name="ErrorBanner", wrap=True)  # the first bad value's one line
         self.error.hide()
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                         | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        lay = QVBoxLayout(self)
-        lay.addLayout(form)
-        lay.addWidget(self.error)
-        lay.addWidget(self.buttons)
+        vbox(form, self.error, self.buttons, parent=self)
         self._show(settings)
         self.preset.activated.connect(self._preset_chosen)
         for w in self.numbers:
@@ -148,9 +143,8 @@ class SettingsDialog(QDialog):
             name = preset_of(self.values()) or "Custom"
         except values.BadValue:
             name = "Custom"
-        self.preset.blockSignals(True)
-        self.preset.setCurrentText(name)
-        self.preset.blockSignals(False)
+        with QSignalBlocker(self.preset):
+            self.preset.setCurrentText(name)
 
     def edited(self) -> dict:
         """What this dialog edits, as AppSettings fields: the window hands

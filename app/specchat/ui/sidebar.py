@@ -15,19 +15,17 @@ import sqlite3
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
-    QHBoxLayout,
     QInputDialog,
     QLineEdit,
     QListView,
     QMenu,
     QMessageBox,
-    QPushButton,
-    QVBoxLayout,
     QWidget,
 )
 
 from specchat.store.conversations import Conversation, ConversationStore
 from specchat.store.worker import Remote, report_failure
+from specchat.ui.widgets import button, hbox, vbox
 
 
 class ConversationListModel(QAbstractListModel):
@@ -119,22 +117,17 @@ class Sidebar(QWidget):
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(True)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.new_button = QPushButton("New chat")
-        self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
-        self.new_button.setShortcut("Ctrl+N")
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 8, 8)
-        lay.addWidget(self.new_button)
-        lay.addWidget(self.search)
-        lay.addWidget(self.list, 1)
-        buttons = QHBoxLayout()
-        self.rename_button = QPushButton("Rename")
-        self.delete_button = QPushButton("Delete")
-        self.export_button = QPushButton("Export")
-        self.export_button.setToolTip("Save the conversation as a Markdown file")
-        for b in (self.rename_button, self.delete_button, self.export_button):
-            buttons.addWidget(b)
-        lay.addLayout(buttons)
+        self.new_button = button("New chat", "Start a new conversation (Ctrl+N)",
+                                 shortcut="Ctrl+N")
+        self.rename_button = button("Rename", clicked=self.rename_current)
+        # Not the slot itself: Qt would hand it the click's ``checked`` (False)
+        # as ``confirm``, and Delete would not ask.
+        self.delete_button = button("Delete", clicked=lambda: self.delete_current())
+        self.export_button = button("Export", "Save the conversation as a Markdown file",
+                                    clicked=lambda: self.export_current())
+        vbox(self.new_button, self.search, (self.list, 1),
+             hbox(self.rename_button, self.delete_button, self.export_button),
+             parent=self, margins=8)
         self._debounce = QTimer(self, singleShot=True, interval=200)
         self._debounce.timeout.connect(self._apply_search)
         self.search.textChanged.connect(self._debounce.start)
@@ -142,9 +135,6 @@ class Sidebar(QWidget):
         self.list.clicked.connect(self._open_index)
         self.list.activated.connect(self._open_index)
         self.list.customContextMenuRequested.connect(self._menu)
-        self.rename_button.clicked.connect(self.rename_current)
-        self.delete_button.clicked.connect(self.delete_current)
-        self.export_button.clicked.connect(lambda: self.export_current())
         self.model.failed.connect(self.failed)
         # A reset (a query returned) keeps the open conversation selected.
         self.model.modelReset.connect(lambda: self.select(self.current_id))
@@ -207,7 +197,7 @@ class Sidebar(QWidget):
         menu.setToolTipsVisible(True)
         rename = menu.addAction("Rename", self.rename_current)
         menu.addAction("Export as Markdown…", lambda: self.export_current())
-        delete = menu.addAction("Delete", self.delete_current)
+        delete = menu.addAction("Delete", lambda: self.delete_current())
         for action in (rename, delete):
             action.setEnabled(self._read_only is None)
             action.setToolTip(self.rename_button.toolTip() if self._read_only else "")

@@ -36,10 +36,6 @@ class Colors:
     border: QColor
 
 
-def _c(hex_: str) -> QColor:
-    return QColor(hex_)
-
-
 # Every colour as (light, dark), side by side, so that one is changed while
 # looking at the other.
 _PALETTE: dict[str, tuple[str, str]] = {
@@ -59,8 +55,8 @@ _PALETTE: dict[str, tuple[str, str]] = {
     "border": ("#dfe3e8", "#3a3e45"),
 }
 
-LIGHT = Colors(dark=False, **{name: _c(pair[0]) for name, pair in _PALETTE.items()})
-DARK = Colors(dark=True, **{name: _c(pair[1]) for name, pair in _PALETTE.items()})
+LIGHT = Colors(dark=False, **{name: QColor(pair[0]) for name, pair in _PALETTE.items()})
+DARK = Colors(dark=True, **{name: QColor(pair[1]) for name, pair in _PALETTE.items()})
 
 
 def origin_color(colors: Colors, origin: str) -> QColor | None:
