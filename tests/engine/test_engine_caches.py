@@ -93,6 +93,7 @@ def test_prefix_reuse_across_turns(arch_models, arch):
     again = _gen(engine, follow, "hybrid", None, max_tokens=30)
     assert again.token_ids == second.token_ids
     assert again.summary.reused_prompt_tokens == len(follow) - 1
+    assert engine.model_drafter.slot.reused == len(follow) - 1  # the draft's too
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
