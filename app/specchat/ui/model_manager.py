@@ -118,9 +118,7 @@ class ModelManager(QDialog):
         self.where = label(selectable=True)
         self.installed = _table(["Name", "Source", "Size", "Parameters"])
         self.catalog = _table(["Model", "Reference", "Download", "Status"])
-        # Not the slot itself: Qt would hand it the click's ``checked`` (False)
-        # as ``confirm``, and Delete would not ask.
-        self.delete_button = button("Delete…", clicked=lambda: self.delete_selected())
+        self.delete_button = button("Delete…", clicked=self.delete_selected)
         self.download_button = button("Download", clicked=self.download_selected)
         self.import_folder_button = button("Import folder…", clicked=self.import_folder)
         self.import_gguf_button = button("Import .gguf…", clicked=self.import_gguf)
@@ -217,7 +215,9 @@ class ModelManager(QDialog):
         return rows[r] if 0 <= r < len(rows) else None
 
     # -- actions -------------------------------------------------------------
-    def delete_selected(self, confirm: bool = True) -> asyncio.Future | None:
+    def delete_selected(self, *, confirm: bool = True) -> asyncio.Future | None:
+        # ``confirm`` keyword-only: the button's clicked(checked=False) cannot
+        # pass for it, so Delete always asks.
         m = self._selected(self.installed, self._installed_rows)
         if m is None or m in self._built_in:
             return None

@@ -120,9 +120,7 @@ class Sidebar(QWidget):
         self.new_button = button("New chat", "Start a new conversation (Ctrl+N)",
                                  shortcut="Ctrl+N")
         self.rename_button = button("Rename", clicked=self.rename_current)
-        # Not the slot itself: Qt would hand it the click's ``checked`` (False)
-        # as ``confirm``, and Delete would not ask.
-        self.delete_button = button("Delete", clicked=lambda: self.delete_current())
+        self.delete_button = button("Delete", clicked=self.delete_current)
         self.export_button = button("Export", "Save the conversation as a Markdown file",
                                     clicked=lambda: self.export_current())
         vbox(self.new_button, self.search, (self.list, 1),
@@ -197,7 +195,7 @@ class Sidebar(QWidget):
         menu.setToolTipsVisible(True)
         rename = menu.addAction("Rename", self.rename_current)
         menu.addAction("Export as Markdown…", lambda: self.export_current())
-        delete = menu.addAction("Delete", lambda: self.delete_current())
+        delete = menu.addAction("Delete", self.delete_current)
         for action in (rename, delete):
             action.setEnabled(self._read_only is None)
             action.setToolTip(self.rename_button.toolTip() if self._read_only else "")
@@ -212,7 +210,9 @@ class Sidebar(QWidget):
             self.model.rename(conv.id, title)
             conv.title = title.strip()  # also when a search hides it from the list
 
-    def delete_current(self, confirm: bool = True) -> None:
+    def delete_current(self, *, confirm: bool = True) -> None:
+        # ``confirm`` keyword-only: a button's clicked(checked=False) or an
+        # action's triggered cannot pass for it, so Delete always asks.
         conv = self._current
         if conv is None or self._read_only is not None:
             return
