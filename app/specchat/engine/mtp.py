@@ -19,7 +19,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 
 from specchat.engine import compute
@@ -88,10 +87,6 @@ def load_head(folder: Path, target, policy) -> MTPModule | None:
         raise EngineError(f"{folder.name}: its MTP weights do not fit the model ({exc})") from exc
     compute.apply(head, policy)
     return head
-
-
-def head_bytes(head: MTPModule) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(head.parameters()))
 
 
 class MTPDrafter(HeadDrafter):
