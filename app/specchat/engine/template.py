@@ -146,12 +146,9 @@ def _explain(exc: BaseException) -> EngineError:
                          f"{_HELP}")
 
 
-def _line(exc: BaseException) -> str:
-    return _line_text(str(exc))
-
-
-def _line_text(text: str) -> str:
-    text = " ".join(text.split())
+def _line(what: BaseException | str) -> str:
+    """An error's text on one line of at most 200 characters."""
+    text = " ".join(str(what).split())
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -172,7 +169,7 @@ def compile_template(source: str, *, syntax_only: bool = False):
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         line = f"line {exc.lineno}: " if exc.lineno else ""
-        why = f"it is not valid Jinja ({line}{_line_text(exc.message or str(exc))})"
+        why = f"it is not valid Jinja ({line}{_line(exc.message or str(exc))})"
     except jinja2.TemplateError as exc:
         why = f"it is not valid Jinja ({_line(exc)})"
     except (SyntaxError, RecursionError):
