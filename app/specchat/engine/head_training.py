@@ -52,7 +52,6 @@ from specchat.engine.errors import EngineError
 from specchat.engine.events import TRAINING_STATE, TrainPlan, TrainProgress
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
-STATE = TRAINING_STATE
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
 BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
 
@@ -235,7 +234,7 @@ class _Trainer:
     # -- state on disk ---------------------------------------------------------------
     def _start(self) -> tuple[_State, bool]:
         fp = _fingerprint(self.engine)
-        path = self.out / STATE
+        path = self.out / TRAINING_STATE
         if path.is_file() and (self.out / "model.safetensors").is_file():
             try:
                 saved = json.loads(path.read_text(encoding="utf-8"))
@@ -285,7 +284,7 @@ class _Trainer:
         config = published_config(self.config, self.layers, self.engine.target.info.name)
         _write_atomic(self.out / "config.json",
                       lambda p: p.write_text(json.dumps(config, indent=2), encoding="utf-8"))
-        _write_atomic(self.out / STATE,
+        _write_atomic(self.out / TRAINING_STATE,
                       lambda p: p.write_text(json.dumps(asdict(self.state)), encoding="utf-8"))
 
     # -- the target's labels -----------------------------------------------------------

@@ -43,9 +43,9 @@ from specchat.engine import template_env
 from specchat.engine.errors import EngineError
 
 RENDER_SECONDS = 2.0
-# The rendered text may be this long plus a few times the conversation's own
-# text (a template may repeat the system prompt); far beyond any context.
-BASE_CHARS = template_env.BASE_CHARS
+# The rendered text may be template_env.BASE_CHARS long plus a few times the
+# conversation's own text (a template may repeat the system prompt); far
+# beyond any context.
 PER_CONTENT_CHAR = 4
 _POLL = 0.05
 RENDER_THREAD = "specchat-template"  # the helper thread's name, while a render runs
@@ -67,7 +67,7 @@ class _Stop(BaseException):
 
 def budget_chars(content_chars: int) -> int:
     """The most characters a conversation's rendered prompt may have."""
-    return BASE_CHARS + PER_CONTENT_CHAR * content_chars
+    return template_env.BASE_CHARS + PER_CONTENT_CHAR * content_chars
 
 
 def render(source: str, variables: Mapping[str, Any], *, max_chars: int,
