@@ -50,8 +50,7 @@ def render(tokenizer: TokenizerWrapper, messages: Sequence[Message],
         msgs, typed = _marked(hf, "", msgs)
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
         if typed:
-            return control_tokens.encode(hf, text, control_tokens.control_tokens(hf, ""),
-                                         add_special_tokens=True)
+            return control_tokens.encode(hf, text, typed, add_special_tokens=True)
         return list(tokenizer.encode(text))
     if not _jinja_template(tokenizer, hf):
         # mlx-lm's own Python renderers, or a tokenizer class with its own
@@ -61,7 +60,7 @@ def render(tokenizer: TokenizerWrapper, messages: Sequence[Message],
         msgs, typed = _marked(hf, source, msgs)
         if typed:
             text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-            return control_tokens.encode(hf, text, control_tokens.control_tokens(hf, source))
+            return control_tokens.encode(hf, text, typed)
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict):  # some transformers versions return a BatchEncoding
             ids = ids["input_ids"]
@@ -71,22 +70,24 @@ def render(tokenizer: TokenizerWrapper, messages: Sequence[Message],
     text = template.render(source, _variables(tokenizer, hf, msgs), cancelled=cancelled,
                            max_chars=template.budget_chars(sum(map(len, contents))))
     if typed:
-        return control_tokens.encode(hf, text, control_tokens.control_tokens(hf, source))
+        return control_tokens.encode(hf, text, typed)
     return list(hf.encode(text, add_special_tokens=False))
 
 
-def _marked(hf, source: str, msgs: list[dict]) -> tuple[list[dict], bool]:
+def _marked(hf, source: str, msgs: list[dict]) -> tuple[list[dict], tuple[str, ...]]:
     """The messages with the control tokens typed into them marked (every
     role: the system prompt and earlier replies are the user's to edit),
-    and whether there were any; unchanged when there were none."""
+    and if there were any, the control tokens to encode the rendered text
+    with (the user's: a conversation always has a user message); unchanged
+    and () when there were none."""
     if getattr(hf, "added_tokens_decoder", None) is None:
-        return msgs, False  # not a transformers tokenizer: it has no added tokens to mark
+        return msgs, ()  # not a transformers tokenizer: it has no added tokens to mark
     tokens = {role: control_tokens.control_tokens(hf, source, role)
               for role in {m["role"] for m in msgs}}
     if not any(control_tokens.typed(m["content"], tokens[m["role"]]) for m in msgs):
-        return msgs, False
+        return msgs, ()
     return [{**m, "content": control_tokens.mark(m["content"], tokens[m["role"]])}
-            for m in msgs], True
+            for m in msgs], tokens["user"]
 
 
 def _renderer_source(tokenizer, hf) -> str:

@@ -10,9 +10,11 @@ folders only.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from pathlib import Path
 
+from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerateRequest, LoadProgress, TrainPlan
 from specchat.engine.modes import OWN_HEAD
 from specchat.engine.worker import EngineThread, Job
@@ -51,8 +53,6 @@ class EngineClient:
             def progress(stage: str):
                 def cb(message: str, fraction: float | None = None):
                     if job.cancelled.is_set():
-                        from specchat.engine.errors import EngineError
-
                         raise EngineError("Loading cancelled.")
                     job.emit(LoadProgress(stage, message, fraction))
                 return cb
@@ -99,8 +99,6 @@ class EngineClient:
         """Free the models (the thread itself stays parked; see worker.py)."""
         def release(_job):
             self._engine = None
-            import gc
-
             gc.collect()
             import mlx.core as mx
 

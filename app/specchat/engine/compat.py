@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Why a model cannot draft for itself, in the words both the engine (at load
 # time) and ``specchat models check`` use.
@@ -50,7 +51,7 @@ def facts_from_tokenizer(tokenizer) -> TokenizerFacts:
     """Facts from a transformers tokenizer (or mlx-lm's TokenizerWrapper)."""
     tok = getattr(tokenizer, "_tokenizer", tokenizer)
     vocab = dict(tok.get_vocab())
-    added = {t: i for t, i in tok.get_added_vocab().items()} if hasattr(tok, "get_added_vocab") else {}
+    added = dict(tok.get_added_vocab()) if hasattr(tok, "get_added_vocab") else {}
     special = {
         role: getattr(tok, f"{role}_token", None) for role in ("bos", "eos", "pad", "unk")
     }
@@ -61,8 +62,6 @@ def facts_from_tokenizer(tokenizer) -> TokenizerFacts:
 def facts_from_tokenizer_json(folder) -> TokenizerFacts:
     """Facts straight from tokenizer.json + tokenizer_config.json, without
     importing transformers (used for the installed-model index)."""
-    from pathlib import Path
-
     folder = Path(folder)
     data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = dict(data.get("model", {}).get("vocab", {}) or {})
@@ -109,9 +108,7 @@ def compare_tokenizers(target: TokenizerFacts, draft: TokenizerFacts, limit: int
         a, b = target.special.get(role), draft.special.get(role)
         if a != b:
             reasons.append(f"different {role.upper()} token: target {a!r}, draft {b!r}")
-    specials_t = {t: i for t, i in target.added.items()}
-    specials_d = {t: i for t, i in draft.added.items()}
-    diff = sorted(set(specials_t.items()) ^ set(specials_d.items()), key=lambda x: x[1])
+    diff = sorted(set(target.added.items()) ^ set(draft.added.items()), key=lambda x: x[1])
     if diff and not any("different ids" in r for r in reasons):
         names = ", ".join(repr(t) for t, _ in diff[:limit])
         reasons.append(f"different special tokens ({names})")

@@ -77,6 +77,11 @@ def _materialize(model: nn.Module, dtype) -> None:
         del value
 
 
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters (what reading all its weights costs)."""
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
 def weight_dtype(model: nn.Module) -> str:
     if is_quantized(model):
         bits = {m.bits for m in model.modules() if isinstance(m, nn.QuantizedLinear)}

@@ -34,11 +34,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from specchat.engine import threads
 from specchat.engine.draft_policy import PAUSED, PROBE, DraftPolicy, auto_off_applies
 from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
-from specchat.engine.events import TARGET, GenerateRequest, GenerationResult, StepEvent, Summary
+from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
 from specchat.engine.sampling import KeyStream
 from specchat.engine.textstream import TextStream
 from specchat.engine.verifier import Verifier
+from specchat.origins import TARGET
 
 
 @dataclass

@@ -297,7 +297,7 @@ def auto_off_applies(request, speculative: bool) -> bool:
             and (s.greedy or s.seed is None))
 
 
-def _ewma(old: float | None, new: float, alpha: float) -> float:
+def ewma(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
 
 
@@ -414,19 +414,19 @@ class BreakEven:
         if not self.enabled:
             return
         draft_s, verify_s, other_s = self.timing.measure(proposal, verify_s, other_s)
-        self.other_s = _ewma(self.other_s, max(0.0, other_s), self.ALPHA)
+        self.other_s = ewma(self.other_s, max(0.0, other_s), self.ALPHA)
         if proposal.k == 0:
-            self.plain_s = _ewma(self.plain_s, verify_s, self.ALPHA)
+            self.plain_s = ewma(self.plain_s, verify_s, self.ALPHA)
             if step == PROBE:  # the drafter (or the policy's K) declined: no better than paused
                 self._probe_every = min(self.PROBE_MAX, 2 * self._probe_every)
             return
         a = self.PROBE_ALPHA if step == PROBE else self.ALPHA
-        self.tokens = _ewma(self.tokens, n + 1.0, a)
-        self.draft_s = _ewma(self.draft_s, draft_s, a)
-        self.verify_s = _ewma(self.verify_s, verify_s, a)
+        self.tokens = ewma(self.tokens, n + 1.0, a)
+        self.draft_s = ewma(self.draft_s, draft_s, a)
+        self.verify_s = ewma(self.verify_s, verify_s, a)
         if proposal.forwards:
-            self.draft_forward_s = _ewma(self.draft_forward_s, draft_s / proposal.forwards, a)
-        self._plain_guess = _ewma(self._plain_guess, verify_s / self.cost.verify(proposal.k + 1),
+            self.draft_forward_s = ewma(self.draft_forward_s, draft_s / proposal.forwards, a)
+        self._plain_guess = ewma(self._plain_guess, verify_s / self.cost.verify(proposal.k + 1),
                                   self.ALPHA)
         self._spec_steps += 1
         self._judge(step)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from specchat import origins
@@ -80,16 +81,8 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
     return lambda *args: getattr(importlib.import_module(module), name)(*args)
 
 
-def _draft_model(parts: Any) -> Any:
-    return parts.draft_model
-
-
-def _head(parts: Any) -> Any:
-    return parts.head
-
-
 # The draft model's block length is the early stop's call, up to 12.
-DRAFT_MODEL = DrafterKind("draft", _draft_model, prior=0.7, cap=12, calibrated=True,
+DRAFT_MODEL = DrafterKind("draft", attrgetter("draft_model"), prior=0.7, cap=12, calibrated=True,
                           needs="draft", origin=origins.DRAFT_MODEL)
 # Suffix matches over the conversation and the history: free too, and
 # scored by how many occurrences agree (suffix.py).
@@ -159,5 +152,5 @@ MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0
 # draft model would (the modes that use "the draft" run it); loaded beside a
 # draft model (``specchat bench --head``) the head modes run it. It reads the
 # target's hidden states and costs what its bytes say against the target's.
-EAGLE3 = register(DrafterKind("eagle3", _head, prior=0.7, cap=10, calibrated=True,
+EAGLE3 = register(DrafterKind("eagle3", attrgetter("head"), prior=0.7, cap=10, calibrated=True,
                               needs="head", reads_target=True, origin=origins.HEAD))

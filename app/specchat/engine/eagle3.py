@@ -23,20 +23,18 @@ sampling). The structure follows mlx-vlm's ``eagle3`` drafter.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
 from specchat.engine import compute
 from specchat.engine.draft_model import DraftHead
 from specchat.engine.drafter_kinds import EAGLE3
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import weight_files
+from specchat.engine.folders import read_config, weight_files
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
 
@@ -187,16 +185,6 @@ def _rename(key: str) -> str | None:
     return key.replace("midlayer.", "layers.0.", 1)
 
 
-def read_config(folder: Path) -> dict:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{folder.name}: its config.json cannot be read ({exc})") from exc
-    if not isinstance(config, dict):
-        raise EngineError(f"{folder.name}: config.json is not a model config")
-    return config
-
-
 def fit(c: HeadConfig, target_hidden: int, target_layers: int, target_vocab: int,
         name: str, target: str) -> None:
     """Refuse, in words, a head that was not made for this target."""
@@ -250,8 +238,8 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
 def head_bytes(head: Eagle3Head) -> int:
     """What one drafted token reads: the layers, fc and the head's output
     layer (its embedding only a row)."""
-    total = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
-    return total - (0 if head.shared_embed is not None else head.embed_tokens.weight.nbytes)
+    own_embed = 0 if head.shared_embed is not None else head.embed_tokens.weight.nbytes
+    return compute.param_bytes(head) - own_embed
 
 
 class Eagle3Drafter(HeadDrafter):

@@ -9,13 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specchat import origins
-
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
-
-# Where each token of a reply came from (StepEvent.origins,
-# Summary.tokens_by_origin): specchat/origins.py, the one table.
-TARGET = origins.TARGET
 
 
 @dataclass(frozen=True)

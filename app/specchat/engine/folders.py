@@ -106,17 +106,13 @@ def safetensors_header(path: Path, error: type[EngineError] = EngineError,
     return header, size - 8 - n
 
 
-def safetensors_names(path: Path) -> list[str]:
-    return list(safetensors_header(path)[0])
-
-
 MTP_PREFIX = "mtp."  # the weights of a model's own MTP head (Qwen3.5, Qwen3-Next: mtp.py)
 
 
 def mtp_keys(folder: Path) -> list[str]:
     """The names of the MTP head's weights in a model folder (empty if it
     ships none), read from the safetensors headers."""
-    return [k for f in weight_files(folder) for k in safetensors_names(f)
+    return [k for f in weight_files(folder) for k in safetensors_header(f)[0]
             if k.startswith(MTP_PREFIX)]
 
 

@@ -35,6 +35,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +52,6 @@ from specchat.engine.errors import EngineError
 from specchat.engine.events import TRAINING_STATE, TrainPlan, TrainProgress
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
-STATE = TRAINING_STATE
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
 BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
 
@@ -103,11 +103,8 @@ def _sequences(engine, plan: TrainPlan) -> tuple[list[list[int]], list[list[int]
 def _draft_ids(train: list[list[int]], vocab: int, n: int, always: Sequence[int]) -> list[int]:
     """The draft vocabulary: the most frequent ids of the text (the target
     mostly writes what it reads), with the end tokens, sorted."""
-    counts: dict[int, int] = {}
-    for seq in train:
-        for t in seq:
-            counts[t] = counts.get(t, 0) + 1
-    top = sorted(counts, key=lambda t: -counts[t])[:max(0, n - len(always))]
+    counts = Counter(t for seq in train for t in seq)
+    top = [t for t, _ in counts.most_common(max(0, n - len(always)))]
     return sorted({*top, *(t for t in always if 0 <= t < vocab)})[:n]
 
 
@@ -176,6 +173,23 @@ def _output_rows(runner, rows: mx.array) -> mx.array | None:
     return None
 
 
+class _StepCache:
+    """The head layer's KV cache in training-time test: step j's keys and
+    values join the earlier steps' (the mask says which rows see which),
+    and its rows sit at position p + j (the layer's rope reads offset + 1)."""
+
+    def __init__(self):
+        self.keys: list[mx.array] = []
+        self.values: list[mx.array] = []
+        self.offset = 0
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys.append(k)
+        self.values.append(v)
+        self.offset += 1
+        return mx.concatenate(self.keys, axis=2), mx.concatenate(self.values, axis=2)
+
+
 class _Trainer:
     def __init__(self, engine, plan: TrainPlan):
         if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
@@ -220,7 +234,7 @@ class _Trainer:
     # -- state on disk ---------------------------------------------------------------
     def _start(self) -> tuple[_State, bool]:
         fp = _fingerprint(self.engine)
-        path = self.out / STATE
+        path = self.out / TRAINING_STATE
         if path.is_file() and (self.out / "model.safetensors").is_file():
             try:
                 saved = json.loads(path.read_text(encoding="utf-8"))
@@ -270,7 +284,7 @@ class _Trainer:
         config = published_config(self.config, self.layers, self.engine.target.info.name)
         _write_atomic(self.out / "config.json",
                       lambda p: p.write_text(json.dumps(config, indent=2), encoding="utf-8"))
-        _write_atomic(self.out / STATE,
+        _write_atomic(self.out / TRAINING_STATE,
                       lambda p: p.write_text(json.dumps(asdict(self.state)), encoding="utf-8"))
 
     # -- the target's labels -----------------------------------------------------------
@@ -293,35 +307,20 @@ class _Trainer:
         """Logits over the draft vocabulary for draft positions 1..steps at
         every row p (the target's features after token p, the token at
         p + 1): step j attends to the target's rows up to p and to row p's
-        own earlier steps (training-time test)."""
-        head, c = self.head, self.config
-        layer = head.layers[0]
-        attn = layer.self_attn
+        own earlier steps (training-time test), through the head's own
+        layer, as it drafts."""
+        head = self.head
         T = feats.shape[0] - 1
-        h_in = head.fc(feats[:T])
+        h = head.fc(feats[:T])[None]
         embed = head.shared_embed or head.embed_tokens
         causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
         diag = mx.eye(T, dtype=mx.bool_)
-        keys, values, out = [], [], []
+        cache, out = _StepCache(), []
         for j in range(1, self.plan.steps + 1):
             tokens = ids[1:T + 1] if j == 1 else _padded(labels[j - 1:], T)
-            normed = layer.hidden_norm(h_in)
-            residual = normed if c.norm_before_residual else h_in
-            x = mx.concatenate([layer.input_layernorm(embed(tokens)), normed], axis=-1)[None]
-            q = attn.q_proj(x).reshape(1, T, attn.heads, -1).transpose(0, 2, 1, 3)
-            k = attn.k_proj(x).reshape(1, T, attn.kv_heads, -1).transpose(0, 2, 1, 3)
-            v = attn.v_proj(x).reshape(1, T, attn.kv_heads, -1).transpose(0, 2, 1, 3)
-            q, k = attn.rope(q, offset=j), attn.rope(k, offset=j)  # row p at position p + j
-            keys.append(k)
-            values.append(v)
             mask = mx.concatenate([causal] + [diag] * (j - 1), axis=1)
-            o = mx.fast.scaled_dot_product_attention(
-                q, mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2),
-                scale=attn.scale, mask=mask)
-            h = residual + attn.o_proj(o.transpose(0, 2, 1, 3).reshape(T, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            out.append(head.lm_head(head.norm(h)))
-            h_in = h
+            h = head.layers[0](h, embed(tokens)[None], mask, cache)
+            out.append(head.lm_head(head.norm(h[0])))
         return out
 
     def _targets(self, labels: mx.array, j: int, T: int) -> mx.array:
@@ -364,6 +363,12 @@ class _Trainer:
             rows += T
         return tuple(h / max(rows, 1) for h in hits)
 
+    def _measure(self) -> tuple[float, ...]:
+        """The held-out acceptance now, added to the curve at the tokens labelled so far."""
+        acc = self.accept()
+        self.state.curve.append({"tokens": self.state.tokens, "accept": list(acc)})
+        return acc
+
     # -- what the updates learn from ----------------------------------------------------
     def _keep(self, feats: mx.array, labels: mx.array, ids: mx.array) -> None:
         """Keep a labelled piece (features in half precision) for several
@@ -399,10 +404,8 @@ class _Trainer:
             report(TrainProgress(stage, st.step, st.tokens, now, budget, loss, accept,
                                  self.resumed, message))
 
-        if not st.curve:
-            acc = self.accept()  # the untrained head's, for the curve
-            st.curve.append({"tokens": 0, "accept": list(acc)})
-            progress("training", accept=acc, message="the untrained head, held out")
+        if not st.curve:  # the untrained head's acceptance, for the curve
+            progress("training", accept=self._measure(), message="the untrained head, held out")
         loss = None
         owed = 0.0  # updates still due on what is labelled
         while time.perf_counter() - start < budget:
@@ -430,8 +433,7 @@ class _Trainer:
             st.step += 1
             owed -= 1
             if time.perf_counter() - last_ckpt >= self.plan.checkpoint_s:
-                acc = self.accept()
-                st.curve.append({"tokens": st.tokens, "accept": list(acc)})
+                acc = self._measure()
                 self.save()
                 last_ckpt = time.perf_counter()
                 progress("checkpoint", loss, acc)
@@ -441,8 +443,7 @@ class _Trainer:
         if stopped and st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
             progress("done", message="cancelled before the first update; nothing was saved")
             return st
-        acc = self.accept()
-        st.curve.append({"tokens": st.tokens, "accept": list(acc)})
+        acc = self._measure()
         self.save()
         progress("done", loss, acc, message="cancelled" if stopped else "")
         return st

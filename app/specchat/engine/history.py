@@ -209,14 +209,10 @@ def _read(path: Path, fingerprint: str, vocab: int | None = None
     tokenizer. A record whose key or stamp is garbage, or whose ids are
     negative (the separator's value) or not below ``vocab``, is left out alone."""
     try:
-        blob = records.read_file(path, MAX_FILE_BYTES)
+        return _docs(_arrays(records.read_file(path, MAX_FILE_BYTES)), fingerprint, vocab)
     except FileNotFoundError:
         return {}, "no saved index"
-    except (OSError, records.BadRecord) as e:
-        return {}, f"saved index refused ({e}): rebuilt"
-    try:
-        return _docs(_arrays(blob), fingerprint, vocab)
-    except records.BadRecord as e:
+    except (OSError, records.BadRecord) as e:  # reading it, or what it holds
         return {}, f"saved index refused ({e}): rebuilt"
     except Exception as e:  # any other damage at all: the file is a cache
         return {}, f"saved index unreadable ({type(e).__name__}): rebuilt"

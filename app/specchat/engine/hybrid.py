@@ -52,11 +52,6 @@ TRUST_ACCEPT = 0.5  # ... while its bucket's measured acceptance is at least thi
 assert TRUST_MATCH in BUCKETS
 
 
-def survival(a: float, k: int) -> float:
-    """Expected accepted tokens among k drafts at per-token acceptance a."""
-    return expected_tokens(a, k) - 1.0
-
-
 class HybridDrafter(Drafter):
     EXPLORE = 6  # a suffix key overruled this many times in a row drafts once
 
@@ -134,8 +129,9 @@ class HybridDrafter(Drafter):
         if origin_bucket is not None and origin_bucket[0] == CONVERSATION \
                 and origin_bucket[1] >= TRUST_MATCH and a_s >= TRUST_ACCEPT:
             return "suffix", k_m
-        e_s = survival(a_s, s.k)
-        e_m = survival(a_m, k_m)
+        # Expected accepted drafts: expected tokens less the target's own.
+        e_s = expected_tokens(a_s, s.k) - 1.0
+        e_m = expected_tokens(a_m, k_m) - 1.0
         rates = {
             "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
             "model": (e_m + 1.0) / (k_m * c + cost.verify(k_m + 1)),

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
@@ -91,15 +90,13 @@ def load_folder(
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as exc:  # noqa: BLE001
         raise EngineError(f"{path.name}: could not load the tokenizer ({exc})") from exc
-    params = tree_flatten(model.parameters())
-    n_params = _count_params(model)
     reason = untrimmable_reason(model)
     info = ModelInfo(
         name=model_name(path),
         path=str(path),
         model_type=str(config.get("model_type", "?")),
-        n_params=n_params,
-        weight_bytes=sum(v.nbytes for _, v in params),
+        n_params=count_params(model),
+        weight_bytes=compute.param_bytes(model),
         dtype=compute.weight_dtype(model),
         vocab_size=len(tokenizer),
         trimmable=reason is None,
@@ -108,7 +105,7 @@ def load_folder(
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info)
 
 
-def _count_params(model: nn.Module) -> int:
+def count_params(model: nn.Module) -> int:
     """Logical parameter count, with quantized weights counted unpacked."""
     total = 0
     for m in model.modules():

@@ -112,8 +112,7 @@ def run_prompts(engine: Engine, prompts: Sequence[str], mode: modes.Mode, max_to
         raise EngineError("There are no prompts to measure with.")
     engine.reset_cache()
     engine.generate(_request(prompts[0], mode, WARM_UP_TOKENS), cancelled)
-    new_tokens = steps = drafted = accepted = judged = 0
-    decode_s = 0.0
+    runs = []  # per prompt, Tally's fields after ``runs``
     for i, prompt in enumerate(prompts):
         if cancelled.is_set():
             raise MeasureCancelled()
@@ -123,16 +122,12 @@ def run_prompts(engine: Engine, prompts: Sequence[str], mode: modes.Mode, max_to
         if cancelled.is_set():
             raise MeasureCancelled()
         s = result.summary
-        new_tokens += s.new_tokens
-        decode_s += max(0.0, s.wall_s - s.prefill_s)
-        steps += s.steps
-        drafted += s.drafted
-        accepted += s.accepted
-        judged += sum(e.accepted + (1 if e.accepted < e.drafted else 0)
-                      for e in events if e.drafted)
+        judged = sum(e.accepted + (1 if e.accepted < e.drafted else 0) for e in events if e.drafted)
+        runs.append((s.new_tokens, max(0.0, s.wall_s - s.prefill_s), s.steps, s.drafted,
+                     s.accepted, judged))
         if on_prompt is not None:
             on_prompt(i + 1, len(prompts))
-    return Tally(len(prompts), new_tokens, decode_s, steps, drafted, accepted, judged)
+    return Tally(len(prompts), *(sum(field) for field in zip(*runs, strict=True)))
 
 
 def measure_plain(engine: Engine, prompts: Sequence[str], max_tokens: int,
@@ -171,15 +166,6 @@ def prefill(model, cache, ids: list[int]) -> None:
         mx.eval([c.state for c in cache])
 
 
-def _prefilled(model, ids: list[int]):
-    """A fresh cache for ``model`` holding ``ids``, in the engine's chunks."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    prefill(model, cache, ids)
-    return cache
-
-
 def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
     """Median seconds for ``forward(last m ids, cache)``, the cache rewound
     after each run so every repetition sees the same context."""
@@ -199,12 +185,16 @@ def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> Fo
     """The target over 1 and VERIFY_TOKENS tokens with logits for every
     position (as verification runs it) and the draft over one token with
     the last position's logits over its (pruned) head (as drafting runs it)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     target, drafter = engine.target_runner, engine.model_drafter
     if target is None or drafter is None:
         raise EngineError("No draft model is loaded.")
 
     def timed(model, forward, m: int) -> float:
-        return step_time(forward, ids, m, _prefilled(model, ids), reps)
+        cache = make_prompt_cache(model)  # a fresh one holding ids, in the engine's chunks
+        prefill(model, cache, ids)
+        return step_time(forward, ids, m, cache, reps)
 
     def verify(x, c):
         return target(x, c, "all")

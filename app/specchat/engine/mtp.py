@@ -19,7 +19,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 
 from specchat.engine import compute
@@ -29,7 +28,6 @@ from specchat.engine.folders import MTP_PREFIX, mtp_keys, weight_files
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
 
-PREFIX = MTP_PREFIX
 # Qwen's checkpoints store RMSNorm weights zero-centred (weight + 1 at use);
 # mlx-lm adds the 1 when it converts them (a checkpoint whose conv1d weights
 # are still in the Hub's layout), and so does this, for the head's norms.
@@ -70,13 +68,14 @@ def load_head(folder: Path, target, policy) -> MTPModule | None:
     if args is None or not layers:
         raise EngineError(f"{folder.name} has MTP weights, but SpecChat cannot run them for "
                           f"its model type")
-    n = len({k.split(".")[2] for k in keys if k.startswith(PREFIX + "layers.")}) or 1
+    n = len({k.split(".")[2] for k in keys if k.startswith(MTP_PREFIX + "layers.")}) or 1
     head = MTPModule(type(layers[0]), args, n)
     weights: dict[str, mx.array] = {}
     hub_layout = False
     for f in weight_files(folder):
         tensors = mx.load(str(f))
-        weights.update((k[len(PREFIX):], v) for k, v in tensors.items() if k.startswith(PREFIX))
+        weights.update((k[len(MTP_PREFIX):], v) for k, v in tensors.items()
+                       if k.startswith(MTP_PREFIX))
         hub_layout |= any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in tensors.items())
         del tensors
     if hub_layout:
@@ -88,10 +87,6 @@ def load_head(folder: Path, target, policy) -> MTPModule | None:
         raise EngineError(f"{folder.name}: its MTP weights do not fit the model ({exc})") from exc
     compute.apply(head, policy)
     return head
-
-
-def head_bytes(head: MTPModule) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(head.parameters()))
 
 
 class MTPDrafter(HeadDrafter):

@@ -16,7 +16,8 @@ from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+
+from specchat.engine.compute import param_bytes
 
 # model_type values whose Model.__call__ is `head(self.model(inputs, cache))`
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
@@ -128,12 +129,12 @@ class Runner:
         """Weight bytes one decoding step reads: everything except an untied
         input embedding, of which a step reads only a row. Single-sequence
         decoding is bandwidth-bound, so this is its cost up to a constant."""
-        total = sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+        total = param_bytes(self.model)
         args = getattr(self.model, "args", None)
         inner = getattr(self.model, "model", None)
         emb = getattr(inner, "embed_tokens", None) if inner is not None else None
         if emb is not None and not getattr(args, "tie_word_embeddings", True):
-            total -= sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
+            total -= param_bytes(emb)
         return total
 
     def head_bytes(self) -> int:
@@ -142,7 +143,7 @@ class Runner:
         if not self.split:
             return 0
         owner = self.head.__self__ if hasattr(self.head, "__self__") else self.head
-        return sum(v.nbytes for _, v in tree_flatten(owner.parameters()))
+        return param_bytes(owner)
 
     def head_weight(self) -> mx.array | None:
         """The [V, H] projection matrix, if the head is a plain (unquantized) one."""

@@ -10,10 +10,10 @@ import gc
 import hashlib
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from specchat.engine import chat, compute, drafter_kinds, eagle3, modes, mtp, request_check, threads
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
@@ -35,7 +35,7 @@ from specchat.engine.folders import is_cluster_folder, is_head, model_name, read
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
-from specchat.engine.loading import LoadedModel, load_folder
+from specchat.engine.loading import LoadedModel, count_params, load_folder
 from specchat.engine.runner import Runner
 
 
@@ -104,7 +104,7 @@ class Engine:
             self._vocab = int(w.shape[0]) if w is not None else int(
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
-            threads.governor().set_ceiling(threads.parallel_ceiling(_largest_matrix(self.target.config)))
+            threads.fit_model(self.target.config)
         if draft_path is None:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
@@ -116,12 +116,10 @@ class Engine:
                 self._load_draft_model(draft_path, say)
         self._load_head_beside(head, say)
         if own_head and self._mtp_head is None:
-            raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights in its "
-                              "folder), so it cannot draft for itself: choose a draft model, or "
-                              "draft from the conversation (suffix matching).")
+            raise EngineError(self._no_mtp_head())
         head_bytes = {}
         if self._mtp_head is not None:  # a layer, and the target's output layer
-            head_bytes[drafter_kinds.MTP.name] = (mtp.head_bytes(self._mtp_head)
+            head_bytes[drafter_kinds.MTP.name] = (compute.param_bytes(self._mtp_head)
                                                   + self._slot.runner.head_bytes())
         if self._head is not None:  # its layer and its own (draft-vocabulary) output layer
             head_bytes[drafter_kinds.EAGLE3.name] = self._head.bytes_per_token()
@@ -189,12 +187,12 @@ class Engine:
         head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
         drafter = eagle3.Eagle3Drafter(head, self._slot)
         info = ModelInfo(name=name, path=str(folder), model_type=eagle3.EAGLE3.name,
-                         n_params=sum(v.size for _, v in tree_flatten(head.parameters())),
+                         n_params=count_params(head),
                          weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
                          vocab_size=head.config.vocab_size, trimmable=True,
                          untrimmable_reason=None)
         return LoadedModel(model=head, tokenizer=self.target.tokenizer,
-                           config=eagle3.read_config(folder), info=info), drafter
+                           config=read_config(folder), info=info), drafter
 
     def _drop_target(self) -> None:
         self._drop_draft()
@@ -243,29 +241,13 @@ class Engine:
         """Token ids that end a reply (EOS and the chat template's end-of-turn)."""
         return set(self._eos)
 
-    def kv_bytes(self, tokens: int) -> int:
-        """KV-cache bytes for ``tokens`` positions in the target and the draft."""
-        total = 0
-        for m in (self.target, self.draft):
-            if m is None:
-                continue
-            cfg = m.config
-            layers = cfg.get("num_hidden_layers", 0)
-            heads = cfg.get("num_attention_heads", 1)
-            kv_heads = cfg.get("num_key_value_heads", heads)
-            head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
-            itemsize = 2 if self.compute.dtype in ("float16", "bfloat16", "q4") else 4
-            total += 2 * layers * kv_heads * head_dim * tokens * itemsize
-        return total
-
     def reset_cache(self) -> None:
         """Forget cached prompts (they are reused only on an exact prefix match
         anyway; this frees memory)."""
         if self._slot is not None:
             self._slot.reset()
-        for drafter in {id(d): d for d in (self._model_drafter, self._head) if d}.values():
-            drafter.reset()
-        for drafter in self._drafters.values():
+        drafters = (self._model_drafter, self._head, *self._drafters.values())
+        for drafter in {id(d): d for d in drafters if d}.values():  # the head may be the draft
             drafter.reset()
 
     # -- generation ------------------------------------------------------
@@ -306,9 +288,7 @@ class Engine:
         mode = mode.runs_with(have)
         if mode is None:
             if "mtp" in wanted.needs:
-                raise EngineError(f"{self.target.info.name} has no MTP head (no mtp.* weights "
-                                  "in its folder), so it cannot draft for itself: choose a draft "
-                                  "model, or draft from the conversation (suffix matching).")
+                raise EngineError(self._no_mtp_head())
             if "head" in wanted.needs:
                 raise EngineError("This mode drafts with an EAGLE-3 head loaded beside the draft "
                                   "model, and none is: load one (--head), or choose the head "
@@ -319,6 +299,11 @@ class Engine:
         if len(chain) == 1:
             return chain[0], mode
         return HybridDrafter(*chain), mode
+
+    def _no_mtp_head(self) -> str:
+        return (f"{self.target.info.name} has no MTP head (no mtp.* weights in its folder), so "
+                "it cannot draft for itself: choose a draft model, or draft from the "
+                "conversation (suffix matching).")
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
         parts = Parts(target=self._slot, draft_model=self._model_drafter,
@@ -367,8 +352,8 @@ class Engine:
         mode = modes.get(request.draft.mode)
         ids = self.prompt_ids(request, cancelled)
         limit = self.target.max_context
-        if limit is not None:
-            request = _cap_tokens(request, limit - len(ids))
+        if limit is not None:  # the reply cannot run past the model's context
+            request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))
         drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
@@ -378,20 +363,3 @@ class Engine:
             # Finished (or stopped) replies join the history as they end.
             self.history.put(request.history_key, [*ids, *result.token_ids])
         return result
-
-
-def _largest_matrix(config: dict) -> int:
-    """Weights in a transformer block's largest matrix (its MLP's), which
-    decides whether splitting products over threads pays; unknown counts as
-    large."""
-    cfg = config.get("text_config", config)
-    hidden, inner = cfg.get("hidden_size"), cfg.get("intermediate_size")
-    if not hidden or not inner:
-        return threads.PARALLEL_MIN_WEIGHTS
-    return int(hidden) * int(inner)
-
-
-def _cap_tokens(request: GenerateRequest, room: int) -> GenerateRequest:
-    from dataclasses import replace
-
-    return replace(request, max_tokens=max(1, min(request.max_tokens, room)))

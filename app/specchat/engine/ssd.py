@@ -87,7 +87,7 @@ import atexit
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from weakref import WeakKeyDictionary, ref
 
 import mlx.core as mx
@@ -95,6 +95,7 @@ from mlx_lm.models.cache import KVCache
 
 from specchat.engine import blas, threads
 from specchat.engine.draft_model import Drafted, DraftHead, ModelDrafter, draft_block
+from specchat.engine.draft_policy import ewma
 from specchat.engine.drafter_kinds import SSD
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
@@ -170,18 +171,17 @@ class Spec:
     block: Drafted
     q: mx.array | None
     cache: list
-    fed: int  # positions the branch holds past the shared prefix: t, then the block's but last
 
 
-def _draft(runner, head: DraftHead, cache, first: list[int], position: int, k: int,
-           keep_going: Callable[[list[float]], bool], sampling: SamplingParams, base: int | None,
-           out: Drafted | None = None,
-           abandon: Callable[[], bool] = lambda: False) -> Drafted | None:
-    """draft_block on ``cache`` with the position keys (the first new token
-    at absolute ``position``) and the alternatives the guesses need."""
-    return draft_block(head, lambda t: runner(t, cache, head.which), first, k, sampling,
+def _draft(head: DraftHead, feed: Callable, first: list[int], k: int, sampling: SamplingParams,
+           base: int | None, position: int, keep_going: Callable[[list[float]], bool],
+           **more) -> Drafted | None:
+    """draft_block with the position keys (the first new token at absolute
+    ``position``) and the alternatives the guesses need: the engine's
+    blocks and the worker's are drafted alike."""
+    return draft_block(head, feed, first, k, sampling,
                        key_at=lambda i: position_key(base, position + i), keep_going=keep_going,
-                       alts=F_MAX, out=out, abandon=abandon)
+                       alts=F_MAX, **more)
 
 
 def _q(head: DraftHead, block: Drafted, greedy: bool) -> mx.array | None:
@@ -249,7 +249,6 @@ class Job:
         self.outcome: Key | None = None
         self.asked = False  # the engine thread has asked for its outcome
         self.cancelled = False
-        self.bonus_snapshot: list | None = None
         self.current: Key | None = None
         self.results: dict[Key, Spec] = {}
         self.finished = False
@@ -285,7 +284,7 @@ class Job:
             ids, p = self.head.ids(top), probs[top]
             mx.eval(ids, p, [(c.keys, c.values) for c in cache])
             self._spent(time.perf_counter() - t0, 1)
-            self.bonus_snapshot = [(c.keys, c.values) for c in cache]
+            bonus_snapshot = [(c.keys, c.values) for c in cache]
             plan += [((k, t), self.p_bonus * q) for t, q in zip(ids.tolist(), p.tolist(),
                                                                  strict=True) if q > 0]
         plan.sort(key=lambda kp: -kp[1])
@@ -295,18 +294,18 @@ class Job:
                 if self.cancelled or (self.asked and key != self.outcome):
                     return
                 self.current = key
-            snap = self.bonus_snapshot if n == k else self.snapshot
+            snap = bonus_snapshot if n == k else self.snapshot  # (k, t): planned with it
             cache = branch(snap, self.start + n)
-            block = _draft(self.runner, self.head, cache, [t], self.start + n + 1, self.length,
-                           lambda _c: True, self.sampling, self.base,
-                           abandon=lambda key=key: self._abandon(key))
+            block = _draft(self.head, lambda x, c=cache: self.runner(x, c, self.head.which), [t],
+                           self.length, self.sampling, self.base, self.start + n + 1,
+                           lambda _c: True, abandon=lambda key=key: self._abandon(key))
             if block is None:
                 return
             q = _q(self.head, block, self.sampling.greedy)
             mx.eval([(c.keys, c.values) for c in cache])
             self._spent(block.forward_s, block.forwards)
             with self.cond:
-                self.results[key] = Spec(key, block, q, cache, len(block.tokens))
+                self.results[key] = Spec(key, block, q, cache)
                 self.current = None
                 self.cond.notify_all()
 
@@ -365,12 +364,8 @@ class _Worker:
         atexit.register(self.park)
 
     def submit(self, job: Job) -> None:
-        with self._cv:
-            if self._pending is not None:
-                self._pending.cancel()
-                self._pending.finish()
-            if self._running is not None:
-                self._running.cancel()
+        with self._cv:  # an RLock: cancel takes it again
+            self.cancel()
             self._pending = job
             self._cv.notify_all()
 
@@ -442,9 +437,7 @@ class Stats:
         return self.hidden_s / self.draft_s if self.draft_s > 0 else 0.0
 
     def fields(self) -> dict:
-        return {"hits": self.hits, "misses": self.misses, "fallbacks": self.fallbacks,
-                "overlap": self.overlap, "hidden_s": self.hidden_s, "draft_s": self.draft_s,
-                "spec_s": self.spec_s}
+        return {**asdict(self), "overlap": self.overlap}
 
 
 class SpeculativeDrafter(Drafter):
@@ -452,11 +445,10 @@ class SpeculativeDrafter(Drafter):
 
     name = SSD.name
 
-    def __init__(self, model: ModelDrafter, settings: Settings | None = None):
+    def __init__(self, model: ModelDrafter):
         # Weakly: the engine owns its draft model, and for_model keeps one
         # drafter per model in a weak dictionary that must not keep it alive.
         self._model = ref(model)
-        self.settings = settings
         self.counts = Stats()
         self._job: Job | None = None
         self._last: tuple[int, int] | None = None  # (context length, its last id) at the last block
@@ -472,21 +464,15 @@ class SpeculativeDrafter(Drafter):
             raise EngineError("The draft model was unloaded: load a draft for the ssd mode.")
         return model
 
-    @property
-    def _settings(self) -> Settings:
-        return self.settings or DEFAULTS
-
     def prepare(self, prompt: Sequence[int], request=None) -> None:
         """A request starts: its counts from zero, the draft synced to ``prompt``."""
         self._drop_job()
         self.counts = Stats()
-        self._last = None
         self._base = None
         self.model.prepare(prompt, request)
 
     def reset(self) -> None:
         self._drop_job()
-        self._last = None
         self.model.reset()
 
     def stats(self) -> dict:
@@ -505,13 +491,14 @@ class SpeculativeDrafter(Drafter):
 
     def catch_up(self, context: Sequence[int]) -> None:
         self._drop_job()
-        self._last = None
         self.model.catch_up(context)
 
     def finish(self, context: Sequence[int]) -> None:
         self.model.finish(context)
 
     def _drop_job(self) -> None:
+        """Cancel any speculation; the next step drafts the ordinary way."""
+        self._last = None
         if self._job is not None:
             self._job.cancel()
             self._job = None
@@ -541,9 +528,8 @@ class SpeculativeDrafter(Drafter):
             forwards = 0
             if more:  # the policy wants a longer block than was speculated: draft on
                 before = block.forward_s, block.forwards
-                draft_block(head, lambda t: md.feed(t, head), [block.tokens[-1]], k,
-                            ctl.sampling, key_at=lambda i: position_key(self._base, len(context) + i),
-                            keep_going=ctl.keep_going, alts=F_MAX, out=block)
+                _draft(head, lambda t: md.feed(t, head), [block.tokens[-1]], k, ctl.sampling,
+                       self._base, len(context), ctl.keep_going, out=block)
                 exposed += block.forward_s - before[0]
                 forwards = block.forwards - before[1]
                 q = _q(head, block, greedy)
@@ -559,9 +545,8 @@ class SpeculativeDrafter(Drafter):
             first = md._pending(context[md.slot.length:])
             md.slot.checkpoint()
             head = md.view(ctl.vocab)  # after catching up: it may have added rows
-            block = draft_block(head, lambda t: md.feed(t, head), first, k, ctl.sampling,
-                                key_at=lambda i: position_key(self._base, len(context) + i),
-                                keep_going=ctl.keep_going, alts=F_MAX)
+            block = _draft(head, lambda t: md.feed(t, head), first, k, ctl.sampling, self._base,
+                           len(context), ctl.keep_going)
             forwards = block.forwards
             self.counts.draft_s += block.forward_s
             q = _q(head, block, greedy)
@@ -591,13 +576,13 @@ class SpeculativeDrafter(Drafter):
         if job is None:
             return None, "fallback", 0.0
         outcome = self._outcome(job, context)
-        self._window_s = _ema(self._window_s, time.perf_counter() - job.submitted)
-        spec, waited = job.take(outcome, self._settings.settle)
+        self._window_s = ewma(self._window_s, time.perf_counter() - job.submitted, EMA)
+        spec, waited = job.take(outcome, DEFAULTS.settle)
         job.cancel()
         with job.cond:
             self.counts.spec_s += job.spent_s
             if job.forwards:
-                self._forward_s = _ema(self._forward_s, job.spent_s / job.forwards)
+                self._forward_s = ewma(self._forward_s, job.spent_s / job.forwards, EMA)
         if outcome is None:
             return None, "fallback", waited
         return spec, ("hit" if spec is not None else "miss"), waited
@@ -608,7 +593,8 @@ class SpeculativeDrafter(Drafter):
         engine's own drafting would have stopped (k tokens, or
         ``keep_going``); True if it would have drafted further."""
         md = self.model
-        md.slot.adopt(spec.cache, len(context) + spec.fed - 1)
+        # Past the context the branch holds t, then every token of the block but the last.
+        md.slot.adopt(spec.cache, len(context) + len(spec.block.tokens) - 1)
         md.slot.checkpoint()
         b = spec.block
         keep, more = len(b.tokens), True
@@ -625,8 +611,8 @@ class SpeculativeDrafter(Drafter):
         """Keys that fit in the overlap: measured seconds from one proposal
         to the next over seconds per worker forward (before measurements:
         the cost model's verify over its draft forward)."""
-        if self._settings.keys is not None:
-            return self._settings.keys
+        if DEFAULTS.keys is not None:
+            return DEFAULTS.keys
         if self._window_s is not None and self._forward_s:
             forwards = self._window_s / self._forward_s
         else:
@@ -661,13 +647,9 @@ class SpeculativeDrafter(Drafter):
             rest = max(1e-9, 1.0 - block.confs[n])
             keys += [((n, t), p_end[n] * min(1.0, q / rest)) for t, q in block.alts[n][:counts[n]]]
         job = Job(md.runner, head, snapshot, start, block, keys, counts[k], p_end[k], k, ctl.sampling,
-                  self._base, self._settings.device)
+                  self._base, DEFAULTS.device)
         self._job = job
         worker().submit(job)
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new
 
 
 _by_model: WeakKeyDictionary = WeakKeyDictionary()

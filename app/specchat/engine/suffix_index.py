@@ -233,7 +233,6 @@ class Continuation:
     tokens: list[int]
     probs: list[float]  # estimated probability that the draft survives to each token
     match: int  # length of the match it continues
-    occurrences: int
 
     @property
     def score(self) -> float:
@@ -242,25 +241,24 @@ class Continuation:
 
 
 def continuation(buf: np.ndarray, end: int, positions: np.ndarray, match: int, limit: int,
-                 min_prob: float, tail: Sequence[int] = ()) -> Continuation:
+                 min_prob: float) -> Continuation:
     """Follow the occurrences token by token, each time taking the token most
     of them continue with (the latest one's, on a tie) and keeping only those; a token's probability is
     the share of occurrences that agree, multiplied along the path. Stops
     when that falls below ``min_prob``, at ``limit`` tokens, or when no
-    occurrence goes on. ``tail`` is what comes after ``buf[:end]`` without
-    being in it (the proposal so far is read back for a match that reaches
-    the end: a repeating list continues its own repeat, as in LZ77)."""
+    occurrence goes on. An occurrence that reaches ``end`` reads on in the
+    continuation so far (a repeating list continues its own repeat, as in
+    LZ77)."""
     alive = positions.astype(np.int64)
     tokens: list[int] = []
     probs: list[float] = []
     p = 1.0
-    extra = np.asarray(list(tail), dtype=np.int32)
-    if alive.size == 1 and not extra.size and alive[0] + limit <= end:
+    if alive.size == 1 and alive[0] + limit <= end:
         # One occurrence (the usual long match): its text is the continuation.
         run = buf[alive[0]:alive[0] + limit]
         stop = np.flatnonzero(run == SEP)
         run = run[:stop[0]] if stop.size else run
-        return Continuation(run.tolist(), [1.0] * run.size, match, 1)
+        return Continuation(run.tolist(), [1.0] * run.size, match)
     for t in range(limit):
         at = alive + t
         inside = at < end
@@ -268,9 +266,8 @@ def continuation(buf: np.ndarray, end: int, positions: np.ndarray, match: int, l
         if not inside.all():
             back = at[~inside] - end
             got = np.full(back.size, SEP, dtype=np.int32)
-            have = back < len(tokens) + extra.size
-            seq = np.concatenate([extra, np.asarray(tokens, dtype=np.int32)])
-            got[have] = seq[back[have]]
+            have = back < len(tokens)
+            got[have] = np.asarray(tokens, dtype=np.int32)[back[have]]
             nxt[~inside] = got
         ok = nxt != SEP
         if not ok.any():
@@ -288,4 +285,4 @@ def continuation(buf: np.ndarray, end: int, positions: np.ndarray, match: int, l
         tokens.append(tok)
         probs.append(p)
         alive = alive[nxt == tok]
-    return Continuation(tokens, probs, match, int(positions.size))
+    return Continuation(tokens, probs, match)

@@ -43,9 +43,9 @@ from specchat.engine import template_env
 from specchat.engine.errors import EngineError
 
 RENDER_SECONDS = 2.0
-# The rendered text may be this long plus a few times the conversation's own
-# text (a template may repeat the system prompt); far beyond any context.
-BASE_CHARS = template_env.BASE_CHARS
+# The rendered text may be template_env.BASE_CHARS long plus a few times the
+# conversation's own text (a template may repeat the system prompt); far
+# beyond any context.
 PER_CONTENT_CHAR = 4
 _POLL = 0.05
 RENDER_THREAD = "specchat-template"  # the helper thread's name, while a render runs
@@ -67,7 +67,7 @@ class _Stop(BaseException):
 
 def budget_chars(content_chars: int) -> int:
     """The most characters a conversation's rendered prompt may have."""
-    return BASE_CHARS + PER_CONTENT_CHAR * content_chars
+    return template_env.BASE_CHARS + PER_CONTENT_CHAR * content_chars
 
 
 def render(source: str, variables: Mapping[str, Any], *, max_chars: int,
@@ -146,12 +146,9 @@ def _explain(exc: BaseException) -> EngineError:
                          f"{_HELP}")
 
 
-def _line(exc: BaseException) -> str:
-    return _line_text(str(exc))
-
-
-def _line_text(text: str) -> str:
-    text = " ".join(text.split())
+def _line(what: BaseException | str) -> str:
+    """An error's text on one line of at most 200 characters."""
+    text = " ".join(str(what).split())
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -172,7 +169,7 @@ def compile_template(source: str, *, syntax_only: bool = False):
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         line = f"line {exc.lineno}: " if exc.lineno else ""
-        why = f"it is not valid Jinja ({line}{_line_text(exc.message or str(exc))})"
+        why = f"it is not valid Jinja ({line}{_line(exc.message or str(exc))})"
     except jinja2.TemplateError as exc:
         why = f"it is not valid Jinja ({_line(exc)})"
     except (SyntaxError, RecursionError):

@@ -237,3 +237,13 @@ def parallel_ceiling(largest_matrix: int) -> int:
     """How many threads a model with this many weights in its largest matrix
     can use well."""
     return blas.cores() if largest_matrix >= PARALLEL_MIN_WEIGHTS else 1
+
+
+def fit_model(config: dict) -> None:
+    """Cap the governor for a model loaded with this config.json: the weights
+    in a transformer block's largest matrix (its MLP's) decide whether
+    splitting products over threads pays; unknown counts as large."""
+    cfg = config.get("text_config", config)
+    hidden, inner = cfg.get("hidden_size"), cfg.get("intermediate_size")
+    largest = int(hidden) * int(inner) if hidden and inner else PARALLEL_MIN_WEIGHTS
+    governor().set_ceiling(parallel_ceiling(largest))

@@ -20,6 +20,8 @@ from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerateRequest, LoadProgress, Message, SamplingParams
 from specchat.engine.session import Engine
 from specchat.library.engine_link import make_client
+from specchat.library.facts import kv_shape
+from specchat.library.memory import kv_bytes
 from specchat.tools import cpuload
 from specchat.tools.bench_report import add_theory, format_report, machine_info, model_json, tables
 from specchat.tools.bench_runs import Run, run_variant
@@ -66,7 +68,12 @@ def _memory(engine: Engine, prompts: list[Prompt], max_tokens: int, peak: int) -
     kv_tokens = max(len(engine.prompt_ids(GenerateRequest(messages=p.messages))) for p in prompts)
     kv_tokens += max_tokens + 16
     weights = engine.target.info.weight_bytes + (engine.draft.info.weight_bytes if engine.draft else 0)
-    kv = engine.kv_bytes(kv_tokens)
+    kv = 0
+    for m in (engine.target, engine.draft):  # estimated as the library's memory check does
+        if m is not None:
+            layers, kv_heads, head_dim = kv_shape(m.config)
+            per_token = 2 * layers * kv_heads * head_dim if layers and kv_heads and head_dim else 0
+            kv += kv_bytes(per_token, kv_tokens, engine.compute.dtype)
     return {"peak_bytes": peak, "weights_bytes": weights, "kv_cache_bytes": kv,
             "ratio": peak / (weights + kv) if weights + kv else None}
 

@@ -25,6 +25,7 @@ holds up nobody. Nothing here calls MLX.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import select
@@ -54,16 +55,12 @@ def keepalive(sock: socket.socket, idle: int = 5, interval: int = 2, count: int 
     for opt, value in ((idle_opt, idle), (getattr(socket, "TCP_KEEPINTVL", None), interval),
                        (getattr(socket, "TCP_KEEPCNT", None), count)):
         if opt is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-            except OSError:
-                pass
     user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)  # Linux: unacknowledged data too
     if user_timeout is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, user_timeout, (idle + interval * count) * 1000)
-        except OSError:
-            pass
 
 
 class Peers:
@@ -211,10 +208,7 @@ class Peers:
     def close(self) -> None:
         self._stop.set()
         for line in self.lines.values():
-            try:
-                line.sock.close()
-            except OSError:
-                pass
+            line.close()
 
 
 def probe(spec: ClusterSpec, secret: bytes, timeout: float = 1.0) -> tuple[int, str] | None:
@@ -287,10 +281,8 @@ def ring_sockets(spec: ClusterSpec, rank: int) -> list[socket.socket]:
 
 def shut(socks: list[socket.socket]) -> None:
     for sock in socks:
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 class RankChannel:
@@ -351,19 +343,15 @@ class RankChannel:
                         return
         except (ProtocolError, OSError) as exc:
             self.say(f"refused a connection from {addr[0]}: {exc}")
-            try:
+            with contextlib.suppress(OSError):
                 line.send({"error": {"text": f"refused: {exc}"}})
-            except OSError:
-                pass
         finally:
             self._pending.release()
         line.close()
 
     def send(self, message: dict) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.line.send(message)
-        except OSError:
-            pass
 
     def _beat(self) -> None:
         sock = self.line.sock

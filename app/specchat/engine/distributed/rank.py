@@ -93,10 +93,7 @@ class Stage:
         # BLAS threads as the engine sets them: several only for large
         # matrices, and fewer while the machine is busy (with rank 0 among
         # the others when they share it), since BLAS threads spin.
-        cfg = loaded.config.get("text_config", loaded.config)
-        largest = int(cfg.get("hidden_size") or 0) * int(cfg.get("intermediate_size") or 0)
-        threads.governor().set_ceiling(
-            threads.parallel_ceiling(largest or threads.PARALLEL_MIN_WEIGHTS))
+        threads.fit_model(loaded.config)
         inner = self.model.model
         params, nbytes = stages.layer_sizes(self.model)
         self.channel.send({"loaded": {"seq": seq, "layer_params": params, "layer_bytes": nbytes,

@@ -18,6 +18,7 @@ Imports no MLX.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -40,13 +41,10 @@ def parse(line: bytes | str, where: str) -> bytes:
     if isinstance(line, bytes):
         line = line.decode("ascii", "replace")
     value = line.strip()
-    if len(value) != 2 * BYTES:
-        raise EngineError(f"{where} does not hold a cluster secret ({2 * BYTES} hex digits).")
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise EngineError(f"{where} does not hold a cluster secret ({2 * BYTES} hex "
-                          "digits).") from None
+    with contextlib.suppress(ValueError):  # not hex
+        if len(value) == 2 * BYTES:
+            return bytes.fromhex(value)
+    raise EngineError(f"{where} does not hold a cluster secret ({2 * BYTES} hex digits).")
 
 
 def ensure(folder: str | os.PathLike) -> bytes:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.pipeline import PipelineMixin
@@ -110,7 +111,5 @@ def pipeline_stage(group, rank: int, split: Sequence[int] | None) -> Callable[[n
 
 def layer_sizes(model: nn.Module) -> tuple[int, int]:
     """(parameters, bytes) of the layers this rank holds."""
-    from mlx.utils import tree_flatten
-
     values = [v for layer in model.model.pipeline_layers for _, v in tree_flatten(layer.parameters())]
     return sum(v.size for v in values), sum(v.nbytes for v in values)

@@ -10,6 +10,7 @@ whoever reads it closes that connection and nothing else. Imports no MLX.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -198,7 +199,5 @@ class Line:
         return parse(line)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
