@@ -9,6 +9,7 @@ imported only by the command that needs them."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -46,18 +47,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _value(name: str):
-    """An argparse ``type`` for one of ``specchat.values``' names: the same
-    range, and the same one line, as the engine and the settings dialog."""
-    return _refusing(values.check, name)
-
-
-def _text(name: str):
-    """An argparse ``type`` for free text: bytes that are not UTF-8 arrive
-    from argv as surrogate escapes, which no tokenizer can encode."""
-    return _refusing(values.text, name)
-
-
 def _refusing(check, name: str):
     """``check(name, text)`` as an argparse ``type``: its BadValue becomes
     the usage error's one line. ``parse.value`` names the table entry, so
@@ -70,6 +59,16 @@ def _refusing(check, name: str):
 
     parse.value = name
     return parse
+
+
+# ``_value(name)``: an argparse ``type`` for one of ``specchat.values``' names:
+# the same range, and the same one line, as the engine and the settings dialog.
+_value = functools.partial(_refusing, values.check)
+# ``_text(name)``: for free text: bytes that are not UTF-8 arrive from argv as
+# surrogate escapes, which no tokenizer can encode.
+_text = functools.partial(_refusing, values.text)
+# An argparse ``type`` for a CORS origin, as the Settings field takes it.
+_origin = _refusing(lambda _name, t: values.origin(t), "origin")
 
 
 def _model_ref(text: str) -> str:
@@ -199,7 +198,8 @@ def _add_recommend(msub) -> None:
                    help="target model (folder, bundled:..., installed name, .gguf, hf:...)")
     r.add_argument("--draft", action="append", type=_model_ref, metavar="DRAFT",
                    help="measure only this draft (repeatable; default: every installed one)")
-    r.add_argument("--prompts", type=_sample_size, default=rec.DEFAULT_PROMPTS, metavar="N",
+    r.add_argument("--prompts", type=_whole("prompts", 1, 20), default=rec.DEFAULT_PROMPTS,
+                   metavar="N",
                    help=f"recent prompts from your history to run (default {rec.DEFAULT_PROMPTS}; "
                         "built-in ones when the history is empty)")
     r.add_argument("--max-tokens", type=_value("max tokens"), default=rec.DEFAULT_MAX_TOKENS,
@@ -208,11 +208,16 @@ def _add_recommend(msub) -> None:
                    help="measure every draft anew instead of reusing remembered results")
 
 
-def _sample_size(text: str) -> int:
-    """An argparse ``type`` for how many prompts a recommendation runs."""
-    if not text.strip().isdigit() or not 1 <= int(text) <= 20:
-        raise argparse.ArgumentTypeError(f"prompts must be a whole number from 1 to 20; got {text}")
-    return int(text)
+def _whole(what: str, low: int, high: int):
+    """An argparse ``type`` for a whole number from ``low`` to ``high`` (a
+    recommendation's prompts, a port) that ``specchat.values`` has no entry for."""
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number from {low} to "
+                                             f"{high}; got {text}")
+        return int(text)
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,7 +262,7 @@ def _add_serve(sub) -> None:
     _add_k(s)
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this computer only)")
-    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    s.add_argument("--port", type=_whole("port", 0, 65535), default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     s.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other machines can reach (needs an API key)")
@@ -279,18 +284,6 @@ def _key_refused(_text: str) -> str:
                                      "or pass --api-key-file FILE")
 
 
-def _origin(text: str) -> str:
-    """An argparse ``type`` for a CORS origin, as the Settings field takes it."""
-    return _refusing(lambda _name, t: values.origin(t), "origin")(text)
-
-
-def _port(text: str) -> int:
-    """An argparse ``type`` for a TCP port (0 = any free one)."""
-    if not text.strip().isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"port must be a whole number from 0 to 65535; got {text}")
-    return int(text)
-
-
 def _refuse_contradictions(args) -> None:
     """Options argparse's groups cannot express: each a usage error in the
     words argparse uses for its own groups, never one option quietly
@@ -305,10 +298,8 @@ def _refuse_contradictions(args) -> None:
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
-    if isinstance(exc, SpecChatError):
-        print(f"specchat: error: {exc}", file=sys.stderr)
-    else:
-        print(f"specchat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    what = str(exc) if isinstance(exc, SpecChatError) else f"{type(exc).__name__}: {exc}"
+    print(f"specchat: error: {what}", file=sys.stderr)
     return 1
 
 
@@ -450,12 +441,6 @@ def serve_pair(args) -> tuple[str, str | None]:
     return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
 
 
-def _draft_to_load(draft: str | None) -> str | None:
-    """The draft model to load for a draft reference: none for the target's
-    own MTP head (``--draft mtp``)."""
-    return None if draft == modes.OWN_HEAD else draft
-
-
 def cmd_serve(args) -> int:
     from specchat.server.listener import LocalServer, api_key_from, check_bind  # uvicorn
 
@@ -475,7 +460,9 @@ def cmd_serve(args) -> int:
 
     client = make_client()
     try:
-        pair = client.load(target, _draft_to_load(draft)).wait(on_event=_print_load)
+        # No draft model for the target's own MTP head (``--draft mtp``).
+        pair = client.load(target, None if draft == modes.OWN_HEAD else draft).wait(
+            on_event=_print_load)
         mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
                               mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),

@@ -76,23 +76,20 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
             "speculative": {"mode": served.mode, "draft": served.draft}}]
         return JSONResponse({"object": "list", "data": data})
 
-    async def chat(request: Request) -> Response:
-        return await _complete(request, "chat")
+    def completions(kind: protocol.Kind):
+        async def complete(request: Request) -> Response:
+            authorize(request)
+            body = await read_json(request, max_body)
+            req = protocol.parse(kind, body, service.max_tokens_cap)
+            service.model(req.model)  # 404 or 503 now, before the request waits its turn
+            return await _answer(request, service, req)
 
-    async def completions(request: Request) -> Response:
-        return await _complete(request, "completion")
-
-    async def _complete(request: Request, kind: protocol.Kind) -> Response:
-        authorize(request)
-        body = await read_json(request, max_body)
-        req = protocol.parse(kind, body, service.max_tokens_cap)
-        service.model(req.model)  # 404 or 503 now, before the request waits its turn
-        return await _answer(request, service, req)
+        return complete
 
     return Starlette(
         routes=[Route("/v1/models", models, methods=["GET"]),
-                Route("/v1/chat/completions", chat, methods=["POST"]),
-                Route("/v1/completions", completions, methods=["POST"])],
+                Route("/v1/chat/completions", completions("chat"), methods=["POST"]),
+                Route("/v1/completions", completions("completion"), methods=["POST"])],
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the

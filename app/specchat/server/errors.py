@@ -12,21 +12,6 @@ from __future__ import annotations
 
 from specchat.errors import SpecChatError
 
-# OpenAI's error "type" for each status the server uses.
-_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    421: "invalid_request_error",
-    500: "server_error",
-    503: "server_error",
-}
-
 
 class ServerError(SpecChatError):
     """The server cannot start as asked (see ``listener.check_bind``)."""
@@ -44,9 +29,10 @@ class ApiError(Exception):
         self.code = code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message,
-                          "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        # OpenAI's error "type": the server's fault (5xx) or the request's.
+        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
 
 
 def bad_value(message: str, param: str | None = None) -> ApiError:

@@ -108,8 +108,13 @@ def _bounded(chars: int, param: str) -> None:
     """The engine's bound on a prompt's characters, checked here too so that
     a prompt past it is refused before it waits for its turn (and a text
     completion prompt before the engine tokenizes it)."""
+    _as_400(param, values.prompt_size, chars)
+
+
+def _as_400(param: str, check, *args):
+    """``check(*args)`` from ``specchat.values``, its BadValue a 400 naming ``param``."""
     try:
-        values.prompt_size(chars)
+        return check(*args)
     except values.BadValue as exc:
         raise bad_value(str(exc), param) from None
 
@@ -118,10 +123,9 @@ def _refuse_unsupported(kind: Kind, body: dict) -> None:
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_value("this server returns one choice per request: n must be 1", "n")
-    if body.get("logprobs") not in (None, False, 0):
-        raise bad_value("log-probabilities are not supported by this server", "logprobs")
-    if body.get("top_logprobs") not in (None, 0):
-        raise bad_value("log-probabilities are not supported by this server", "top_logprobs")
+    for name in ("logprobs", "top_logprobs"):
+        if body.get(name) not in (None, False, 0):  # absent or off
+            raise bad_value("log-probabilities are not supported by this server", name)
     if kind == "completion":
         if body.get("echo"):
             raise bad_value("echo is not supported by this server", "echo")
@@ -147,10 +151,7 @@ def _checked(limit: str, value: object, param: str):
     if isinstance(value, str):
         raise bad_value(f"{values.LIMITS[limit].describe()}; got the text {_shown(value)}",
                         param)
-    try:
-        return values.check(limit, value)
-    except values.BadValue as exc:
-        raise bad_value(str(exc), param) from None
+    return _as_400(param, values.check, limit, value)
 
 
 def _max_tokens(kind: Kind, body: dict, cap: int) -> int | None:
@@ -181,10 +182,7 @@ def _text(what: str, value: object, param: str) -> str:
     """A text value by specchat.values' rule for ``what`` (the CLI's, which
     refuses an empty stop string or prompt too); refused as a 400 naming
     ``param``."""
-    try:
-        return values.text(what, value)
-    except values.BadValue as exc:
-        raise bad_value(str(exc), param) from None
+    return _as_400(param, values.text, what, value)
 
 
 def _stop(stop: object) -> tuple[str, ...]:
@@ -285,16 +283,12 @@ def _head(req: ApiRequest, obj: str, created: int, model: str) -> dict:
 
 def response(req: ApiRequest, result: GenerationResult, model: str) -> dict:
     """The whole answer of a request that did not stream."""
-    s, now = result.summary, int(time.time())
-    if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "logprobs": None, "finish_reason": finish_reason(s)}
-        head = _head(req, "chat.completion", now, model)
-    else:
-        choice = {"index": 0, "text": result.text, "logprobs": None,
-                  "finish_reason": finish_reason(s)}
-        head = _head(req, "text_completion", now, model)
-    return {**head, "choices": [choice], "usage": usage(s), "speculative": speculative(s)}
+    s, chat = result.summary, req.kind == "chat"
+    text = {"message": {"role": "assistant", "content": result.text}} if chat \
+        else {"text": result.text}
+    choice = {"index": 0, **text, "logprobs": None, "finish_reason": finish_reason(s)}
+    return {**_head(req, "chat.completion" if chat else "text_completion", int(time.time()), model),
+            "choices": [choice], "usage": usage(s), "speculative": speculative(s)}
 
 
 class Chunks:

@@ -126,8 +126,6 @@ def main(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.id in args.ids]
     if not prompts:
         raise EngineError(f"{args.prompts} has no prompts of kind {', '.join(args.kinds)}")
-    if args.max_tokens < 1:
-        raise EngineError("--max-tokens must be at least 1")
     if args.background_load < 0:
         raise EngineError("--background-load must be 0 or more processes")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 from specchat.engine import threads
@@ -32,14 +33,8 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
     drafted = sum(r.drafted for r in runs)
     steps = sum(r.steps for r in runs)
     tokens = sum(len(r.token_ids) for r in runs)
-    divergences = []
-    for r in runs:
-        ref = plain.get(r.prompt)
-        if ref is None:
-            continue
-        if r.token_ids != ref:
-            divergences.append({"prompt": r.prompt,
-                                "position": common_prefix(r.token_ids, ref)})
+    divergences = [{"prompt": r.prompt, "position": common_prefix(r.token_ids, plain[r.prompt])}
+                   for r in runs if r.prompt in plain and r.token_ids != plain[r.prompt]]
     out = {
         "tokens_per_s": tps,
         "acceptance_rate": (sum(r.accepted for r in runs) / drafted) if drafted else None,
@@ -53,16 +48,13 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
         "per_token_acceptance": _alpha(runs),
         "mean_k": (sum(sum(r.k_used) for r in runs) / steps) if steps else 0.0,
     }
-    used: dict[int, int] = {}
+    used: Counter[int] = Counter()  # steps at each BLAS thread count
+    origins: Counter[str] = Counter()  # tokens per origin
     for r in runs:
-        for n, c in r.blas_threads.items():
-            used[n] = used.get(n, 0) + c
+        used.update(r.blas_threads)
+        origins.update(r.origins)
     out["blas_threads"] = dict(sorted(used.items()))
-    origins: dict[str, int] = {}
-    for r in runs:
-        for o, c in r.origins.items():
-            origins[o] = origins.get(o, 0) + c
-    out["tokens_by_origin"] = origins
+    out["tokens_by_origin"] = dict(origins)
     by_match: dict[str, dict[str, int]] = {}
     for r in runs:
         for key, d in r.by_key.items():

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 # Runs in each child: spin until the deadline, checking every few ms whether
 # the parent is still there (getppid changes when it dies).
@@ -27,14 +26,12 @@ while time.time() < deadline and os.getppid() == parent:
 
 
 def load_average() -> float | None:
-    """The 1-minute load average, where the system reports one."""
+    """The 1-minute load average, where the system reports one (Linux's
+    /proc/loadavg, or sysctl on macOS)."""
     try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        try:
-            return os.getloadavg()[0]
-        except (AttributeError, OSError):
-            return None
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 class BackgroundLoad:

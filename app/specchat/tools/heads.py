@@ -15,15 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-from specchat.engine.events import Message, TrainPlan, TrainProgress
+from specchat.engine.events import TrainPlan, TrainProgress
 from specchat.library import trained_heads
 from specchat.tools.history import read_history
-
-
-def history_chats(limit: int) -> list[tuple[Message, ...]]:
-    """The person's conversations, as chats."""
-    corpus = read_history(lambda store: store.corpus(), "training on files only") or []
-    return trained_heads.corpus_chats(corpus, limit)
 
 
 def add_parser(sub, model_ref) -> None:
@@ -58,7 +52,8 @@ def main(args) -> int:
     from specchat.library.engine_link import make_client
     from specchat.library.errors import LibraryError
 
-    chats = [] if args.no_history else history_chats(10_000)
+    chats = [] if args.no_history else trained_heads.corpus_chats(  # the person's chats
+        read_history(lambda store: store.corpus(), "training on files only") or [], 10_000)
     chats += trained_heads.file_chats(args.texts or trained_heads.default_texts(),
                                       args.max_chars)
     out = Path(args.out) if args.out else trained_heads.default_out(args.target)

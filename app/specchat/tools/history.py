@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from typing import TypeVar
 
 from specchat.store import db
@@ -22,11 +23,8 @@ def read_history(use: Callable[[ConversationStore], T], instead: str) -> T | Non
     if not path.is_file():
         return None
     try:
-        conn = db.connect_read_only(path)
-        try:
+        with closing(db.connect_read_only(path)) as conn:
             return use(ConversationStore(conn))
-        finally:
-            conn.close()
     except sqlite3.Error as exc:
         print(f"note: your history could not be read ({exc}); {instead}", file=sys.stderr)
         return None

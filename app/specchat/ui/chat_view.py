@@ -73,11 +73,6 @@ class _Rendered:
     width: int = -1
     size: QSize = QSize()
 
-    @property
-    def doc(self) -> QTextDocument:
-        """The first chunk's document (the only one for user messages)."""
-        return self.chunks[0].doc
-
 
 class MessageDelegate(QStyledItemDelegate):
     def __init__(self, view: ChatView):
@@ -109,9 +104,6 @@ class MessageDelegate(QStyledItemDelegate):
             del self._cache[uid]
 
     # -- layout ----------------------------------------------------------
-    def _font(self) -> QFont:
-        return self._view.font()
-
     def _small_font(self) -> QFont:
         f = QFont(self._view.font())
         f.setPointSizeF(max(7.0, f.pointSizeF() * 0.85))
@@ -130,23 +122,19 @@ class MessageDelegate(QStyledItemDelegate):
             return READING
         return "…" if msg.streaming else ""
 
-    def _doc_colors(self, msg: ChatMessage) -> DocColors:
-        c = self.colors
-        return DocColors(text=c.user_text if msg.role == "user" else c.text, code_bg=c.code_bg,
-                         code_header=c.code_header, link=c.link)
-
-    def _build(self, msg: ChatMessage, key: tuple) -> _Chunk:
+    def _build(self, key: tuple) -> _Chunk:
         self.builds += 1
         kind, text, lang, tints = key
         if kind == "plain":  # what a person typed is shown as typed
             doc = QTextDocument()
-            doc.setDefaultFont(self._font())
+            doc.setDefaultFont(self._view.font())
             doc.setDocumentMargin(0)
             doc.setPlainText(text)
             return _Chunk(key, doc, [])
         fence = f"```{lang}\n" if kind == "code" else ""
         source = f"{fence}{text}\n```" if kind == "code" else text
-        doc, blocks = build_document(source, self._font(), self._doc_colors(msg))
+        # Only replies get here (a person's message is "plain"): the reply's colours.
+        doc, blocks = build_document(source, self._view.font(), DocColors.of(self.colors))
         if tints:  # Colour tokens: the same rendering, tinted by where each token came from
             tint_origins(doc, [(a + len(fence), b + len(fence), o) for a, b, o in tints],
                          lambda origin: theme.origin_color(self.colors, origin))
@@ -167,7 +155,7 @@ class MessageDelegate(QStyledItemDelegate):
         r = self._cache.get(msg.uid)
         if r is None or r.version != msg.version:
             prev = r.chunks if r is not None else []
-            chunks = [prev[i] if i < len(prev) and prev[i].key == key else self._build(msg, key)
+            chunks = [prev[i] if i < len(prev) and prev[i].key == key else self._build(key)
                       for i, key in enumerate(self._keys(msg))]
             r = _Rendered(msg.version, chunks)
             self._cache[msg.uid] = r

@@ -100,14 +100,13 @@ class CompareDialog(QDialog):
         self._blocks: dict[QTextBrowser, list[str]] = {}  # each view's copyable code blocks
         self.plain_stats = label(name="GaugeLabel", wrap=True)
         self.spec_stats = label(name="GaugeLabel", wrap=True)
-        grid = QGridLayout()
-        grid.addWidget(QLabel("<b>Plain</b> (target only)"), 0, 0)
         self.spec_title = QLabel("<b>Speculative</b>")
-        grid.addWidget(self.spec_title, 0, 1)
-        grid.addWidget(self.plain_text, 1, 0)
-        grid.addWidget(self.spec_text, 1, 1)
-        grid.addWidget(self.plain_stats, 2, 0)
-        grid.addWidget(self.spec_stats, 2, 1)
+        grid = QGridLayout()  # a column each: title, reply, numbers
+        for column, widgets in enumerate((
+                (QLabel("<b>Plain</b> (target only)"), self.plain_text, self.plain_stats),
+                (self.spec_title, self.spec_text, self.spec_stats))):
+            for row, widget in enumerate(widgets):
+                grid.addWidget(widget, row, column)
         vbox(hbox((self.prompt, 1), vbox(self.run_button, self.cancel_button)), self.status,
              self.headline, self.explanation, (grid, 1), self.chart, parent=self)
         self.task: asyncio.Future | None = None
@@ -140,8 +139,6 @@ class CompareDialog(QDialog):
             return
         self.run_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
-        self.headline.setText("")
-        self.explanation.setText("")
         self.traces = {"plain": SpeedTrace(), "speculative": SpeedTrace()}
         self.chart.clear_series()
         self.outcome = None
@@ -150,8 +147,8 @@ class CompareDialog(QDialog):
         for view in (self.plain_text, self.spec_text):
             view.clear()
             self._blocks[view] = []
-        self.plain_stats.clear()
-        self.spec_stats.clear()
+        for line in (self.headline, self.explanation, self.plain_stats, self.spec_stats):
+            line.clear()
         self.task = asyncio.ensure_future(
             self._run(self.runner.start(text, self._phase, self._step)))
 
@@ -212,10 +209,7 @@ class CompareDialog(QDialog):
     def _render(self, view: QTextBrowser, text: str) -> None:
         # The chat's rendering (ui/markdown.py), not QTextBrowser.setMarkdown,
         # which passes the reply's raw HTML through and loads its images.
-        c = theme.current()
-        doc, blocks = build_document(text, view.font(),
-                                     DocColors(text=c.text, code_bg=c.code_bg,
-                                               code_header=c.code_header, link=c.link))
+        doc, blocks = build_document(text, view.font(), DocColors.of(theme.current()))
         doc.setDocumentMargin(4)
         old = view.document()
         mine = old.parent() is view  # made here (the view deletes its own first one)

@@ -29,17 +29,13 @@ class HistoryBanner(Banner):
     def follow(self) -> None:
         s = self.session
         self.button.setEnabled(True)
-        if s.history_problem and s.history_retryable:
-            self.button.show()
-            self.show_message(f"{s.history_problem} {NOT_SAVED}")
-        elif s.history_problem:
-            self.button.hide()
-            self.show_message(s.history_problem)
-        elif s.saving_waits:
-            self.button.hide()
-            self.show_message(WAITING)
-        else:
+        if not (s.history_problem or s.saving_waits):
             self.hide()
+            return
+        retry = bool(s.history_problem) and s.history_retryable  # Retry only where it can help
+        self.button.setVisible(retry)
+        self.show_message(f"{s.history_problem} {NOT_SAVED}" if retry
+                          else s.history_problem or WAITING)
 
     def retry(self) -> None:
         self.button.setEnabled(False)  # until the attempt ends (historyChanged)

@@ -43,10 +43,6 @@ class LagMonitor:
             self._task.cancel()
             self._task = None
 
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
-
     async def _run(self) -> None:
         while True:
             asked = time.monotonic()

@@ -7,13 +7,15 @@ dataclasses, read field by field. Nothing here touches MLX.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from specchat.engine import modes
-from specchat.library import bundled, compatibility, index, paths
+from specchat.library import bundled, compatibility, index
 from specchat.library import catalog as cat
 from specchat.library.bundled import PreparedModel
-from specchat.library.catalog import Catalog, CatalogModel
+from specchat.library.catalog import CatalogModel
 from specchat.library.compatibility import CompatReport
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
@@ -21,6 +23,7 @@ from specchat.library.sources import cluster
 from specchat.library.sources.cluster import ClusterState
 from specchat.library.units import params_text, size_text
 
+T = TypeVar("T")
 BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
                 "bundled:smollm2-135m")
 
@@ -51,11 +54,18 @@ def default_pair() -> tuple[str, str | None]:
     return bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT
 
 
-def installed_models() -> list[InstalledModel]:
+def _or_empty(read: Callable[[], list[T]]) -> list[T]:
+    """``read()``, or nothing if it fails: an unreadable index, folder or
+    catalog, a damaged cluster folder, a model not on disk must not break
+    the window, which lists what it can."""
     try:
-        return list(index.list_installed())
-    except Exception:  # noqa: BLE001 - an unreadable index must not break the window
+        return read()
+    except Exception:  # noqa: BLE001
         return []
+
+
+def installed_models() -> list[InstalledModel]:
+    return _or_empty(lambda: list(index.list_installed()))
 
 
 def _made_for(head: InstalledModel, model: InstalledModel) -> bool:
@@ -88,23 +98,12 @@ def source_text(m: InstalledModel) -> str:
 def built_in_models() -> list[PreparedModel]:
     """The built-in models converted so far (``<home>/bundled``): not index
     entries, but on disk all the same, so the Models dialog lists them."""
-    try:
-        return bundled.prepared()
-    except Exception:  # noqa: BLE001 - an unreadable folder must not break the window
-        return []
-
-
-def catalog() -> Catalog | None:
-    try:
-        return cat.load_catalog()
-    except Exception:  # noqa: BLE001
-        return None
+    return _or_empty(bundled.prepared)
 
 
 def catalog_models() -> list[CatalogModel]:
     """The catalog's models, or none when the catalog cannot be read."""
-    cat = catalog()
-    return list(cat.models) if cat is not None else []
+    return _or_empty(lambda: list(cat.load_catalog().models))
 
 
 def _shipped(ref: str) -> bool:
@@ -151,10 +150,7 @@ def model_choices() -> list[ModelChoice]:
 def cluster_states() -> list[ClusterState]:
     """The clusters defined here and whether their ranks answer (dials
     them: call it off the GUI thread); none when they cannot be read."""
-    try:
-        return cluster.states()
-    except Exception:  # noqa: BLE001 - a damaged cluster folder must not break the window
-        return []
+    return _or_empty(cluster.states)
 
 
 def cluster_choice(state: ClusterState, loaded_here: bool = False) -> ModelChoice:
@@ -221,12 +217,5 @@ def _verdict(report: CompatReport) -> Verdict:
 
 
 def suggest_drafts(target: str) -> list[str]:
-    try:
-        return [s.ref for s in compatibility.suggest_drafts(target)]
-    except Exception:  # noqa: BLE001
-        return []
-
-
-def disk_usage() -> int:
-    return paths.disk_usage()
+    return _or_empty(lambda: [s.ref for s in compatibility.suggest_drafts(target)])
 

@@ -52,11 +52,9 @@ class LocalApi(QObject):
         self.text = ""
         self._reported.connect(self._show)  # queued: delivered on the GUI thread
         engine = session.engine
-        engine.loadStarted.connect(self._sync)
-        engine.loaded.connect(self._sync)
-        engine.loadFailed.connect(self._sync)
-        engine.heldChanged.connect(self._sync)
-        session.settingsChanged.connect(self._sync)
+        for signal in (engine.loadStarted, engine.loaded, engine.loadFailed, engine.heldChanged,
+                       session.settingsChanged):
+            signal.connect(self._sync)
 
     @property
     def running(self) -> bool:

@@ -15,6 +15,7 @@ where each token came from.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class DocColors:
     code_bg: QColor
     code_header: QColor
     link: QColor
+
+    @classmethod
+    def of(cls, colors) -> DocColors:
+        """A reply's colours in a theme (theme.Colors)."""
+        return cls(colors.text, colors.code_bg, colors.code_header, colors.link)
 
 
 def split_segments(text: str) -> list[Segment]:
@@ -116,20 +122,15 @@ def split_chunks(text: str) -> list[Segment]:
     return out
 
 
-_code_family: str | None = None
-
-
 def code_font() -> QFont:
     return QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
 
 
+@functools.cache
 def code_family() -> str:
     """The real family behind the system fixed font (resolved once: asking
     the font database costs milliseconds)."""
-    global _code_family
-    if _code_family is None:
-        _code_family = QFontInfo(code_font()).family()
-    return _code_family
+    return QFontInfo(code_font()).family()
 
 
 @dataclass(frozen=True)
@@ -228,16 +229,22 @@ def _style_inline_code(doc: QTextDocument, colors: DocColors, start: int, end: i
                 spans.append((frag.position(), frag.length()))
             it += 1
         block = block.next()
-    if not spans:
-        return
     fmt = QTextCharFormat()
     fmt.setFontFamilies([code_family()])
     fmt.setBackground(colors.code_bg)
+    _merge(doc, [(pos, pos + length, fmt) for pos, length in spans])
+
+
+def _merge(doc: QTextDocument, spans: Sequence[tuple[int, int, QTextCharFormat]]) -> None:
+    """Merge each (start, end, format) into ``doc`` in one edit block: one
+    relayout at the end, not one per span."""
+    if not spans:
+        return
     cursor = QTextCursor(doc)
-    cursor.beginEditBlock()  # one relayout at the end, not one per span
-    for pos, length in spans:
-        cursor.setPosition(pos)
-        cursor.setPosition(pos + length, QTextCursor.MoveMode.KeepAnchor)
+    cursor.beginEditBlock()
+    for a, b, fmt in spans:
+        cursor.setPosition(a)
+        cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
         cursor.mergeCharFormat(fmt)
     cursor.endEditBlock()
 
@@ -385,22 +392,15 @@ def tint_origins(doc: QTextDocument, spans: Sequence[tuple[int, int, str]],
                 ranges[-1] = (ranges[-1][0], b, o)
             else:
                 ranges.append((a, b, o))
-    formats: dict[str, QTextCharFormat | None] = {}
-    cursor = QTextCursor(doc)
-    cursor.beginEditBlock()  # one relayout at the end, not one per range
-    tinted = 0
-    for a, b, origin in ranges:
-        if origin not in formats:
-            color = color_of(origin)
-            formats[origin] = fmt = None if color is None else QTextCharFormat()
-            if fmt is not None:
-                fmt.setBackground(color)
-        fmt = formats[origin]
-        if fmt is None:
-            continue
-        cursor.setPosition(a)
-        cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
-        cursor.mergeCharFormat(fmt)
-        tinted += b - a
-    cursor.endEditBlock()
-    return tinted
+
+    @functools.cache  # one format per origin
+    def tint(origin: str) -> QTextCharFormat | None:
+        color = color_of(origin)
+        fmt = QTextCharFormat() if color is not None else None
+        if fmt is not None:
+            fmt.setBackground(color)
+        return fmt
+
+    tinted = [(a, b, fmt) for a, b, origin in ranges if (fmt := tint(origin)) is not None]
+    _merge(doc, tinted)
+    return sum(b - a for a, b, _ in tinted)

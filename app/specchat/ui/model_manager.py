@@ -60,20 +60,15 @@ class TaskRow(QWidget):
         self.detail.setText("cancelling…")
 
     def progress(self, done: int | None, total: int | None, message: str = "") -> None:
-        if self.failed:
-            return  # a late report must not cover the failure
-        if total:
-            self.bar.setRange(0, 1000)
-            self.bar.setValue(int(1000 * (done or 0) / total))
-        text = message
+        """A download's bytes so far of its total, each if known."""
         if done is not None and total:
-            text = f"{size_text(done)} of {size_text(total)}" + (f" · {message}" if message else "")
-        if text:
-            self.detail.setText(text)
+            message = f"{size_text(done)} of {size_text(total)}" + (f" · {message}" if message
+                                                                    else "")
+        self.fraction((done or 0) / total if total else None, message)
 
     def fraction(self, fraction: float | None, message: str) -> None:
         if self.failed:
-            return
+            return  # a late report must not cover the failure
         if fraction is not None:
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(1000 * max(0.0, min(1.0, fraction))))
@@ -104,6 +99,13 @@ def _table(headers: list[str]) -> QTableWidget:
     t.verticalHeader().hide()
     t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
     return t
+
+
+def _fill(table: QTableWidget, rows: list[tuple[str, ...]]) -> None:
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, text in enumerate(row):
+            table.setItem(i, j, QTableWidgetItem(text))
 
 
 class ModelManager(QDialog):
@@ -153,7 +155,7 @@ class ModelManager(QDialog):
     def refresh(self) -> None:
         try:
             home = paths.home()
-            used = size_text(library_view.disk_usage())
+            used = size_text(paths.disk_usage())
             self.where.setText(f"Models are stored in {home}  ·  {used} used")
         except Exception as exc:  # noqa: BLE001
             self.where.setText(f"Model folder unavailable: {exc}")
@@ -168,24 +170,17 @@ class ModelManager(QDialog):
             rows += [b, *mine]
         rows += [m for m in models if m not in rows]
         self._installed_rows = rows
-        self.installed.setRowCount(len(rows))
-        cells = [(b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
-                  b.model.params) if b in built else
-                 (("↳ " if b.head else "") + b.name, library_view.source_text(b),
-                  size_text(b.size_bytes), params_text(b.params) if b.params else "")
-                 for b in rows]
-        for i, row in enumerate(cells):
-            for j, v in enumerate(row):
-                self.installed.setItem(i, j, QTableWidgetItem(v))
-        installed_sources = {m.source for m in models}
-        cmodels = library_view.catalog_models()
-        self._catalog_rows = cmodels
-        self.catalog.setRowCount(len(cmodels))
-        for i, m in enumerate(cmodels):
-            status = "installed" if m.ref in installed_sources else (
-                "built in" if m.bundled else "")
-            for j, v in enumerate((m.name, m.ref, size_text(m.download_bytes), status)):
-                self.catalog.setItem(i, j, QTableWidgetItem(v))
+        _fill(self.installed, [
+            (b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
+             b.model.params) if b in built else
+            (("↳ " if b.head else "") + b.name, library_view.source_text(b),
+             size_text(b.size_bytes), params_text(b.params) if b.params else "")
+            for b in rows])
+        self._catalog_rows = library_view.catalog_models()
+        _fill(self.catalog, [
+            (m.name, m.ref, size_text(m.download_bytes),
+             "installed" if m.ref in listed else "built in" if m.bundled else "")
+            for m in self._catalog_rows])
         self._selection_changed()
         self.update_training()
 
@@ -231,20 +226,30 @@ class ModelManager(QDialog):
 
     async def _delete(self, name: str, row: TaskRow) -> None:
         # Unlinking gigabytes can take a while: off the GUI thread, which may
-        # be streaming a reply meanwhile.
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, index.remove, name)
-        except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
-            row.fail(str(exc))
-        else:
-            row.finish("Deleted.")
-        self.refresh()
-        self.modelsChanged.emit()
+        # be streaming a reply meanwhile. The list changes even when it fails
+        # (the model was unlisted first).
+        work = asyncio.get_running_loop().run_in_executor(None, index.remove, name)
+        await self._task(row, work, "Deleted.", relist_on_failure=True)
 
     def _add_task(self, title: str) -> TaskRow:
         row = TaskRow(title)
         self.tasks.addWidget(row)
         return row
+
+    async def _task(self, row: TaskRow, work, done: str, relist_on_failure: bool = False) -> None:
+        """Await a download, import or deletion: its row says how it ended
+        (a LibraryError's text is for people); the list is read again and
+        the picker told when the models changed."""
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001
+            row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
+            if not relist_on_failure:
+                return
+        else:
+            row.finish(done)
+        self.refresh()
+        self.modelsChanged.emit()
 
     def download_selected(self) -> None:
         m = self._selected(self.catalog, self._catalog_rows)
@@ -261,14 +266,8 @@ class ModelManager(QDialog):
         def progress(p: DownloadProgress) -> None:
             loop.call_soon_threadsafe(row.progress, p.done_bytes, p.total_bytes, p.message)
 
-        try:
-            await loop.run_in_executor(None, lambda: refs.pull(ref, progress, row.cancelled))
-        except Exception as exc:  # noqa: BLE001 - LibraryError text is for people
-            row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
-            return
-        row.finish("Done.")
-        self.refresh()
-        self.modelsChanged.emit()
+        await self._task(row, loop.run_in_executor(None, refs.pull, ref, progress, row.cancelled),
+                         "Done.")
 
     def train_head(self, minutes: float, max_steps: int | None = None) -> asyncio.Future | None:
         """Start training for the loaded target; None (and the reason shown)
@@ -329,15 +328,7 @@ class ModelManager(QDialog):
         def work(_engine=None):
             return importing.import_path(path, name, progress, row.cancelled)
 
-        try:
-            if self.client is not None:
-                # The conversion may run MLX: keep it on the engine thread.
-                await self.client.call(work, loop=loop).result()
-            else:
-                await loop.run_in_executor(None, work)
-        except Exception as exc:  # noqa: BLE001
-            row.fail("Cancelled." if row.cancelled.is_set() else str(exc))
-            return
-        row.finish("Imported.")
-        self.refresh()
-        self.modelsChanged.emit()
+        # The conversion may run MLX: keep it on the engine thread.
+        job = (self.client.call(work, loop=loop).result() if self.client is not None
+               else loop.run_in_executor(None, work))
+        await self._task(row, job, "Imported.")

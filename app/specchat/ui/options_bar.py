@@ -138,9 +138,7 @@ class OptionsBar(QFrame):
         if not can:
             self.spec_reason.setText("Speculative decoding is off for this pair: "
                                      + (pair.reason or "the pair cannot speculate."))
-            self.spec_reason.show()
-        else:
-            self.spec_reason.hide()
+        self.spec_reason.setVisible(not can)
 
     def set_can_compare(self, on: bool) -> None:
         self.compare_button.setEnabled(on)

@@ -158,11 +158,6 @@ class PairController(QObject):
             self._measured[target] = got
             self.measuredChanged.emit()
 
-    def find(self, target: str) -> None:
-        """Measure the installed drafts for ``target`` (``finder`` reports);
-        SpecChatError says why it cannot start now."""
-        self.finder.start(target)
-
     def _found(self, outcome: rec.Recommendation) -> None:
         """What was just measured is what is remembered now."""
         self._measured.setdefault(outcome.target, {}).update(

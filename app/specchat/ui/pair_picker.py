@@ -108,9 +108,6 @@ class VerdictLabel(ElidedLabel):
     def headline(self) -> str:
         return self.full
 
-    def details(self) -> str:
-        return self._details
-
     def full_text(self) -> str:
         return f"{self.full}\n{self._details}" if self._details else self.full
 
@@ -296,11 +293,8 @@ class PairPicker(QFrame):
                     self.target.model().item(self.target.count() - 1).setEnabled(False)
         if keep:
             self.set_pair(*keep, check=False)
-        self.show_measured()
-        for box in (self.target, self.draft):
-            self._fit_popup(box)
-            self._show_start(box)
-            self._show_full_name(box)
+        self.show_measured()  # refreshes the draft box
+        self._refresh(self.target)
 
     @staticmethod
     def _add(box: QComboBox, c: ModelChoice) -> None:
@@ -333,13 +327,15 @@ class PairPicker(QFrame):
         box.setCurrentIndex(max(i, 0))
         self._show_start(box)
 
-    @staticmethod
-    def _fit_popup(box: QComboBox) -> None:
-        """The list opens as wide as its longest name, however narrow the box."""
+    def _refresh(self, box: QComboBox) -> None:
+        """After its items changed: the list opens as wide as its longest
+        name, however narrow the box; the name shows from its start; the
+        tooltip names the whole choice."""
         view = box.view()
-        width = view.sizeHintForColumn(0) + view.verticalScrollBar().sizeHint().width() \
-            + 2 * view.frameWidth()
-        view.setMinimumWidth(width)
+        view.setMinimumWidth(view.sizeHintForColumn(0) + 2 * view.frameWidth()
+                             + view.verticalScrollBar().sizeHint().width())
+        self._show_start(box)
+        self._show_full_name(box)
 
     def _show_full_name(self, box: QComboBox) -> None:
         """The box's tooltip names the whole choice, then says what the box is for."""
@@ -442,9 +438,7 @@ class PairPicker(QFrame):
                 box.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
             if current >= 0:
                 box.setEditText(box.itemText(current))
-        self._show_start(box)
-        self._fit_popup(box)
-        self._show_full_name(box)
+        self._refresh(box)
 
     def _target_changed(self, *_args) -> None:
         """Another target: its own measurements, and no stale outcome."""
@@ -463,7 +457,7 @@ class PairPicker(QFrame):
         if not target:
             return
         try:
-            self.pairs.find(target)
+            self.pairs.finder.start(target)  # or SpecChatError: why not now
         except SpecChatError as exc:
             self.finder_strip.done(str(exc))
             return

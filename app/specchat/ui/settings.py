@@ -29,6 +29,12 @@ from specchat.store.settings import PRESETS, AppSettings, preset_of
 from specchat.ui.value_edit import ValueEdit
 from specchat.ui.widgets import label, vbox
 
+# The number fields, in form order: (AppSettings field, which is also the
+# dialog's attribute; its entry in specchat.values; its row's label).
+NUMBERS = (("temperature", "temperature", "Temperature"), ("top_p", "top-p", "Top-p"),
+           ("top_k", "top-k", "Top-k"), ("max_tokens", "max tokens", "Max new tokens"),
+           ("seed", "seed", "Seed"))
+
 
 class SettingsDialog(QDialog):
     def __init__(self, settings: AppSettings, parent=None):
@@ -40,23 +46,16 @@ class SettingsDialog(QDialog):
         self.system.setFixedHeight(90)
         self.preset = QComboBox()
         self.preset.addItems([*PRESETS, "Custom"])
-        self.temperature = ValueEdit("temperature")
-        self.temperature.setToolTip(
-            self.temperature.toolTip() + ". 0 = greedy: the reply is exactly what the target "
-            "alone would write, with or without speculation")
-        self.top_p = ValueEdit("top-p")
-        self.top_k = ValueEdit("top-k")
-        self.max_tokens = ValueEdit("max tokens")
-        self.seed = ValueEdit("seed", blank="random")
-        self.numbers = (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed)
         form = QFormLayout()
         form.addRow("System prompt", self.system)
         form.addRow("Preset", self.preset)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top-p", self.top_p)
-        form.addRow("Top-k", self.top_k)
-        form.addRow("Max new tokens", self.max_tokens)
-        form.addRow("Seed", self.seed)
+        for key, name, text in NUMBERS:  # self.temperature, ..., self.seed
+            setattr(self, key, ValueEdit(name, blank="random" if key == "seed" else ""))
+            form.addRow(text, getattr(self, key))
+        self.numbers = tuple(getattr(self, key) for key, _, _ in NUMBERS)
+        self.temperature.setToolTip(
+            self.temperature.toolTip() + ". 0 = greedy: the reply is exactly what the target "
+            "alone would write, with or without speculation")
         self.auto_off = QCheckBox("Decode plainly while speculating is slower than plain here")
         self.auto_off.setChecked(settings.auto_off)
         self.auto_off.setToolTip(
@@ -98,11 +97,8 @@ class SettingsDialog(QDialog):
         self._edited()
 
     def _show(self, s: AppSettings) -> None:
-        self.temperature.setValue(s.temperature)
-        self.top_p.setValue(s.top_p)
-        self.top_k.setValue(s.top_k)
-        self.max_tokens.setValue(s.max_tokens)
-        self.seed.setValue(s.seed)
+        for key, _, _ in NUMBERS:
+            getattr(self, key).setValue(getattr(s, key))
         self._sync_preset()
 
     def problem(self) -> str:
@@ -152,10 +148,8 @@ class SettingsDialog(QDialog):
         meanwhile (the last pair) stay as they are. ``values.BadValue`` while
         a value is out of range (the dialog cannot be accepted then)."""
         return dict(system_prompt=self.system.toPlainText(),
-                    temperature=self.temperature.value(), top_p=self.top_p.value(),
-                    top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
-                    seed=self.seed.value(), auto_off=self.auto_off.isChecked(),
-                    local_server=self.local_server.isChecked(),
+                    **{key: getattr(self, key).value() for key, _, _ in NUMBERS},
+                    auto_off=self.auto_off.isChecked(), local_server=self.local_server.isChecked(),
                     server_port=self.port.value(), server_cors_origins=self.origins())
 
     def values(self) -> AppSettings:

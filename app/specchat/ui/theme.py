@@ -107,9 +107,8 @@ def palette_for(colors: Colors) -> QPalette:
     pal.setColor(roles.Link, colors.link)
     pal.setColor(roles.ToolTipBase, colors.surface)
     pal.setColor(roles.ToolTipText, colors.text)
-    pal.setColor(QPalette.ColorGroup.Disabled, roles.Text, colors.muted)
-    pal.setColor(QPalette.ColorGroup.Disabled, roles.ButtonText, colors.muted)
-    pal.setColor(QPalette.ColorGroup.Disabled, roles.WindowText, colors.muted)
+    for role in (roles.Text, roles.ButtonText, roles.WindowText):
+        pal.setColor(QPalette.ColorGroup.Disabled, role, colors.muted)
     return pal
 
 

@@ -30,18 +30,18 @@ Margins = int | tuple[int, int, int, int] | None
 def hbox(*items: Item, parent: QWidget | None = None, margins: Margins = None,
          spacing: int | None = None) -> QHBoxLayout:
     """``items`` side by side (the layout of ``parent`` when given)."""
-    return _fill(QHBoxLayout(parent) if parent is not None else QHBoxLayout(), items, margins,
-                 spacing)
+    return _fill(QHBoxLayout, items, parent, margins, spacing)
 
 
 def vbox(*items: Item, parent: QWidget | None = None, margins: Margins = None,
          spacing: int | None = None) -> QVBoxLayout:
     """``items`` one under the other (the layout of ``parent`` when given)."""
-    return _fill(QVBoxLayout(parent) if parent is not None else QVBoxLayout(), items, margins,
-                 spacing)
+    return _fill(QVBoxLayout, items, parent, margins, spacing)
 
 
-def _fill(lay: QBoxLayout, items: tuple[Item, ...], margins: Margins, spacing: int | None):
+def _fill(kind: type[QBoxLayout], items: tuple[Item, ...], parent: QWidget | None,
+          margins: Margins, spacing: int | None):
+    lay = kind(parent) if parent is not None else kind()
     if margins is not None:
         lay.setContentsMargins(*((margins,) * 4 if isinstance(margins, int) else margins))
     if spacing is not None:
