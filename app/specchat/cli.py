@@ -257,7 +257,7 @@ def _add_serve(sub) -> None:
     _add_k(s)
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this computer only)")
-    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    s.add_argument("--port", type=_value("port"), default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     s.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other machines can reach (needs an API key)")
@@ -282,13 +282,6 @@ def _key_refused(_text: str) -> str:
 def _origin(text: str) -> str:
     """An argparse ``type`` for a CORS origin, as the Settings field takes it."""
     return _refusing(lambda _name, t: values.origin(t), "origin")(text)
-
-
-def _port(text: str) -> int:
-    """An argparse ``type`` for a TCP port (0 = any free one)."""
-    if not text.strip().isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"port must be a whole number from 0 to 65535; got {text}")
-    return int(text)
 
 
 def _refuse_contradictions(args) -> None:

@@ -61,14 +61,6 @@ _RANGES = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k",
 _TYPES = typing.get_type_hints(AppSettings)
 
 
-def _port(value: object) -> int:
-    """A TCP port; 0 lets the system pick a free one (the window shows which)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise values.BadValue(f"port must be a whole number from 0 to 65535 (0 = any free "
-                              f"port); got {value!r}"[:120])
-    return value
-
-
 def _origins(value: object) -> tuple[str, ...]:
     """Web origins, each as ``values.origin`` keeps it (stored as a JSON list)."""
     if not isinstance(value, list | tuple):
@@ -78,7 +70,7 @@ def _origins(value: object) -> tuple[str, ...]:
 
 
 # Checks that are not in specchat.values' table (no engine or CLI value shares them).
-_OWN_CHECKS = {"port": _port, "allowed origins": _origins}
+_OWN_CHECKS = {"allowed origins": _origins}
 
 
 def _checked(name: str, value: object) -> object:
