@@ -591,11 +591,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
     # Small files first: a cut-off pull then leaves the most files finished.
     for f in sorted(todo, key=lambda f: (f.size, f.name)):
         tracker.start(f.name)
-        try:
-            _fetch(hub, commit, f, storage, tracker)
-        except BaseException:
-            tracker.current = 0
-            raise
+        _fetch(hub, commit, f, storage, tracker)
         tracker.finish(f.size)
     snapshot = storage / "snapshots" / commit
     for f in files:
