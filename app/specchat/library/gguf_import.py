@@ -77,7 +77,7 @@ def gguf_summary(path: str | Path) -> dict:
 def _quantization_name(header: Header) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
-    ftype = header.get("general.file_type")
+    ftype = header.metadata.get("general.file_type")
     try:
         return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
     except (TypeError, ValueError):

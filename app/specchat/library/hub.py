@@ -224,9 +224,8 @@ class _Tracker:
         self.progress(DownloadProgress(self.done, self.total, rate, text, self.file))
 
     def advance(self, n: int) -> None:
-        self.check()
-        self.current = max(0, self.current + int(n or 0))
-        self.emit()
+        self.current = max(0, self.current + n)
+        self.tick()
 
     def start(self, name: str) -> None:
         self.check()
