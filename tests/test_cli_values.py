@@ -243,8 +243,9 @@ SHARED = {
 # Values of the table that a request to the API does not carry: the draft
 # length is the server's (``specchat serve --k``), the context is ``models
 # check``'s, the hub timeout an environment variable's; the API's system
-# prompt is a message like any other.
-CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port"}  # the last: cluster create's
+# prompt is a message like any other; the cluster port is cluster create's, the
+# port the Local server setting's (store/settings.py).
+CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", "port"}
 # Checked by the engine for every caller alike, on what a request carries:
 # the prompt's length in characters (request_check.py).
 ENGINE = {"prompt"}

@@ -210,7 +210,7 @@ def _add_recommend(msub) -> None:
 
 def _whole(what: str, low: int, high: int):
     """An argparse ``type`` for a whole number from ``low`` to ``high`` (a
-    recommendation's prompts, a port) that ``specchat.values`` has no entry for."""
+    recommendation's prompts) that ``specchat.values`` has no entry for."""
     def parse(text: str) -> int:
         if not text.strip().isdigit() or not low <= int(text) <= high:
             raise argparse.ArgumentTypeError(f"{what} must be a whole number from {low} to "
@@ -262,7 +262,7 @@ def _add_serve(sub) -> None:
     _add_k(s)
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this computer only)")
-    s.add_argument("--port", type=_whole("port", 0, 65535), default=DEFAULT_PORT,
+    s.add_argument("--port", type=_value("port"), default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     s.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other machines can reach (needs an API key)")

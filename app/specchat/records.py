@@ -9,7 +9,10 @@ type its dataclass declares (``fields_of``); a bad one is left out and said
 once in the log (``report``), and the rest load. A file is read only if it is
 a regular file (a FIFO in its place would block the reader forever, a device
 would never end) and only up to a bound (``read_file``); JSON nested too
-deep to parse is a damaged file like any other (``parse_json``).
+deep to parse is a damaged file like any other (``parse_json``). A small
+JSON file is written whole or not at all (``write_json``), and one that is
+only a cache of work done before reads as {} when it is missing or garbage
+(``read_record``).
 
 Only the standard library and ``specchat.values`` here: every layer imports
 it, the engine's history index too.
@@ -17,19 +20,26 @@ it, the engine's history index too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import os
 import stat
+import tempfile
 import threading
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from specchat.values import shown
+
+# The records of checked files and measurements are a few KB; a file far past
+# that is not one SpecChat wrote.
+MAX_RECORD_BYTES = 16 * 2**20
 
 
 class BadRecord(ValueError):
@@ -99,6 +109,38 @@ def parse_json(data: str | bytes) -> object:
 def read_json(path: str | os.PathLike, limit: int) -> object:
     """``read_file`` then ``parse_json``."""
     return parse_json(read_file(path, limit))
+
+
+def read_record(path: Path) -> dict:
+    """A cache file's dict (the records of checked files, measurements);
+    {} when it is missing, unreadable or not a dict: it only saves redoing
+    work, so garbage in its place means the work is done again."""
+    try:
+        data = read_json(path, MAX_RECORD_BYTES)
+    except (OSError, BadRecord):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(path: Path, data: object, **dump: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON (``json.dumps(data, **dump)``),
+    atomically and durably: written to ``.<name>.<random>.tmp`` beside it
+    (a name no ``*.json`` glob picks up), fsynced, then renamed over it in
+    one ``os.replace``, so no reader, in this process or another, after a
+    kill or a crash, ever sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, **dump)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # -- fields ------------------------------------------------------------------------------

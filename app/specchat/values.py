@@ -69,6 +69,8 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
     Limit("cluster port", int, 1, 65535, "a cluster's first port"),
+    # The local API's port; 0 lets the system pick a free one (the window shows which).
+    Limit("port", int, 0, 65535, "0 = any free port"),
     # Counted before the chat template and the tokenizer see the text: a
     # tokenizer takes about 2 s per million characters, on the one engine
     # thread every other request waits for. A million characters is some
@@ -131,7 +133,12 @@ def check(name: str, value: object) -> int | float | None:
         if limit.optional:
             return None
         raise BadValue(f"{limit.describe()}; got nothing")
-    number = _parse(limit, value)
+    # An integer too large for a float (a 400-digit "temperature" in a hand
+    # edited settings row) overflows in isfinite and float(): out of range.
+    try:
+        number = _number(limit, value)
+    except OverflowError:
+        raise BadValue(f"{limit.describe()}; got {shown(value)}") from None
     if limit.kind is int and name == "seed":
         return int(number) % SEED_MODULUS
     if limit.low is not None and (number < limit.low or (limit.low_open and number == limit.low)):
@@ -139,15 +146,6 @@ def check(name: str, value: object) -> int | float | None:
     if limit.high is not None and number > limit.high:
         raise BadValue(f"{limit.describe()}; got {shown(value)}")
     return number
-
-
-def _parse(limit: Limit, value: object) -> int | float:
-    # An integer too large for a float (a 400-digit "temperature" in a hand
-    # edited settings row) overflows in isfinite and float(): out of range.
-    try:
-        return _number(limit, value)
-    except OverflowError:
-        raise BadValue(f"{limit.describe()}; got {shown(value)}") from None
 
 
 def _number(limit: Limit, value: object) -> int | float:

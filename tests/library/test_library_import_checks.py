@@ -438,6 +438,8 @@ TOKENIZER_CONFIGS = {
         {"name": "default", "template": "{{ messages }}"},
         {"name": "tool_use", "template": "{{ messages | no_such_filter }}"}]}),
         "the chat template 'tool_use' is broken, it is not valid Jinja"),
+    # JSON nested past Python's recursion limit is a RecursionError, no ValueError.
+    "deep": ("[" * 100_000, "tokenizer_config.json is broken: it is nested too deeply to read"),
 }
 
 
@@ -449,6 +451,33 @@ def test_broken_tokenizer_config_or_template_is_named(lib_home, tmp_path, tiny_t
     msg = _refused(broken)
     assert msg.startswith(str(broken / "tokenizer_config.json")), msg
     assert words in msg, msg
+
+
+READ_FOLDER = """
+import sys
+from specchat.library import facts
+from specchat.library.errors import LibraryError
+try:
+    facts.read_folder(sys.argv[1])
+except LibraryError as exc:
+    print(exc)
+"""
+
+
+def test_a_fifo_in_place_of_a_small_file_is_refused_not_waited_on(lib_home, tmp_path,
+                                                                   tiny_target):
+    """A folder used where it is (``specchat models check FOLDER``) is read
+    without the import's plan, which refuses what is not a regular file: a
+    FIFO in place of tokenizer_config.json must be said, not block the
+    reading forever (in a child, so that a hang fails the test)."""
+    folder = _copy(tiny_target, tmp_path / "fifo")
+    (folder / "tokenizer_config.json").unlink()
+    os.mkfifo(folder / "tokenizer_config.json")
+    done = subprocess.run([sys.executable, "-c", READ_FOLDER, str(folder)], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (f"{folder / 'tokenizer_config.json'} is broken: it is a "
+                                   "FIFO (named pipe), not a regular file")
 
 
 def test_a_broken_chat_template_file_is_named(lib_home, tmp_path, tiny_target):

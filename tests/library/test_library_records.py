@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from libtools import specchat_env
-from specchat.library import bundled, hub_files, importing, index, jsonfile, paths
+from specchat import records
+from specchat.library import bundled, hub_files, importing, index, paths
 from specchat.library import recommendations as rec
 
 
@@ -152,7 +153,7 @@ def test_a_bad_remembered_measurement_is_skipped_and_the_rest_rank(lib_home, cap
     good = _result()
     others = [_result(draft="d2", acceptance="high"), _result(draft="d3", predicted_speedup=[2]),
               _result(draft="d4", best_k=True), "garbage"]
-    jsonfile.write(rec.results_file(), {"version": rec.VERSION, "results": [good, *others]})
+    records.write_json(rec.results_file(), {"version": rec.VERSION, "results": [good, *others]})
     with caplog.at_level("WARNING", logger="specchat.library"):
         kept = rec.remembered("t")
         assert list(kept) == ["d"] and rec.rank(kept.values())[0].summary().startswith("1.50×")
@@ -184,9 +185,9 @@ def test_records_of_checked_files_never_block_or_crash(lib_home, tmp_path, kind)
         else:
             with open(path, "wb") as f:
                 f.truncate(17 * 2**20)  # records may have 16 MB
-    code = ("from pathlib import Path; from specchat.library import jsonfile, hub_files, "
-            "recommendations as rec\n"
-            f"print([jsonfile.read_record(Path(p)) for p in {[str(p) for p in files]!r}], "
+    code = ("from pathlib import Path; from specchat import records; from specchat.library import "
+            "hub_files, recommendations as rec\n"
+            f"print([records.read_record(Path(p)) for p in {[str(p) for p in files]!r}], "
             "hub_files.checked_before(Path('/nonexistent')), rec.remembered('t'))")
     proc = subprocess.run([sys.executable, "-c", code], env=specchat_env(tmp_path, lib_home),
                           capture_output=True, text=True, timeout=60)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
@@ -332,6 +334,39 @@ def test_a_recovery_file_is_imported_once_the_history_can_be_written(tmp_path, f
     again = StoreWorker(path)  # imported once only
     assert again.recovered == 0 and len(again.conversations.blocking.list()) == 2
     again.close()
+
+
+# Run in a child: the moment the temporary file is complete and about to be
+# renamed into place, the process dies (os._exit, as a kill or power cut would
+# end it), leaving the temporary file behind.
+_CRASH_AT_RENAME = """
+import os, sys
+from pathlib import Path
+from specchat.store import recovery
+from specchat.store.conversations import ChatContent
+sys.addaudithook(lambda event, args: os._exit(9) if event == "os.rename" else None)
+recovery.write(Path(sys.argv[1]), [ChatContent("c1", "Kept at quit", [])])
+"""
+
+
+def test_a_recovery_write_cut_off_at_its_rename_leaves_nothing_to_import(tmp_path, records):
+    """A process that dies while writing a recovery file leaves only its
+    temporary file, which the next start neither imports nor sets aside as
+    unreadable: it is no recovery file (the writer names it so that no
+    ``*.json`` glob takes it)."""
+    path = tmp_path / "h.sqlite3"
+    folder = recovery.folder_for(path)
+    proc = subprocess.run([sys.executable, "-c", _CRASH_AT_RENAME, str(folder)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr
+    left = [p.name for p in folder.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".") and left[0].endswith(".tmp")
+    assert recovery.pending(folder) == []
+    w = StoreWorker(path)
+    assert w.saving and w.recovered == 0 and w.notice is None
+    assert w.conversations.blocking.list() == []
+    w.close()
+    assert [p.name for p in folder.iterdir()] == left and records == []
 
 
 def test_an_unreadable_recovery_file_is_set_aside(tmp_path, records):

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from specchat.library import jsonfile, paths, staging
+from specchat import records
+from specchat.library import paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import LibraryError
 from specchat.library.gguf_import import (
@@ -187,7 +188,7 @@ def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | 
     files passed before."""
     model = get(name)
     files = list(files) if files is not None else part_files(name)
-    if jsonfile.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
+    if records.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
         _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
 
 
@@ -201,9 +202,9 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"version: SHA-256 of {len(files)} file(s) joined in order "
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
-    data = jsonfile.read_record(_cache_file())
+    data = records.read_record(_cache_file())
     data[model.name] = _cache_key(model, files)
-    jsonfile.write(_cache_file(), data)
+    records.write_json(_cache_file(), data, indent=2, sort_keys=True)
 
 
 # -- importing -----------------------------------------------------------------

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import records
 from specchat.engine import folders
 from specchat.engine.template import TemplateError, compile_template
 from specchat.library.disk import stamp
@@ -67,6 +68,9 @@ INDEX_FILE = "model.safetensors.index.json"
 _SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<i>[0-9]{5})-of-(?P<n>[0-9]{5})\.safetensors")
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                    "mask_token")
+# The most of a small JSON file (the shard index, the tokenizer config) that
+# is read: the largest published are a few MB.
+MAX_JSON_BYTES = 64 * 2**20
 
 
 # -- safetensors files ---------------------------------------------------------
@@ -372,12 +376,20 @@ def check_shards(folder: Path, by_file: dict[str, dict[str, Tensor]], shown: Pat
                     f"{n} files). The download or copy was probably cut short; get it again")
 
 
+def _read_json(path: Path, where: Path) -> object:
+    """A small JSON file of the folder, read as ``specchat.records`` reads
+    every file: only a regular file (a FIFO in its place would block the
+    check forever), bounded, and JSON nested too deep to parse is broken
+    like any other. ``where`` names it in the message."""
+    try:
+        return records.read_json(path, MAX_JSON_BYTES)
+    except (OSError, records.BadRecord) as exc:
+        raise LibraryError(f"{where} is broken: {exc}") from None
+
+
 def _check_index(index: Path, by_file: dict[str, dict[str, Tensor]], shown: Path) -> None:
     where = shown / index.name
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LibraryError(f"{where} is broken: it is not valid JSON ({exc})") from None
+    data = _read_json(index, where)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) and v and "/" not in v and "\\" not in v and v not in (".", "..")
@@ -407,10 +419,7 @@ def check_tokenizer_config(folder: Path, shown: Path) -> None:
     path = folder / "tokenizer_config.json"
     where = shown / "tokenizer_config.json"
     if path.exists():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise LibraryError(f"{where} is broken: it is not valid JSON ({exc})") from None
+        data = _read_json(path, where)
         if not isinstance(data, dict):
             raise LibraryError(f"{where} is broken: it is not a JSON object")
         _check_tokenizer_fields(data, where)
@@ -429,11 +438,10 @@ def check_tokenizer_config(folder: Path, shown: Path) -> None:
         check_chat_template(text, shown / jinja.name)
     extra = folder / "chat_template.json"
     if extra.exists():
-        try:
-            template = json.loads(extra.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise LibraryError(f"{shown / extra.name} is broken: it is not a JSON object with "
-                               f"a chat_template ({exc})") from None
+        data = _read_json(extra, shown / extra.name)
+        if not isinstance(data, dict):
+            raise LibraryError(f"{shown / extra.name} is broken: it is not a JSON object")
+        template = data.get("chat_template")
         if not isinstance(template, str):
             raise LibraryError(f"{shown / extra.name}: chat_template must be text; got "
                                f"{_shown(template)}")

@@ -79,9 +79,6 @@ class Header:
     def tensor(self, name: str) -> TensorInfo | None:
         return self._by_name.get(name)
 
-    def get(self, key: str, default=None):
-        return self.metadata.get(key, default)
-
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", "?"))

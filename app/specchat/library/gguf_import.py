@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.library import checks, disk, gguf_tokenizer, jsonfile, staging
+from specchat import records
+from specchat.library import checks, disk, gguf_tokenizer, staging
 from specchat.library.checks import LAYER_INDEX
 from specchat.library.errors import ImportCancelled, LibraryError
 from specchat.library.gguf_header import Header, TensorInfo, read_header, tensor_nbytes
@@ -76,7 +77,7 @@ def gguf_summary(path: str | Path) -> dict:
 def _quantization_name(header: Header) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
-    ftype = header.get("general.file_type")
+    ftype = header.metadata.get("general.file_type")
     try:
         return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
     except (TypeError, ValueError):
@@ -436,11 +437,7 @@ def _write_weights(header: Header, jobs: list[_Job], folder: Path, progress: Pro
         index = {"metadata": {"total_size": sum(e.nbytes for e in entries.values())},
                  "weight_map": {e.name: fname for fname, shard in zip(names, shards, strict=True)
                                 for e in shard}}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        records.write_json(folder / "model.safetensors.index.json", index, indent=2)
 
 
 # -- the import --------------------------------------------------------------
@@ -453,7 +450,7 @@ def is_complete(folder: Path) -> bool:
 def read_marker(folder: Path) -> dict:
     """The marker a finished import left in ``folder``; {} when there is
     none or it is not a record."""
-    return jsonfile.read_record(folder / MARKER)
+    return records.read_record(folder / MARKER)
 
 
 def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
@@ -502,17 +499,17 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
             tmp = work.path
             say("writing the tokenizer", 0.0)
             (tmp / "tokenizer.json").write_text(text, encoding="utf-8")
-            _write_json(tmp / "tokenizer_config.json", tok_config)
-            _write_json(tmp / "config.json", config)
+            for name, data in (("tokenizer_config.json", tok_config), ("config.json", config)):
+                records.write_json(tmp / name, data, indent=2, ensure_ascii=False)
             _write_weights(header, jobs, tmp, say, cancelled, max_shard_bytes)
             st = gguf_path.stat()
-            _write_json(tmp / MARKER, {
+            records.write_json(tmp / MARKER, {
                 "format": FORMAT,
                 "source": {"path": str(gguf_path.resolve()), "size": st.st_size,
                            "mtime_ns": st.st_mtime_ns, **(source or {})},
                 "summary": gguf_summary(gguf_path),
                 "seconds": round(time.monotonic() - started, 1),
-            })
+            }, indent=2, ensure_ascii=False)
             _install(tmp, dest)
     except OSError as exc:
         raise staging.write_error(gguf_path, where, exc) from exc

@@ -224,9 +224,8 @@ class _Tracker:
         self.progress(DownloadProgress(self.done, self.total, rate, text, self.file))
 
     def advance(self, n: int) -> None:
-        self.check()
-        self.current = max(0, self.current + int(n or 0))
-        self.emit()
+        self.current = max(0, self.current + n)
+        self.tick()
 
     def start(self, name: str) -> None:
         self.check()
@@ -591,11 +590,7 @@ def _download(hub: HubRef, commit: str, files: list[_RemoteFile], todo: list[_Re
     # Small files first: a cut-off pull then leaves the most files finished.
     for f in sorted(todo, key=lambda f: (f.size, f.name)):
         tracker.start(f.name)
-        try:
-            _fetch(hub, commit, f, storage, tracker)
-        except BaseException:
-            tracker.current = 0
-            raise
+        _fetch(hub, commit, f, storage, tracker)
         tracker.finish(f.size)
     snapshot = storage / "snapshots" / commit
     for f in files:

@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specchat.library import disk, jsonfile, paths, staging
+from specchat import records
+from specchat.library import disk, paths, staging
 
 READ_BYTES = 1024 * 1024
 POLL = 0.1
@@ -94,12 +95,12 @@ def _key(blob: Path) -> str:
 
 
 def _load() -> dict:
-    return jsonfile.read_record(_record_file())
+    return records.read_record(_record_file())
 
 
 def _save(data: dict) -> None:
     data = {k: v for k, v in data.items() if (paths.hub_cache() / k).exists()}
-    jsonfile.write(_record_file(), data, indent=1)
+    records.write_json(_record_file(), data, indent=1, sort_keys=True)
 
 
 def remember(blob: Path) -> None:

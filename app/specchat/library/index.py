@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from specchat import records
-from specchat.library import jsonfile, paths
+from specchat.library import paths
 from specchat.library.errors import LibraryError
 from specchat.library.facts import ModelFacts
 
@@ -132,7 +132,8 @@ def _checked(models: dict[str, object]) -> dict[str, InstalledModel]:
 
 
 def _write(models: dict[str, dict]) -> None:
-    jsonfile.write(paths.index_file(), {"version": INDEX_VERSION, "models": models})
+    records.write_json(paths.index_file(), {"version": INDEX_VERSION, "models": models},
+                       indent=2, sort_keys=True)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,6 @@ from specchat import records
 from specchat.engine import drafter_kinds
 from specchat.engine.draft_policy import CostModel, expected_tokens
 from specchat.home import home
-from specchat.library import jsonfile
 
 FILENAME = "recommendations.json"
 VERSION = 1
@@ -280,7 +279,7 @@ def _read() -> list[DraftResult]:
     """The remembered results; one that is not a result (an older or
     damaged entry) is named in the log and not remembered."""
     path = results_file()
-    data = jsonfile.read_record(path)
+    data = records.read_record(path)
     entries = data.get("results") if data.get("version") == VERSION else None
     out = []
     for entry in entries if isinstance(entries, list) else []:
@@ -299,7 +298,7 @@ def remembered(target: str, machine_name: str | None = None) -> dict[str, DraftR
 
 def remember(result: DraftResult) -> None:
     """Keep ``result``, replacing the one for the same (target, draft,
-    machine). The file is replaced whole (jsonfile.write), so a kill never
+    machine). The file is replaced whole (records.write_json), so a kill never
     leaves half of it, under a lock, so the app and a terminal measuring at
     once keep each other's results."""
     from filelock import FileLock
@@ -309,4 +308,5 @@ def remember(result: DraftResult) -> None:
     with FileLock(str(path.with_name(f".{FILENAME}.lock"))):
         kept = [r for r in _read() if r.key != result.key]
         kept.append(replace(result, remembered=True))
-        jsonfile.write(path, {"version": VERSION, "results": [r.to_json() for r in kept]})
+        records.write_json(path, {"version": VERSION, "results": [r.to_json() for r in kept]},
+                           indent=2, sort_keys=True)

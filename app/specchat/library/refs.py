@@ -63,9 +63,10 @@ def find(ref: str) -> Source | None:
 def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
          cancelled: threading.Event | None = None) -> InstalledModel | None:
     """The InstalledModel for ``ref`` after pulling it through the first
-    pullable source that claims it, or None when none does (folders and files
-    are not pulled: they are imported)."""
-    source = next((s for s in SOURCES if s.pullable and s.claims(ref)), None)
+    source that defines ``pull`` and claims it, or None when none does
+    (folders and files are not pulled: they are imported)."""
+    source = next((s for s in SOURCES if type(s).pull is not Source.pull and s.claims(ref)),
+                  None)
     return source.pull(ref, progress, cancelled) if source is not None else None
 
 

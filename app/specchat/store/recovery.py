@@ -6,8 +6,8 @@ waits only ``worker.CLOSE_WAIT_S`` for it), the history may never have
 opened, or a write may have failed (a full disk). Whatever was on screen and
 may not be in the history is then written as JSON to
 ``<history folder>/unsaved/<time>-<pid>-<random>.json`` (two windows may
-quit in the same second): atomically (a temporary file
-renamed into place), so a crash leaves a whole file or none. The next start
+quit in the same second): atomically (``records.write_json``: a temporary
+file renamed into place), so a crash leaves a whole file or none. The next start
 that opens the history for writing imports each file in one transaction and
 deletes it only once that committed: a crash in between imports it again
 instead of losing it.
@@ -15,11 +15,9 @@ instead of losing it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -55,20 +53,10 @@ def folder_for(history: Path) -> Path:
 
 def write(folder: Path, conversations: list[UnsavedConversation]) -> Path:
     """Write one recovery file; its path. OSError if it cannot be written."""
-    folder.mkdir(parents=True, exist_ok=True)
     data = {"version": VERSION, "saved_at": time.time(),
             "conversations": [_to_json(c) for c in conversations]}
     path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    records.write_json(path, data, ensure_ascii=False)
     return path
 
 

@@ -54,19 +54,12 @@ def preset_of(settings: AppSettings) -> str | None:
 
 
 # The stored fields checked against a range (a name in specchat.values' table,
-# or one of _OWN_CHECKS); every other field only against its declared type.
+# or "allowed origins": a list of values.origin, _origins); every other field
+# only against its declared type.
 _RANGES = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k",
            "max_tokens": "max tokens", "seed": "seed", "k": "K", "server_port": "port",
            "server_cors_origins": "allowed origins"}
 _TYPES = typing.get_type_hints(AppSettings)
-
-
-def _port(value: object) -> int:
-    """A TCP port; 0 lets the system pick a free one (the window shows which)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise values.BadValue(f"port must be a whole number from 0 to 65535 (0 = any free "
-                              f"port); got {value!r}"[:120])
-    return value
 
 
 def _origins(value: object) -> tuple[str, ...]:
@@ -77,15 +70,11 @@ def _origins(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(values.origin(v) for v in value))
 
 
-# Checks that are not in specchat.values' table (no engine or CLI value shares them).
-_OWN_CHECKS = {"port": _port, "allowed origins": _origins}
-
-
 def _checked(name: str, value: object) -> object:
     """The value to keep for a field, or BadValue."""
     rule = _RANGES.get(name)
-    if rule in _OWN_CHECKS:
-        return _OWN_CHECKS[rule](value)
+    if rule == "allowed origins":
+        return _origins(value)
     if rule is not None:
         return values.check(rule, value)
     if not records.conforms(value, _TYPES[name]):

@@ -25,9 +25,6 @@ class Source:
     is right whenever resolving is cheap."""
 
     accepted: str = ""
-    # Whether ``specchat models pull`` takes this kind (folders and files are
-    # imported instead, and the pull skips them).
-    pullable: bool = False
     # Where the "pass ..." message lists this kind (lower first); sources
     # without one are listed last, in registry order.
     mention: int = 100
@@ -51,6 +48,7 @@ class Source:
 
     def pull(self, ref: str, progress: Callable[[DownloadProgress], None] | None = None,
              cancelled: threading.Event | None = None) -> InstalledModel:
-        """Download or convert ``ref`` into the library and list it (only
-        when ``pullable``)."""
+        """Download or convert ``ref`` into the library and list it. Only the
+        kinds ``specchat models pull`` takes define it: folders and files are
+        imported instead, and the pull skips them (``refs.pull``)."""
         raise NotImplementedError

@@ -19,7 +19,6 @@ PREFIX = "bundled:"
 class BundledSource(Source):
     accepted = "bundled:NAME"
     mention = 2
-    pullable = True
 
     def claims(self, ref: str) -> bool:
         return ref.startswith(PREFIX)

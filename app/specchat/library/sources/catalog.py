@@ -23,7 +23,6 @@ _KINDS = (HubSource(), BundledSource())
 class CatalogSource(Source):
     accepted = "a catalog name"
     mention = 6
-    pullable = True
 
     def claims(self, ref: str) -> bool:
         return load_catalog().model(ref) is not None

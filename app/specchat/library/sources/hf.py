@@ -17,7 +17,6 @@ from specchat.library.sources.base import Source
 class HubSource(Source):
     accepted = "hf:org/repo[@revision]"
     mention = 5
-    pullable = True
 
     def claims(self, ref: str) -> bool:
         return ref.startswith("hf:")

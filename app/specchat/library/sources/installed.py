@@ -14,7 +14,6 @@ from specchat.library.sources.base import Source
 class InstalledSource(Source):
     accepted = "an installed model name (see `specchat models list`)"
     mention = 1
-    pullable = True
 
     def claims(self, ref: str) -> bool:
         return index.get(ref) is not None
