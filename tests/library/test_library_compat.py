@@ -3,9 +3,12 @@ suggestions, and the memory check."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from libtools import edited_copy
-from specchat.library import compatibility, facts, importing, memory
+from specchat import cli
+from specchat.library import compatibility, facts, importing, memory, paths
 from specchat.library.errors import LibraryError
 
 
@@ -51,6 +54,27 @@ def test_sliding_window_and_recurrent_models_are_offered_speculation(lib_home, t
     assert compatibility.check(str(tiny_qwen_target), str(draft)).compatible
 
 
+def test_an_index_entry_from_before_rollback_does_not_refuse_speculation(
+        lib_home, tmp_path, tiny_target, tiny_qwen_draft, capsys):
+    """Builds before every cache kind could be rolled back (e55ecd8) wrote a
+    refusal into the index entry of a sliding-window or recurrent model. The
+    engine decides that when it loads a model; an old entry must not refuse
+    a pair that today's engine runs."""
+    target = edited_copy(tiny_target, tmp_path / "swa-target", config={
+        "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]})
+    importing.import_path(target, name="old-swa")
+    importing.import_path(tiny_qwen_draft, name="small-qwen")
+    data = json.loads(paths.index_file().read_text())
+    data["models"]["old-swa"]["untrimmable_reason"] = (
+        "it uses sliding-window attention, whose cache drops old tokens and "
+        "cannot be rewound after rejected draft tokens")
+    paths.index_file().write_text(json.dumps(data))
+    assert compatibility.check("old-swa", str(tiny_qwen_draft)).reasons == \
+        compatibility.check(str(target), str(tiny_qwen_draft)).reasons
+    assert cli.main(["models", "list"]) == 0
+    assert "no speculation" not in capsys.readouterr().out
+
+
 def test_draft_not_smaller_is_explained(lib_home, tiny_qwen_target, tiny_qwen_draft,
                                         tiny_target):
     swapped = compatibility.check(str(tiny_qwen_draft), str(tiny_qwen_target))
@@ -90,7 +114,7 @@ def test_unknown_hf_reference_needs_a_pull(lib_home):
     ({"model_type": "llava", "text_config": {"model_type": "llama"}}, "full"),
 ])
 def test_cache_kind_from_config(config, kind):
-    assert facts.cache_kind(config)[0] == kind
+    assert facts.cache_kind(config) == kind
 
 
 def test_suggest_drafts_prefers_installed_then_catalog(lib_home, tiny_qwen_target,

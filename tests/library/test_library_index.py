@@ -191,8 +191,8 @@ def test_index_entries_keep_their_json_order(lib_home, tiny_target):
     model = importing.import_path(tiny_target, name="ordered")
     assert list(model.to_json()) == [
         "name", "source", "kind", "path", "revision", "size_bytes", "params", "quantization",
-        "tokenizer_fingerprint", "model_type", "vocab_size", "attention", "untrimmable_reason",
+        "tokenizer_fingerprint", "model_type", "vocab_size", "attention",
         "num_layers", "num_kv_heads", "head_dim", "max_context", "mtp", "hidden_size", "head",
         "installed_at"]
     assert index.InstalledModel.from_json(model.to_json()) == model
-    assert model.facts == read_folder(model.path) and model.trimmable
+    assert model.facts == read_folder(model.path)

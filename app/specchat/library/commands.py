@@ -101,8 +101,7 @@ def cmd_list(args, as_json: bool) -> int:
     rows = [[b.model.name, size_text(b.size_bytes), b.model.params, "float16",
              f"{b.model.ref} (built in)"] for b in built]
     rows += [[m.name, size_text(m.size_bytes), params_text(m.params), m.quantization or "?",
-              m.source + ("" if m.trimmable else "  [no speculation: " + m.attention + "]")
-              + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
+              m.source + ("  [own MTP head: --draft mtp]" if m.mtp else "")]
              for m in models]
     print(_table(rows, ["NAME", "SIZE", "PARAMS", "WEIGHTS", "SOURCE"]))
     count = len(rows)
@@ -181,9 +180,6 @@ def cmd_import(args, as_json: bool) -> int:
         return 0
     print(f"Imported {model.name} ({size_text(model.size_bytes)}, {params_text(model.params)} "
           f"parameters) from {args.path}")
-    if not model.trimmable:
-        print(f"note: {model.name} cannot take part in speculative decoding: "
-              f"{model.untrimmable_reason}")
     return 0
 
 

@@ -145,11 +145,6 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
     problems, good, notes = (_head_verdict if is_head else _tokenizer_verdict)(t, d)
     if t.path and d.path and Path(t.path).resolve() == Path(d.path).resolve():
         problems.insert(0, SAME_MODEL)
-    if t.facts is not None and t.facts.untrimmable_reason:
-        problems.append(f"speculative decoding is not available for {t.name}: "
-                        f"{t.facts.untrimmable_reason}")
-    if d.facts is not None and d.facts.untrimmable_reason:
-        problems.append(f"{d.name} cannot be used as a draft: {d.facts.untrimmable_reason}")
     if t.params and d.params:
         if d.params >= t.params and SAME_MODEL not in problems:
             problems.append(
@@ -198,7 +193,7 @@ def suggest_drafts(target_ref: str) -> list[Suggestion]:
     for m in sorted(index.list_installed(), key=lambda m: m.params or 0):
         if t.path and Path(m.path).resolve() == Path(t.path).resolve():
             continue
-        if not m.trimmable or not m.params or (t_params and m.params >= t_params):
+        if not m.params or (t_params and m.params >= t_params):
             continue
         same = (t_fp and m.tokenizer_fingerprint == t_fp) or (
             not t_fp and t.tokenizer_family is not None

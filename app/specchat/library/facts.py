@@ -55,7 +55,6 @@ class ModelFacts:
     model_type: str | None
     vocab_size: int | None  # tokenizer size (what speculation compares)
     attention: str  # "full", "sliding" or "recurrent"
-    untrimmable_reason: str | None = None
     num_layers: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
@@ -73,10 +72,6 @@ class ModelFacts:
     def from_json(cls, data: dict) -> ModelFacts:
         names = cls.__dataclass_fields__
         return cls(**{k: data.get(k) for k in names})
-
-    @property
-    def trimmable(self) -> bool:
-        return self.untrimmable_reason is None
 
     def kv_elements_per_token(self) -> int | None:
         """Keys and values stored per token over all layers (None if unknown)."""
@@ -115,12 +110,13 @@ def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict[str, Tensor]
     return config, check_folder(folder, config, folders.weight_files(folder), shown)
 
 
-def cache_kind(config: dict) -> tuple[str, str | None]:
-    """("full" | "sliding" | "recurrent", why it cannot be speculated on or
-    None), predicted from config.json the way mlx-lm will build the model's
-    cache. Every kind here can be (the engine rolls back sliding windows and
-    recurrent state: engine/rollback.py), so the reason is always None; it
-    stays for a kind that could not.
+def cache_kind(config: dict) -> str:
+    """"full", "sliding" or "recurrent", predicted from config.json the way
+    mlx-lm will build the model's cache. Each can be speculated on (the engine
+    rolls back sliding windows and recurrent state: engine/rollback.py); a
+    cache the engine cannot rewind is refused when it loads the model
+    (engine.loading.untrimmable_reason), never from a stored verdict, which
+    an older build may have written for a kind it could not rewind then.
 
     ``use_sliding_window: false`` (Qwen2.5, Qwen3) means full attention even
     when ``sliding_window`` is set; ``layer_types`` names each layer's kind.
@@ -130,15 +126,15 @@ def cache_kind(config: dict) -> tuple[str, str | None]:
     layer_types = [str(t).lower() for t in (cfg.get("layer_types") or []) if t is not None]
     if model_type in RECURRENT_TYPES or any(
             w in t for t in layer_types for w in _RECURRENT_LAYER_WORDS):
-        return "recurrent", None
+        return "recurrent"
     if model_type in SLIDING_TYPES or any("sliding" in t or "local" in t for t in layer_types):
-        return "sliding", None
+        return "sliding"
     if cfg.get("use_sliding_window") is True and cfg.get("sliding_window"):
         window = cfg.get("sliding_window")
         longest = cfg.get("max_position_embeddings")
         if not (isinstance(window, int) and isinstance(longest, int) and window >= longest):
-            return "sliding", None
-    return "full", None
+            return "sliding"
+    return "full"
 
 
 def count_params(config: dict, tensors: dict[str, Tensor]) -> tuple[int, str | None]:
@@ -287,7 +283,7 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
     config, tensors = _validate(folder, shown)
     params, label = count_params(config, tensors)
     tok = tokenizer_facts(folder, shown)
-    kind, reason = cache_kind(config)
+    kind = cache_kind(config)
     layers, kv_heads, head_dim = kv_shape(config)
     return ModelFacts(
         model_type=str(config.get("model_type")) if config.get("model_type") else None,
@@ -297,7 +293,6 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         tokenizer_fingerprint=tok.fingerprint() if tok else None,
         vocab_size=tok.size if tok else None,
         attention=kind,
-        untrimmable_reason=reason,
         num_layers=layers,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
