@@ -113,7 +113,9 @@ def test_llama_rotary_permutation_undone_gives_llamacpp_attention(llama_gguf, ll
 
 
 def test_llama_config(llama_gguf, llama_folder):
-    cfg = json.loads((llama_folder / "config.json").read_text())
+    text = (llama_folder / "config.json").read_text()
+    assert text.endswith("}\n")  # a text file, as the Hub's are
+    cfg = json.loads(text)
     c = llama_gguf.config
     assert cfg["model_type"] == "llama"
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],

@@ -376,21 +376,24 @@ def check_shards(folder: Path, by_file: dict[str, dict[str, Tensor]], shown: Pat
                     f"{n} files). The download or copy was probably cut short; get it again")
 
 
-def _read_json(path: Path, where: Path) -> object:
-    """A small JSON file of the folder, read as ``specchat.records`` reads
+def _read_json(path: Path, where: Path) -> dict:
+    """A small JSON object of the folder, read as ``specchat.records`` reads
     every file: only a regular file (a FIFO in its place would block the
     check forever), bounded, and JSON nested too deep to parse is broken
     like any other. ``where`` names it in the message."""
     try:
-        return records.read_json(path, MAX_JSON_BYTES)
+        data = records.read_json(path, MAX_JSON_BYTES)
     except (OSError, records.BadRecord) as exc:
         raise LibraryError(f"{where} is broken: {exc}") from None
+    if not isinstance(data, dict):
+        raise LibraryError(f"{where} is broken: it is not a JSON object")
+    return data
 
 
 def _check_index(index: Path, by_file: dict[str, dict[str, Tensor]], shown: Path) -> None:
     where = shown / index.name
     data = _read_json(index, where)
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) and v and "/" not in v and "\\" not in v and v not in (".", "..")
             for v in weight_map.values()):
@@ -420,8 +423,6 @@ def check_tokenizer_config(folder: Path, shown: Path) -> None:
     where = shown / "tokenizer_config.json"
     if path.exists():
         data = _read_json(path, where)
-        if not isinstance(data, dict):
-            raise LibraryError(f"{where} is broken: it is not a JSON object")
         _check_tokenizer_fields(data, where)
         template = data.get("chat_template")
         if isinstance(template, str):
@@ -439,8 +440,6 @@ def check_tokenizer_config(folder: Path, shown: Path) -> None:
     extra = folder / "chat_template.json"
     if extra.exists():
         data = _read_json(extra, shown / extra.name)
-        if not isinstance(data, dict):
-            raise LibraryError(f"{shown / extra.name} is broken: it is not a JSON object")
         template = data.get("chat_template")
         if not isinstance(template, str):
             raise LibraryError(f"{shown / extra.name}: chat_template must be text; got "
