@@ -68,8 +68,11 @@ def test_a_trained_head_drafts_resumes_after_sigkill_and_beats_the_untrained(
     untrained, trained = record["curve"][0]["accept"], record["curve"][-1]["accept"]
     assert record["curve"][0]["tokens"] == 0 and trained[0] > untrained[0] + 0.05
 
-    config = json.loads((out / "config.json").read_text())
+    text = (out / "config.json").read_text()
+    assert text.endswith("}\n")  # a text file, as the Hub's are
+    config = json.loads(text)
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] <= 256
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
     engine = Engine()
     assert engine.load(tiny_target, out).draft.model_type == "eagle3"
     prompt = (275, 364, 311, 78, 161, 53, 376, 40) * 3

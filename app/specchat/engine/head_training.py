@@ -45,6 +45,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
+from specchat import records
 from specchat.engine import chat
 from specchat.engine.compat import facts_from_tokenizer
 from specchat.engine.eagle3 import Eagle3Head, HeadConfig
@@ -282,10 +283,8 @@ class _Trainer:
             _write_atomic(self.out / "optimizer.safetensors",
                           lambda p: mx.save_safetensors(str(p), opt))
         config = published_config(self.config, self.layers, self.engine.target.info.name)
-        _write_atomic(self.out / "config.json",
-                      lambda p: p.write_text(json.dumps(config, indent=2), encoding="utf-8"))
-        _write_atomic(self.out / TRAINING_STATE,
-                      lambda p: p.write_text(json.dumps(asdict(self.state)), encoding="utf-8"))
+        records.write_json(self.out / "config.json", config, indent=2)
+        records.write_json(self.out / TRAINING_STATE, asdict(self.state))
 
     # -- the target's labels -----------------------------------------------------------
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
