@@ -67,12 +67,14 @@ def test_a_stranger_cannot_make_a_rank_its_own(tiny_target, trap: Trap):
         assert answer == _refused("a request without proof of the cluster's secret")
         time.sleep(1.0)
         assert calls == [] and rank.poll() is None
-        # The real rank 0 joins after them.
+        # The real rank 0 joins after them, and leaves before the ring starts:
+        # the rank sees it at once (it waits for rank 0's word before it
+        # enters MLX's ring, which would hold the GIL for about 30 s).
         peers = control.Peers(_spec(tiny_target, base), key)
         peers.connect()
         out.wait_for("rank 0 joined cluster lab")
         peers.close()
-        out.wait_for("rank 0 left; exiting")
+        out.wait_for("rank 0 left; exiting", timeout=10)
         assert rank.wait(10) == 0
         assert calls == []
     finally:
@@ -235,7 +237,8 @@ def test_a_rank_killed_in_the_ring_leaves_no_file(tmp_path, tiny_target, sig):
     rank, out = start_rank(1, base + 3, key, tmp)
     peers = control.Peers(_spec(tiny_target, base), key)
     try:
-        peers.connect()  # rank 0 never opens its ring port: rank 1 waits in init
+        peers.connect()
+        peers.open_ring()  # rank 0 never opens its ring port: rank 1 waits in init
         out.wait_for("rank 0 joined cluster lab")
         time.sleep(1.5)
         assert rank.poll() is None
@@ -245,6 +248,34 @@ def test_a_rank_killed_in_the_ring_leaves_no_file(tmp_path, tiny_target, sig):
         assert list(tmp.iterdir()) == []
     finally:
         peers.close()
+        stop(rank)
+
+
+def test_a_rank_whose_ring_port_is_taken_refuses_to_join_in_words(tiny_target):
+    """MLX would find the taken port only inside ``init``, while rank 0
+    waited there for this rank with the GIL held (the app frozen for about
+    30 s); the rank checks before it joins, and keeps waiting."""
+    key = secrets.token_bytes(32)
+    base = free_base(4)
+    spec = _spec(tiny_target, base)
+    ring = spec.ranks[1].ring_port
+    rank, out = start_rank(1, base + 3, key)
+    squatter = socket.create_server(("127.0.0.1", ring))
+    try:
+        with pytest.raises(EngineError) as got:
+            control.Peers(spec, key).connect()
+        assert str(got.value) == (
+            f"Rank 1 of cluster lab (127.0.0.1:{base + 3}) refused to join: this rank cannot "
+            f"listen on its ring address 127.0.0.1:{ring} (Address already in use).")
+        assert rank.poll() is None and "rank 0 joined" not in out.text()
+        squatter.close()
+        peers = control.Peers(spec, key)
+        peers.connect()  # the port is free again: the same rank joins
+        out.wait_for("rank 0 joined cluster lab")
+        peers.close()
+        assert rank.wait(10) == 0
+    finally:
+        squatter.close()
         stop(rank)
 
 

@@ -10,6 +10,12 @@ waits forever. So the control channel does what the ring cannot:
 * rendezvous: the other ranks wait on their control port for as long as it
   takes; rank 0 connects when the app loads the cluster target and fails at
   once, in words, when a rank is not running;
+* the ring's start: ``mx.distributed.init`` holds Python's GIL while it
+  connects, up to about 30 s when a peer never opens its ring, and nothing
+  else in the process runs meanwhile (not the watchdog, not rank 0's GUI).
+  So a rank answers a join only after checking that it can listen on its
+  ring port, and opens its ring only when rank 0 says every rank has
+  joined (``open_ring``); a rank 0 that leaves before that is seen at once;
 * replies in words: a rank's load result or error reaches rank 0 as text;
 * liveness: ranks send a heartbeat every second; rank 0's watchdog thread
   declares a rank lost when its connection closes or its heartbeats stop,
@@ -37,7 +43,7 @@ import time
 from collections.abc import Callable
 
 from specchat.engine.distributed import handshake, wire
-from specchat.engine.distributed.hostfile import ClusterSpec, Rank
+from specchat.engine.distributed.hostfile import ClusterSpec, Rank, parse_address
 from specchat.engine.distributed.wire import Line, Message, ProtocolError
 from specchat.engine.errors import EngineError
 
@@ -46,6 +52,7 @@ SILENCE_S = 15.0  # no heartbeat for this long: the rank is lost
 CONNECT_S = 5.0  # a handshake's deadline, on both ends
 PENDING = 32  # connections a rank takes at once before rank 0 has joined
 RANK_SAYS = ("beat", "loaded", "failed", "error")  # what a joined rank may send
+ZERO_SAYS = ("ring",)  # what rank 0 may send a joined rank
 
 
 def keepalive(sock: socket.socket, idle: int = 5, interval: int = 2, count: int = 3) -> None:
@@ -106,6 +113,18 @@ class Peers:
                 raise EngineError(f"{where} refused to join: {reply.body.get('text')}.")
             self.lines[peer.rank] = line
             self.inbox[peer.rank] = queue.Queue()
+
+    def open_ring(self) -> None:
+        """Tell every rank that all have joined: each starts its ring now,
+        as rank 0 is about to."""
+        for r, line in self.lines.items():
+            try:
+                line.send({"ring": {}})
+            except OSError as exc:
+                self.close()
+                raise EngineError(f"Rank {r} of cluster {self.spec.name} "
+                                  f"({self.spec.ranks[r].ip}) left before the ring started "
+                                  f"({exc.strerror or exc}).") from None
 
     def _dial(self, peer: Rank) -> socket.socket:
         deadline = time.monotonic() + CONNECT_S
@@ -279,6 +298,22 @@ def ring_sockets(spec: ClusterSpec, rank: int) -> list[socket.socket]:
     return found
 
 
+def ring_port_problem(address: str) -> str | None:
+    """Why this host cannot listen on its ring ``address`` (None: it can).
+    Found before joining, because MLX would only find it inside ``init``,
+    while rank 0 waits there for this rank with the GIL held."""
+    host, port = parse_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as MLX's ring does
+            sock.bind((host, port))
+            sock.listen()
+    except OSError as exc:
+        return f"this rank cannot listen on its ring address {address} ({exc.strerror or exc})"
+    return None
+
+
 def shut(socks: list[socket.socket]) -> None:
     for sock in socks:
         with contextlib.suppress(OSError):
@@ -299,6 +334,7 @@ class RankChannel:
         self.line: Line | None = None
         self.join: dict | None = None
         self._joined = threading.Event()
+        self._ring = threading.Event()
         self._lock = threading.Lock()
         self._pending = threading.BoundedSemaphore(PENDING)
 
@@ -331,6 +367,8 @@ class RankChannel:
             elif request.body["rank"] != self.rank:
                 line.send({"error": {"text": f"this process is rank {self.rank}, "
                                              f"not {request.body['rank']}"}})
+            elif (busy := ring_port_problem(request.body["ring"][self.rank][0])) is not None:
+                line.send({"error": {"text": busy}})
             else:
                 with self._lock:
                     if self._joined.is_set():
@@ -353,16 +391,30 @@ class RankChannel:
         with contextlib.suppress(OSError):
             self.line.send(message)
 
+    def wait_ring(self) -> None:
+        """Block until rank 0 says every rank has joined (the beat thread
+        ends the process if rank 0 leaves first)."""
+        self._ring.wait()
+
     def _beat(self) -> None:
         sock = self.line.sock
+        why = "rank 0 left"
         while True:
             try:
                 ready, _, _ = select.select([sock], [], [], BEAT_S)
-                if ready and not sock.recv(4096):
-                    break
+                if ready:
+                    data = sock.recv(4096)
+                    if not data:
+                        break
+                    for m in self.line.feed(data):
+                        wire.check(m, ZERO_SAYS)
+                        self._ring.set()
                 self.line.send({"beat": {}})
             except OSError:
                 break
-        print(f"specchat cluster: rank {self.rank}: rank 0 left; exiting", flush=True)
+            except ProtocolError as exc:
+                why = f"rank 0 sent {exc}"
+                break
+        print(f"specchat cluster: rank {self.rank}: {why}; exiting", flush=True)
         sys.stdout.flush()
         os._exit(0)  # the ring may be blocked in MLX; nothing is left to do here

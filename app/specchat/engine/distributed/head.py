@@ -236,6 +236,7 @@ def _join(spec: ClusterSpec, key: bytes, say) -> Link:
     peers.connect()
     peers.on_lost(lambda: control.shut(control.ring_sockets(spec, 0)))  # during init
     peers.watch()
+    peers.open_ring()
     say(f"joining the ring of {spec.name}")
     group = _init_ring(spec)
     if group.size() != spec.size or group.rank() != 0:

@@ -147,6 +147,7 @@ def serve(rank: int, host: str, port: int, secret: bytes) -> int:
     join = channel.accept()
     print(f"specchat cluster: rank {rank}: rank 0 joined cluster {join['cluster']}", flush=True)
     code = 0
+    channel.wait_ring()  # every rank has joined: rank 0 opens its ring now too
     try:
         with ring_file(join["ring"]) as path:
             os.environ.update(MLX_RANK=str(rank), MLX_HOSTFILE=path)

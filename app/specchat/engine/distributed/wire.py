@@ -106,6 +106,8 @@ KINDS: dict[str, dict[str, Callable[[object], bool]]] = {
     "ready": {"rank": _rank, "pid": _count},
     "joined": {"rank": _rank, "pid": _count},
     "error": {"text": _text},
+    # rank 0 to a joined rank: every rank has joined, start the ring
+    "ring": {},
     # a joined rank's messages
     "beat": {},
     "loaded": {"seq": _count, "layer_params": _count, "layer_bytes": _count, "layers": _span},
