@@ -135,3 +135,32 @@ def test_compare_decodes_exactly_what_the_bench_decodes(qtbot, window, tiny_targ
         assert list(result.token_ids) == bench.token_ids
         assert (s.steps, s.drafted, s.accepted) == (bench.steps, bench.drafted, bench.accepted)
         assert s.mode == variant.mode.name
+
+
+def test_dialogs_closed_and_opened_again_leave_no_old_ones_behind(window):
+    """Every Compare, model manager and settings dialog ever opened stayed
+    the window's child for the whole session, the old managers still
+    following the engine's signals. Now a closed one goes when the next
+    opens."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QTimer
+    from PySide6.QtWidgets import QApplication
+    from specchat.ui.compare import CompareDialog
+    from specchat.ui.model_manager import ModelManager
+    from specchat.ui.settings import SettingsDialog
+
+    def dismiss() -> None:  # the settings dialog, once its exec() shows it
+        modal = QApplication.activeModalWidget()
+        if modal is None:
+            QTimer.singleShot(10, dismiss)
+        else:
+            modal.reject()
+
+    for _ in range(3):
+        window.open_compare("def fibonacci(n): return fibonacci").close()
+        window.open_model_manager().close()
+        QTimer.singleShot(0, dismiss)
+        window.open_settings()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    assert len(window.findChildren(CompareDialog)) == 1
+    assert len(window.findChildren(ModelManager)) == 1
+    assert window.findChildren(SettingsDialog) == []

@@ -279,6 +279,7 @@ class MainWindow(QMainWindow):
             old.raise_()
             old.activateWindow()
             return old
+        self._forget(old)
         dlg = ModelManager(self.session.engine.client, self, self.head_training)
         dlg.modelsChanged.connect(self.session.pairs.reload_choices)
         engine = self.session.engine  # what can be trained now
@@ -292,6 +293,9 @@ class MainWindow(QMainWindow):
         if prompt is None:
             prompt = self.composer.text().strip() or next(
                 (m.text for m in reversed(self.chat_model.messages) if m.role == "user"), "")
+        old = getattr(self, "compare_dialog", None)
+        if old is not None and not old.isVisible():
+            self._forget(old)
         dlg = CompareDialog(CompareRunner(self.session, self.conversation), prompt, self)
         dlg.show()
         self.compare_dialog = dlg
@@ -301,6 +305,15 @@ class MainWindow(QMainWindow):
         dlg = SettingsDialog(self.session.settings, self)
         if dlg.exec():
             self.session.update_settings(**dlg.edited())
+        self._forget(dlg)
+
+    @staticmethod
+    def _forget(dlg) -> None:
+        """A closed dialog the window opens anew next time: deleted, or it
+        would stay the window's child for the whole session, still listening
+        to the engine."""
+        if dlg is not None:
+            dlg.deleteLater()
 
     def _scheme_changed(self, *_args) -> None:
         app = QApplication.instance()
