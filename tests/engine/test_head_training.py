@@ -92,3 +92,31 @@ def test_training_another_target_into_the_same_folder_is_refused(tmp_path, tiny_
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
     assert "holds a head trained for another target" in err
+
+
+def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_target, texts):
+    """A sample that ends in a user turn is a request: its piece is the
+    prompt and exactly the target's greedy reply (what the head will draft
+    through), and a run on requests alone writes a head."""
+    from specchat.engine import chat, head_training
+    from specchat.engine.events import TrainPlan
+    from specchat.library import trained_heads
+
+    requests = trained_heads.request_chats([texts], 12)
+    assert len(requests) == 12 and all(len(r) == 1 and r[0].role == "user" for r in requests)
+    assert requests[0][0].content.startswith("Explain what this code does.\n\n```python\n")
+    engine = Engine()
+    engine.load(tiny_target)
+    plan = TrainPlan(samples=tuple(requests), out=str(tmp_path / "head"), minutes=5,
+                     draft_vocab=256, reply_tokens=24, max_steps=3, held_pieces=1,
+                     held_out=0.2, checkpoint_s=999, seq_len=4096)
+    trainer = head_training._Trainer(engine, plan)
+    request = trainer.train[0]
+    prompt = chat.render(engine.target.tokenizer, requests[[
+        tuple(chat.render(engine.target.tokenizer, r)) for r in requests].index(request.prompt)])
+    reply = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
+                                            draft=DraftSettings(mode="plain"))).token_ids
+    assert trainer.piece(request) == [*prompt, *reply] and len(reply) > 0
+    record = head_training.train(engine, plan, lambda _p: None)
+    assert record["step"] == 3 and record["tokens"] >= len(prompt) + len(reply) - 1
+    assert (tmp_path / "head" / "model.safetensors").is_file()

@@ -1,7 +1,13 @@
 """Training an EAGLE-3 draft head for the loaded target, on this machine.
 
 The data is text (the person's conversations, documentation and source
-files found on the machine), placed in the target's chat template; the
+files found on the machine), placed in the target's chat template, and
+requests the target answers itself (a sample that ends in a user turn: its
+greedy reply is written when the sample's turn comes, and learnt from as
+text). Text alone teaches the head to follow the target through someone
+else's words; drafting, it follows the target through its own, and a head
+trained on package sources was accepted as rarely on the target's own
+replies, read back, as in generation (docs/benchmarks.md). The
 labels are the target's own: one forward over each sample gives both its
 next-token choice at every position and the hidden states of the three
 layers the head reads (eagle3.py), so the head learns the target, not the
@@ -50,7 +56,14 @@ from specchat.engine import chat
 from specchat.engine.compat import facts_from_tokenizer
 from specchat.engine.eagle3 import Eagle3Head, HeadConfig
 from specchat.engine.errors import EngineError
-from specchat.engine.events import TRAINING_STATE, TrainPlan, TrainProgress
+from specchat.engine.events import (
+    TRAINING_STATE,
+    DraftSettings,
+    GenerateRequest,
+    TrainPlan,
+    TrainProgress,
+)
+from specchat.engine.modes import HYBRID, PLAIN
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
@@ -81,12 +94,24 @@ def _fingerprint(engine) -> str:
                                       engine.target.info.n_params]).encode()).hexdigest()[:16]
 
 
-def _sequences(engine, plan: TrainPlan) -> tuple[list[list[int]], list[list[int]]]:
-    """The samples rendered in the chat template and cut to ``seq_len``:
-    (training, held out), held out by a hash of the text, so a resumed run
-    splits the same way."""
+@dataclass(frozen=True)
+class _Request:
+    """A prompt whose reply the target writes when the piece is learnt from."""
+
+    prompt: tuple[int, ...]
+
+
+def _sequences(engine, plan: TrainPlan) -> tuple[list, list]:
+    """The samples rendered in the chat template and cut to ``seq_len``
+    (requests kept whole, as _Request): (training, held out), held out by a
+    hash of the text, so a resumed run splits the same way."""
     train, held = [], []
     for messages in plan.samples:
+        if messages and messages[-1].role == "user":
+            prompt = chat.render(engine.target.tokenizer, messages)
+            digest = hashlib.sha256(json.dumps(prompt).encode()).digest()[0] / 256
+            (held if digest < plan.held_out else train).append(_Request(tuple(prompt)))
+            continue
         ids = chat.render(engine.target.tokenizer, messages)
         for start in range(0, len(ids), plan.seq_len):
             chunk = ids[start:start + plan.seq_len]
@@ -101,10 +126,11 @@ def _sequences(engine, plan: TrainPlan) -> tuple[list[list[int]], list[list[int]
     return train, held
 
 
-def _draft_ids(train: list[list[int]], vocab: int, n: int, always: Sequence[int]) -> list[int]:
-    """The draft vocabulary: the most frequent ids of the text (the target
-    mostly writes what it reads), with the end tokens, sorted."""
-    counts = Counter(t for seq in train for t in seq)
+def _draft_ids(train: list, vocab: int, n: int, always: Sequence[int]) -> list[int]:
+    """The draft vocabulary: the most frequent ids of the text and the
+    requests' prompts (the target mostly writes what it reads; replies are
+    not written yet), with the end tokens, sorted."""
+    counts = Counter(t for seq in train for t in (seq.prompt if isinstance(seq, _Request) else seq))
     top = [t for t, _ in counts.most_common(max(0, n - len(always)))]
     return sorted({*top, *(t for t in always if 0 <= t < vocab)})[:n]
 
@@ -215,6 +241,7 @@ class _Trainer:
             learning_rate=lambda step: plan.lr * mx.minimum((step + 1) / warmup, 1.0),
             weight_decay=0.0)
         self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
+        self.cancelled: threading.Event | None = None
         self.rng = random.Random(plan.seed + 1)
         w = _output_rows(self.runner, self.rows)
         if self.resumed:
@@ -287,6 +314,20 @@ class _Trainer:
         records.write_json(self.out / TRAINING_STATE, asdict(self.state))
 
     # -- the target's labels -----------------------------------------------------------
+    def piece(self, item, cancelled: threading.Event | None = None) -> list[int]:
+        """A piece's ids; for a request, its prompt and the target's own
+        greedy reply (the last ``seq_len`` of them: the reply is what counts).
+        The reply is decoded speculatively with whatever is loaded (suffix
+        matches at least: a reply quotes its request); greedy, so its ids
+        are plain decoding's."""
+        if not isinstance(item, _Request):
+            return item
+        mode = HYBRID if self.engine.target.info.trimmable else PLAIN
+        reply = self.engine.generate(
+            GenerateRequest(prompt_ids=item.prompt, max_tokens=self.plan.reply_tokens,
+                            draft=DraftSettings(mode=mode.name)), cancelled)
+        return [*item.prompt, *reply.token_ids][-self.plan.seq_len:]
+
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
         """The target's features [L, 3H] at the head's layers and its own
         next-token choice [L] at every position, from one forward."""
@@ -346,7 +387,8 @@ class _Trainer:
         pieces are labelled once and kept, in half precision)."""
         if not hasattr(self, "_held"):
             self._held = []
-            for seq in self.held[:self.plan.held_pieces]:
+            for item in self.held[:self.plan.held_pieces]:
+                seq = self.piece(item, self.cancelled)
                 feats, labels = self.label(seq)
                 self._held.append((feats.astype(mx.float16), labels, mx.array(seq, dtype=mx.int32)))
                 mx.eval(self._held[-1])
@@ -391,6 +433,7 @@ class _Trainer:
         """Train for this run's budget (``plan.minutes`` more, on top of what
         a resumed head had); the progress reports this run's time."""
         budget = self.plan.minutes * 60.0
+        self.cancelled = cancelled  # a held-out reply being written stops too
         st = self.state
         order = list(range(len(self.train)))
         random.Random(self.plan.seed).shuffle(order)
@@ -413,7 +456,9 @@ class _Trainer:
             if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
                 break
             if owed <= 0 or not self.buffer:
-                seq = self.train[order[st.cursor % len(order)]]
+                seq = self.piece(self.train[order[st.cursor % len(order)]], cancelled)
+                if cancelled is not None and cancelled.is_set():
+                    break  # mid-reply: that piece is written again on resume
                 self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
                 st.cursor += 1
                 st.tokens += len(seq) - 1

@@ -3,7 +3,10 @@
 The text a head learns from is the person's conversations and text found on
 the machine (the installed packages' documentation and sources, or folders
 the person names), each file placed in the chat template as a request and
-its answer; the engine labels it with the target (engine/head_training.py).
+its answer, and requests made from excerpts of those files that the target
+answers itself (slower: it writes each reply, but those replies are what
+it drafts through); the engine labels it all with the target
+(engine/head_training.py).
 A finished head is listed in the library like any model (kind "trained",
 source ``trained:<target>``), so the model manager shows it under its target
 and the pair picker offers it. The command line and the window share this.
@@ -11,6 +14,8 @@ and the pair picker offers it. The command line and the window share this.
 
 from __future__ import annotations
 
+import random
+import re
 import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -44,6 +49,8 @@ def _files(roots: list[Path]) -> Iterator[Path]:
 def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
     """Text files as chats: a request naming the file, its text the answer."""
     out, total = [], 0
+    if max_chars <= 0:
+        return out
     for path in _files(roots):
         try:
             text = path.read_text(encoding="utf-8")[:FILE_CHARS]
@@ -56,6 +63,49 @@ def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
                     Message("assistant", text)))
         total += len(text)
         if total >= max_chars:
+            break
+    return out
+
+
+EXCERPT_CHARS = 700  # of a file, in a request: the target's reply should be most of a piece
+ASKS = {  # what a request asks of an excerpt, by kind, in turn
+    "code": ("Explain what this code does.", "Write tests for this code.",
+             "How could this code be improved? Show the changed code.",
+             "Add type hints and docstrings to this code."),
+    "text": ("Summarize this in a few sentences.", "Explain this to a new user.",
+             "Write an example that uses what this describes."),
+}
+
+
+def request_chats(roots: list[Path], count: int) -> list[tuple[Message, ...]]:
+    """``count`` requests for the target to answer itself, each an excerpt
+    of a text file with something asked of it (files drawn in a fixed
+    shuffled order: many packages, not the first ones alphabetically)."""
+    out: list[tuple[Message, ...]] = []
+    if count <= 0:
+        return out
+    paths = list(_files(roots))
+    random.Random(0).shuffle(paths)
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
+        except (OSError, UnicodeDecodeError):
+            continue
+        kind = "code" if path.suffix == ".py" else "text"
+        if kind == "code":  # from the first definition: not a licence header or imports
+            found = re.search(r"^(?:async def|def|class) ", text, re.MULTILINE)
+            if found is None:
+                continue
+            text = text[found.start():]
+        text = text.strip()
+        if len(text) < 200:
+            continue
+        cut = text.rfind("\n", 0, EXCERPT_CHARS)
+        excerpt = text[:cut if cut > EXCERPT_CHARS // 2 else EXCERPT_CHARS]
+        ask = ASKS[kind][len(out) % len(ASKS[kind])]
+        body = f"```python\n{excerpt}\n```" if kind == "code" else excerpt
+        out.append((Message("user", f"{ask}\n\n{body}"),))
+        if len(out) >= count:
             break
     return out
 

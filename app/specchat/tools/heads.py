@@ -34,6 +34,12 @@ def add_parser(sub, model_ref) -> None:
                         "packages' documentation and sources); repeatable")
     t.add_argument("--max-chars", type=int, default=4_000_000,
                    help="at most this much text from files")
+    t.add_argument("--replies", type=int, default=0, metavar="N",
+                   help="also N requests made from excerpts of the texts, which the target "
+                        "answers itself (each reply costs its decoding time, but is what "
+                        "the head drafts through)")
+    t.add_argument("--reply-tokens", type=int, default=192,
+                   help="the longest reply the target writes to one request (default 192)")
     t.add_argument("--no-history", action="store_true", help="leave your conversations out")
     t.add_argument("--draft-vocab", type=int, default=8192,
                    help="the ids the head proposes from: the text's most frequent (default 8192)")
@@ -54,13 +60,14 @@ def main(args) -> int:
 
     chats = [] if args.no_history else trained_heads.corpus_chats(  # the person's chats
         read_history(lambda store: store.corpus(), "training on files only") or [], 10_000)
-    chats += trained_heads.file_chats(args.texts or trained_heads.default_texts(),
-                                      args.max_chars)
+    texts = args.texts or trained_heads.default_texts()
+    chats += trained_heads.file_chats(texts, args.max_chars)
+    chats += trained_heads.request_chats(texts, args.replies)
     out = Path(args.out) if args.out else trained_heads.default_out(args.target)
     plan = TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
                      draft_vocab=args.draft_vocab, seed=args.seed,
                      checkpoint_s=args.checkpoint_s, max_steps=args.steps,
-                     held_pieces=args.held_out)
+                     held_pieces=args.held_out, reply_tokens=args.reply_tokens)
 
     def report(p) -> None:
         acc = " ".join(f"{a:.0%}" for a in p.accept)
