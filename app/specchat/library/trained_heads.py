@@ -46,16 +46,21 @@ def _files(roots: list[Path]) -> Iterator[Path]:
                 yield path
 
 
+def _texts(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
+    """Each readable UTF-8 file's first FILE_CHARS (the rest are skipped)."""
+    for path in paths:
+        try:
+            yield path, path.read_text(encoding="utf-8")[:FILE_CHARS]
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
 def file_chats(roots: list[Path], max_chars: int) -> list[tuple[Message, ...]]:
     """Text files as chats: a request naming the file, its text the answer."""
     out, total = [], 0
     if max_chars <= 0:
         return out
-    for path in _files(roots):
-        try:
-            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
-        except (OSError, UnicodeDecodeError):
-            continue
+    for path, text in _texts(_files(roots)):
         if len(text.strip()) < 200:
             continue
         kind = "Python module" if path.suffix == ".py" else "document"
@@ -86,11 +91,7 @@ def request_chats(roots: list[Path], count: int) -> list[tuple[Message, ...]]:
         return out
     paths = list(_files(roots))
     random.Random(0).shuffle(paths)
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")[:FILE_CHARS]
-        except (OSError, UnicodeDecodeError):
-            continue
+    for path, text in _texts(paths):
         kind = "code" if path.suffix == ".py" else "text"
         if kind == "code":  # from the first definition: not a licence header or imports
             found = re.search(r"^(?:async def|def|class) ", text, re.MULTILINE)
