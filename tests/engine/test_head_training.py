@@ -99,7 +99,7 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     prompt and exactly the target's greedy reply (what the head will draft
     through), and a run on requests alone writes a head."""
     from specchat.engine import chat, head_training
-    from specchat.engine.events import TrainPlan
+    from specchat.engine.events import Message, TrainPlan
     from specchat.library import trained_heads
 
     requests = trained_heads.request_chats([texts], 12)
@@ -107,13 +107,17 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     assert requests[0][0].content.startswith("Explain what this code does.\n\n```python\n")
     engine = Engine()
     engine.load(tiny_target)
-    plan = TrainPlan(samples=tuple(requests), out=str(tmp_path / "head"), minutes=5,
-                     draft_vocab=256, reply_tokens=24, max_steps=3, held_pieces=1,
+    history = ((Message("user", "a chat whose reply never came"),),)  # text, not a request
+    plan = TrainPlan(samples=history, requests=tuple(requests), out=str(tmp_path / "head"),
+                     minutes=5, draft_vocab=256, reply_tokens=24, max_steps=3, held_pieces=1,
                      held_out=0.2, checkpoint_s=999, seq_len=4096)
     trainer = head_training._Trainer(engine, plan)
-    request = trainer.train[0]
-    prompt = chat.render(engine.target.tokenizer, requests[[
-        tuple(chat.render(engine.target.tokenizer, r)) for r in requests].index(request.prompt)])
+    assert isinstance(trainer.held[0], head_training._Request)  # the measure reads replies
+    assert sum(isinstance(p, head_training._Request) for p in trainer.train + trainer.held) == 12
+    request = next(p for p in trainer.train if isinstance(p, head_training._Request))
+    prompt = list(request.prompt)
+    assert tuple(chat.render(engine.target.tokenizer, requests[0])) in {
+        p.prompt for p in trainer.train + trainer.held if isinstance(p, head_training._Request)}
     reply = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
                                             draft=DraftSettings(mode="plain"))).token_ids
     assert trainer.piece(request) == [*prompt, *reply] and len(reply) > 0

@@ -164,3 +164,7 @@ def test_dialogs_closed_and_opened_again_leave_no_old_ones_behind(window):
     assert len(window.findChildren(CompareDialog)) == 1
     assert len(window.findChildren(ModelManager)) == 1
     assert window.findChildren(SettingsDialog) == []
+    # A closed manager with a download under way is shown again, its row with it.
+    manager = window.findChildren(ModelManager)[0]
+    manager.pending = 1
+    assert window.open_model_manager() is manager and manager.isVisible()

@@ -250,7 +250,9 @@ class TrainPlan:
     held_out: float = 0.1  # share of samples kept out for the acceptance report
     max_steps: int | None = None  # stop after this many updates in all, too (a reproducible run)
     held_pieces: int = 16  # held-out pieces the acceptance is measured on
-    reply_tokens: int = 192  # a request (a sample ending in a user turn): the target's reply, at most
+    # requests the target answers itself (each ends in a user turn), and its longest reply
+    requests: tuple[tuple[Message, ...], ...] = ()
+    reply_tokens: int = 192
 
 
 @dataclass(frozen=True)

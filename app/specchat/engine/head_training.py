@@ -2,9 +2,9 @@
 
 The data is text (the person's conversations, documentation and source
 files found on the machine), placed in the target's chat template, and
-requests the target answers itself (a sample that ends in a user turn: its
-greedy reply is written when the sample's turn comes, and learnt from as
-text). Text alone teaches the head to follow the target through someone
+requests the target answers itself (``TrainPlan.requests``: the target's
+greedy reply is written when the request's turn comes, and learnt from with
+it). Text alone teaches the head to follow the target through someone
 else's words; drafting, it follows the target through its own, and a head
 trained on package sources was accepted as rarely on the target's own
 replies, read back, as in generation (docs/benchmarks.md). The
@@ -36,6 +36,7 @@ the share of held-out positions whose first j drafts all match the target.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -63,7 +64,7 @@ from specchat.engine.events import (
     TrainPlan,
     TrainProgress,
 )
-from specchat.engine.modes import HYBRID, PLAIN
+from specchat.engine.modes import HYBRID, PLAIN, SUFFIX
 
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
@@ -101,24 +102,28 @@ class _Request:
     prompt: tuple[int, ...]
 
 
+def _held_out(ids: Sequence[int], share: float) -> bool:
+    """Held out by a hash of the ids, so a resumed run splits the same way."""
+    return hashlib.sha256(json.dumps(list(ids)).encode()).digest()[0] / 256 < share
+
+
 def _sequences(engine, plan: TrainPlan) -> tuple[list, list]:
-    """The samples rendered in the chat template and cut to ``seq_len``
-    (requests kept whole, as _Request): (training, held out), held out by a
-    hash of the text, so a resumed run splits the same way."""
-    train, held = [], []
+    """The samples rendered in the chat template and cut to ``seq_len``,
+    and the requests (kept whole, as _Request): (training, held out). The
+    held-out list alternates requests and text, so the few pieces measured
+    include the target's own replies whenever there are requests."""
+    train, held_text, held_requests = [], [], []
     for messages in plan.samples:
-        if messages and messages[-1].role == "user":
-            prompt = chat.render(engine.target.tokenizer, messages)
-            digest = hashlib.sha256(json.dumps(prompt).encode()).digest()[0] / 256
-            (held if digest < plan.held_out else train).append(_Request(tuple(prompt)))
-            continue
         ids = chat.render(engine.target.tokenizer, messages)
         for start in range(0, len(ids), plan.seq_len):
             chunk = ids[start:start + plan.seq_len]
-            if len(chunk) < 16:
-                continue
-            digest = hashlib.sha256(json.dumps(chunk[:64]).encode()).digest()[0] / 256
-            (held if digest < plan.held_out else train).append(chunk)
+            if len(chunk) >= 16:
+                (held_text if _held_out(chunk[:64], plan.held_out) else train).append(chunk)
+    for messages in plan.requests:
+        prompt = tuple(chat.render(engine.target.tokenizer, messages))
+        (held_requests if _held_out(prompt, plan.held_out) else train).append(_Request(prompt))
+    held = [p for pair in itertools.zip_longest(held_requests, held_text) for p in pair
+            if p is not None]
     if not train or not held:
         raise EngineError(f"Too little text to train a draft head: {len(train)} training and "
                           f"{len(held)} held-out pieces of up to {plan.seq_len} tokens; add "
@@ -222,6 +227,8 @@ class _Trainer:
         if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
             raise EngineError("Load the target first; its model type must expose its hidden "
                               "states (llama, Qwen 2/3/3.5 and alike).")
+        if plan.requests and plan.reply_tokens < 1:
+            raise EngineError(f"A reply must be at least 1 token long, not {plan.reply_tokens}.")
         self.engine, self.plan = engine, plan
         self.runner = engine.target_runner
         self.out = Path(plan.out)
@@ -322,7 +329,9 @@ class _Trainer:
         are plain decoding's."""
         if not isinstance(item, _Request):
             return item
-        mode = HYBRID if self.engine.target.info.trimmable else PLAIN
+        pair = self.engine.pair
+        mode = HYBRID if pair is not None and pair.speculative_ok else (
+            SUFFIX if self.engine.target.info.trimmable else PLAIN)
         reply = self.engine.generate(
             GenerateRequest(prompt_ids=item.prompt, max_tokens=self.plan.reply_tokens,
                             draft=DraftSettings(mode=mode.name)), cancelled)
@@ -405,8 +414,13 @@ class _Trainer:
         return tuple(h / max(rows, 1) for h in hits)
 
     def _measure(self) -> tuple[float, ...]:
-        """The held-out acceptance now, added to the curve at the tokens labelled so far."""
+        """The held-out acceptance now, added to the curve at the tokens
+        labelled so far; not when the run was cancelled meanwhile (a held-out
+        reply may have been cut short: the pieces are made again next time)."""
         acc = self.accept()
+        if self.cancelled is not None and self.cancelled.is_set():
+            del self._held
+            return acc
         self.state.curve.append({"tokens": self.state.tokens, "accept": list(acc)})
         return acc
 

@@ -62,12 +62,12 @@ def main(args) -> int:
         read_history(lambda store: store.corpus(), "training on files only") or [], 10_000)
     texts = args.texts or trained_heads.default_texts()
     chats += trained_heads.file_chats(texts, args.max_chars)
-    chats += trained_heads.request_chats(texts, args.replies)
     out = Path(args.out) if args.out else trained_heads.default_out(args.target)
     plan = TrainPlan(samples=tuple(chats), out=str(out), minutes=args.minutes,
                      draft_vocab=args.draft_vocab, seed=args.seed,
                      checkpoint_s=args.checkpoint_s, max_steps=args.steps,
-                     held_pieces=args.held_out, reply_tokens=args.reply_tokens)
+                     held_pieces=args.held_out, reply_tokens=args.reply_tokens,
+                     requests=tuple(trained_heads.request_chats(texts, args.replies)))
 
     def report(p) -> None:
         acc = " ".join(f"{a:.0%}" for a in p.accept)

@@ -152,6 +152,11 @@ class CompareDialog(QDialog):
         self.task = asyncio.ensure_future(
             self._run(self.runner.start(text, self._phase, self._step)))
 
+    @property
+    def idle(self) -> bool:
+        """No run and no redraw still due (the dialog may be deleted)."""
+        return (self.task is None or self.task.done()) and not self._flush_scheduled
+
     def cancel(self) -> None:
         """Stop the run going on now and skip the rest (the runs end with a
         "Compare cancelled" status)."""

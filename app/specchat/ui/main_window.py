@@ -274,7 +274,7 @@ class MainWindow(QMainWindow):
         if getattr(self, "head_training", None) is None:
             self.head_training = HeadTraining(self.session)
         old = getattr(self, "model_manager", None)
-        if old is not None and (old.isVisible() or self.head_training.running):
+        if old is not None and (old.isVisible() or self.head_training.running or old.pending):
             old.show()  # one manager while it has work going: its Cancel stays in reach
             old.raise_()
             old.activateWindow()
@@ -294,8 +294,8 @@ class MainWindow(QMainWindow):
             prompt = self.composer.text().strip() or next(
                 (m.text for m in reversed(self.chat_model.messages) if m.role == "user"), "")
         old = getattr(self, "compare_dialog", None)
-        if old is not None and not old.isVisible():
-            self._forget(old)
+        if old is not None and not old.isVisible() and old.idle:
+            self._forget(old)  # (a closed one still finishing its cancelled run stays)
         dlg = CompareDialog(CompareRunner(self.session, self.conversation), prompt, self)
         dlg.show()
         self.compare_dialog = dlg

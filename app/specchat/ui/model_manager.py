@@ -113,6 +113,7 @@ class ModelManager(QDialog):
 
     def __init__(self, engine_client=None, parent=None, trainer=None):
         super().__init__(parent)
+        self.pending = 0  # downloads, imports and deletions under way (their rows live here)
         self.trainer: head_training.HeadTraining | None = trainer
         self.setWindowTitle("Models — SpecChat")
         self.resize(820, 560)
@@ -240,6 +241,7 @@ class ModelManager(QDialog):
         """Await a download, import or deletion: its row says how it ended
         (a LibraryError's text is for people); the list is read again and
         the picker told when the models changed."""
+        self.pending += 1
         try:
             await work
         except Exception as exc:  # noqa: BLE001
@@ -248,6 +250,8 @@ class ModelManager(QDialog):
                 return
         else:
             row.finish(done)
+        finally:
+            self.pending -= 1
         self.refresh()
         self.modelsChanged.emit()
 

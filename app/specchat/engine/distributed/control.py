@@ -116,7 +116,11 @@ class Peers:
 
     def open_ring(self) -> None:
         """Tell every rank that all have joined: each starts its ring now,
-        as rank 0 is about to."""
+        as rank 0 is about to. Not when a rank is already lost: MLX's
+        ``init`` would wait for it about 31 s, holding the GIL."""
+        if self.lost is not None:
+            self.close()
+            raise EngineError(self.describe_loss())
         for r, line in self.lines.items():
             try:
                 line.send({"ring": {}})
