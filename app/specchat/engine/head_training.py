@@ -4,10 +4,8 @@ The data is text (the person's conversations, documentation and source
 files found on the machine), placed in the target's chat template, and
 requests the target answers itself (``TrainPlan.requests``: the target's
 greedy reply is written when the request's turn comes, and learnt from with
-it). Text alone teaches the head to follow the target through someone
-else's words; drafting, it follows the target through its own, and a head
-trained on package sources was accepted as rarely on the target's own
-replies, read back, as in generation (docs/benchmarks.md). The
+it): the head drafts through the target's own words, not someone else's,
+so replies are the closer data, at the cost of their decoding time. The
 labels are the target's own: one forward over each sample gives both its
 next-token choice at every position and the hidden states of the three
 layers the head reads (eagle3.py), so the head learns the target, not the
