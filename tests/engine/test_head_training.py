@@ -120,7 +120,8 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
         p.prompt for p in trainer.train + trainer.held if isinstance(p, head_training._Request)}
     reply = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
                                             draft=DraftSettings(mode="plain"))).token_ids
-    assert trainer.piece(request) == [*prompt, *reply] and len(reply) > 0
+    # Counted from the row that drafts the reply's second token.
+    assert trainer.piece(request) == ([*prompt, *reply], len(prompt) - 1) and len(reply) > 1
     record = head_training.train(engine, plan, lambda _p: None)
     assert record["step"] == 3 and record["tokens"] >= len(prompt) + len(reply) - 1
     assert (tmp_path / "head" / "model.safetensors").is_file()

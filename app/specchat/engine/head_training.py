@@ -28,7 +28,8 @@ a time budget, a checkpoint every ``checkpoint_s`` that a killed run resumes
 from (the head in the published ``speculators`` layout, the optimizer, the
 position in the data), and a held-out split whose acceptance per draft
 position is reported as training goes. Greedy acceptance of position j is
-the share of held-out positions whose first j drafts all match the target.
+the share of held-out positions whose first j drafts all match the target
+(in a request's piece, only the positions of the reply a draft would write).
 """
 
 from __future__ import annotations
@@ -319,21 +320,24 @@ class _Trainer:
         records.write_json(self.out / TRAINING_STATE, asdict(self.state))
 
     # -- the target's labels -----------------------------------------------------------
-    def piece(self, item, cancelled: threading.Event | None = None) -> list[int]:
-        """A piece's ids; for a request, its prompt and the target's own
-        greedy reply (the last ``seq_len`` of them: the reply is what counts).
-        The reply is decoded speculatively with whatever is loaded (suffix
-        matches at least: a reply quotes its request); greedy, so its ids
-        are plain decoding's."""
+    def piece(self, item, cancelled: threading.Event | None = None) -> tuple[list[int], int]:
+        """A piece's ids, and the first row whose draft the measure counts;
+        for a request, its prompt and the target's own greedy reply (the last
+        ``seq_len`` of them: the reply is what counts), counted from the row
+        that drafts the reply's second token (its first comes from the
+        target's prefill, never from a draft). The reply is decoded
+        speculatively with whatever is loaded (suffix matches at least: a
+        reply quotes its request); greedy, so its ids are plain decoding's."""
         if not isinstance(item, _Request):
-            return item
+            return item, 0
         pair = self.engine.pair
         mode = HYBRID if pair is not None and pair.speculative_ok else (
             SUFFIX if self.engine.target.info.trimmable else PLAIN)
         reply = self.engine.generate(
             GenerateRequest(prompt_ids=item.prompt, max_tokens=self.plan.reply_tokens,
                             draft=DraftSettings(mode=mode.name)), cancelled)
-        return [*item.prompt, *reply.token_ids][-self.plan.seq_len:]
+        ids = [*item.prompt, *reply.token_ids][-self.plan.seq_len:]
+        return ids, max(len(ids) - len(reply.token_ids) - 1, 0)
 
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
         """The target's features [L, 3H] at the head's layers and its own
@@ -395,20 +399,21 @@ class _Trainer:
         if not hasattr(self, "_held"):
             self._held = []
             for item in self.held[:self.plan.held_pieces]:
-                seq = self.piece(item, self.cancelled)
+                seq, first = self.piece(item, self.cancelled)
                 feats, labels = self.label(seq)
-                self._held.append((feats.astype(mx.float16), labels, mx.array(seq, dtype=mx.int32)))
-                mx.eval(self._held[-1])
+                self._held.append((feats.astype(mx.float16), labels,
+                                   mx.array(seq, dtype=mx.int32), first))
+                mx.eval(self._held[-1][:3])
         hits = [0] * self.plan.steps
         rows = 0
-        for feats, labels, ids in self._held:
+        for feats, labels, ids, first in self._held:
             feats = feats.astype(mx.float32)
             T = feats.shape[0] - 1
-            alive = mx.ones((T,), dtype=mx.bool_)
+            alive = mx.arange(T) >= first  # a request's own rows are not drafted
             for j, logits in enumerate(self._steps(feats, ids, labels), start=1):
                 alive = alive & (mx.argmax(logits, axis=-1) == self._targets(labels, j, T))
                 hits[j - 1] += int(mx.sum(alive).item())
-            rows += T
+            rows += max(T - first, 0)
         return tuple(h / max(rows, 1) for h in hits)
 
     def _measure(self) -> tuple[float, ...]:
@@ -468,7 +473,7 @@ class _Trainer:
             if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
                 break
             if owed <= 0 or not self.buffer:
-                seq = self.piece(self.train[order[st.cursor % len(order)]], cancelled)
+                seq, _ = self.piece(self.train[order[st.cursor % len(order)]], cancelled)
                 if cancelled is not None and cancelled.is_set():
                     break  # mid-reply: that piece is written again on resume
                 self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
