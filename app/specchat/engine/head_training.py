@@ -418,12 +418,13 @@ class _Trainer:
 
     def _measure(self) -> tuple[float, ...]:
         """The held-out acceptance now, added to the curve at the tokens
-        labelled so far; not when the run was cancelled meanwhile (a held-out
-        reply may have been cut short: the pieces are made again next time)."""
+        labelled so far; nothing when the run was cancelled meanwhile (a
+        held-out reply may have been cut short: the pieces are made again
+        next time)."""
         acc = self.accept()
         if self.cancelled is not None and self.cancelled.is_set():
             del self._held
-            return acc
+            return ()
         self.state.curve.append({"tokens": self.state.tokens, "accept": list(acc)})
         return acc
 
