@@ -63,12 +63,8 @@ def main() -> None:
         reply = engine.generate(GenerateRequest(prompt_ids=tuple(ids), max_tokens=args.max_tokens,
                                                 draft=DraftSettings(mode="hybrid"))).token_ids
         seq, n = [*ids, *reply], len(ids)
-        runner.tap = True
-        try:
-            choice = mx.argmax(runner(seq, None, "all"), axis=-1)
-            tapped = runner.tapped
-        finally:
-            runner.tap, runner.tapped = False, None
+        logits, tapped = runner.tapped_forward(seq, None)
+        choice = mx.argmax(logits, axis=-1)
         rows = len(seq) - 1
         record = {"id": prompt["id"], "reply_tokens": len(reply),
                   "gen_s": round(time.time() - t0, 1)}

@@ -114,3 +114,17 @@ def test_a_head_beside_a_draft_model_drafts_in_its_own_modes(tiny_dir, tiny_targ
     e.load(tiny_target, tiny_draft)
     with pytest.raises(EngineError, match="drafts with an EAGLE-3 head loaded beside"):
         _gen(e, "head")
+
+
+def test_the_bench_times_a_head_and_leaves_the_targets_tap_as_it_was(head_engine):
+    """The bench's cost of a head draft runs the target once with its tap
+    on (Runner.tapped_forward); afterwards the tap is off and nothing tapped
+    is kept, so the next reply is plain decoding's as before."""
+    from specchat.tools.forward_timing import measure_costs
+
+    runner = head_engine.target_runner
+    before = _gen(head_engine, "plain", max_tokens=16).token_ids
+    costs = measure_costs(head_engine, list(PROMPT), reps=1)
+    assert costs["draft"] > 0 and set(costs["target"]) == {1, 3, 5, 9}
+    assert runner.tap is False and runner.tapped is None
+    assert _gen(head_engine, "draft", 3, max_tokens=16).token_ids == before

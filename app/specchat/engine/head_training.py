@@ -342,12 +342,7 @@ class _Trainer:
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
         """The target's features [L, 3H] at the head's layers and its own
         next-token choice [L] at every position, from one forward."""
-        self.runner.tap = True
-        try:
-            logits = self.runner(ids, None, "all")
-            tapped = self.runner.tapped
-        finally:
-            self.runner.tap, self.runner.tapped = False, None
+        logits, tapped = self.runner.tapped_forward(ids, None)
         feats = mx.concatenate([tapped[i] for i in self.read], axis=-1).astype(mx.float32)
         labels = mx.argmax(logits, axis=-1).astype(mx.int32)
         mx.eval(feats, labels)

@@ -101,6 +101,18 @@ class Runner:
             h = h[-1:]
         return self.head(h)
 
+    def tapped_forward(self, tokens: list[int] | mx.array, cache, which: Which = "all"):
+        """``self(tokens, cache, which)`` with the tap on for this forward
+        only: (its output, the outputs it tapped). For callers outside a
+        CacheSlot (head training, timing, read-back), which sets the tap per
+        forward itself."""
+        was = self.tap
+        self.tap = True
+        try:
+            return self(tokens, cache, which), self.tapped
+        finally:
+            self.tap, self.tapped = was, None
+
     def tap_layers(self, ids: Sequence[int]) -> None:
         """Keep the outputs of the trunk's layers ``ids`` too while tapping
         (an EAGLE-3 head reads three of them). The layer objects are given a

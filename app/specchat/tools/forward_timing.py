@@ -46,13 +46,9 @@ def head_step_time(engine: Engine, drafter: HeadDrafter, ids: list[int], reps: i
     real features (the target run once with its tap on). The head is reset
     afterwards: the next request feeds it again from the target's cache."""
     runner = engine.target_runner
-    was = runner.tap
-    runner.tap = True
-    try:
-        mx.eval(runner(ids, make_prompt_cache(runner.model), "none"))
-        feats = drafter.features(runner.tapped)
-    finally:
-        runner.tap, runner.tapped = was, None
+    out, tapped = runner.tapped_forward(ids, make_prompt_cache(runner.model), "none")
+    mx.eval(out)
+    feats = drafter.features(tapped)
     drafter.reset()
     out = drafter.forward(mx.array(ids[1:], dtype=mx.uint32), feats[:-1], fed=True)
     mx.eval(out)
