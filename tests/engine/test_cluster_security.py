@@ -279,6 +279,25 @@ def test_a_rank_whose_ring_port_is_taken_refuses_to_join_in_words(tiny_target):
         stop(rank)
 
 
+def test_a_rank_checks_what_rank_0_sends_after_the_join(tiny_target):
+    """After the join, rank 0 may only say ``ring``: anything else ends the
+    rank, in words, before it enters MLX's ring."""
+    key = secrets.token_bytes(32)
+    base = free_base(4)
+    rank, out = start_rank(1, base + 3, key)
+    peers = control.Peers(_spec(tiny_target, base), key)
+    try:
+        peers.connect()
+        out.wait_for("rank 0 joined cluster lab")
+        peers.lines[1].sock.sendall(b'{"ring": {"host": "10.0.0.9"}}\n')
+        out.wait_for("rank 1: rank 0 sent a ring message without exactly the fields []; "
+                     "exiting", timeout=10)
+        assert rank.wait(10) == 0
+    finally:
+        peers.close()
+        stop(rank)
+
+
 def test_a_joined_rank_that_sends_nonsense_is_lost_in_words(tiny_target):
     """Rank 0's watchdog checks what a joined rank sends as the rank checks
     rank 0's: a bad line loses that rank, with the reason."""
