@@ -109,6 +109,80 @@ def test_a_poor_draft_pauses_and_greedy_output_is_plain(poor_engine):
     assert gaps[-1] <= BreakEven.PROBE_MAX + 1
 
 
+def _run_watching_the_queue(engine: Engine, request: GenerateRequest):
+    """``request`` through the loop as ``_run`` does, noting for each step
+    whether, when its event went out, the target's cache already held the
+    token just committed: the next forward was queued on it."""
+    ids = engine.prompt_ids(request)
+    drafter, mode = engine._drafter(modes.get(request.draft.mode))
+    runner = engine.target_runner
+    slot = CacheSlot(runner)
+    events: list[StepEvent] = []
+    ahead: list[bool] = []
+
+    def on_step(event: StepEvent) -> None:
+        context = len(ids) + event.total_tokens
+        assert slot.length in (context - 1, context)
+        events.append(event)
+        ahead.append(slot.length == context)
+
+    result = decode(Decoding(slot, engine.target.tokenizer, engine.end_ids, ids, request,
+                             drafter, DraftPolicy(request.draft.k, engine.cost_model, timing=IDLE),
+                             mode.name, int(runner.head_weight().shape[0])), on_step)
+    # What was queued past the reply's end is dropped: the cache holds a prefix of it.
+    assert slot.length <= len(ids) + len(result.token_ids)
+    assert not ahead[-1]  # the step that spends the budget queues nothing
+    return result, list(zip(events, events[1:], ahead, strict=False))
+
+
+def _queued_only_before_plain_steps(pairs) -> bool:
+    return all(e.drafted == 0 and after.drafted == 0 and not after.probe
+               for e, after, queued in pairs if queued)
+
+
+def test_a_paused_request_queues_each_plain_forward_early(poor_engine):
+    """While auto-off has paused the request and no probe is due next, a
+    step runs one ahead as plain decoding does: the next forward is queued
+    before this one is read back. The step before a probe is read back
+    first, since the drafter needs its token. The ids stay plain decoding's."""
+    result, pairs = _run_watching_the_queue(poor_engine, _request("draft"))
+    assert result.token_ids == _plain(poor_engine)
+    assert result.summary.paused_steps > 0 and result.summary.auto_off["probes"] >= 2
+    assert _queued_only_before_plain_steps(pairs)
+    assert all(queued for e, after, queued in pairs if e.paused and after.paused)
+    assert any(e.paused and after.probe and not queued for e, after, queued in pairs)
+
+
+def test_a_draft_the_policy_keeps_at_zero_queues_each_plain_forward_early(poor_engine):
+    """Auto-off off, so only the draft policy stands between the poor draft
+    and the target: while its cap is 0, a step runs one ahead unless the
+    next is the policy's idle probe (a one-token draft)."""
+    result, pairs = _run_watching_the_queue(poor_engine, _request("draft", auto_off=False))
+    assert result.token_ids == _plain(poor_engine)
+    assert result.summary.paused_steps == 0 and result.summary.drafted > 0
+    assert _queued_only_before_plain_steps(pairs)
+    queued = [e.index for e, _after, q in pairs if q]
+    before_drafts = [e.index for e, after, _q in pairs if after.drafted]
+    assert len(queued) > len(pairs) // 2 and len(before_drafts) >= 4
+    # Every step that drafted nothing and is followed by one that drafts
+    # nothing either ran ahead, after the first (the draft reads the prompt).
+    assert all(q for e, after, q in pairs[1:] if not e.drafted and not after.drafted)
+
+
+def test_running_ahead_changes_no_token_of_a_seeded_sampled_reply(poor_engine, monkeypatch):
+    """A seed promises the same tokens, so a step queued early must draw its
+    key where it would have: the same reply with running ahead turned off."""
+    from specchat.engine import decoding
+
+    seeded = _request("draft", 64, sampling=SamplingParams(temperature=0.9, seed=11))
+    early, pairs = _run_watching_the_queue(poor_engine, seeded)
+    assert any(q for *_, q in pairs)
+    monkeypatch.setattr(decoding, "_next_is_plain", lambda *_a: False)
+    late, pairs = _run_watching_the_queue(poor_engine, seeded)
+    assert not any(q for *_, q in pairs)
+    assert early.token_ids == late.token_ids and len(early.token_ids) > 16
+
+
 def test_a_probe_that_pays_resumes(poor_engine):
     """Hybrid with the poor draft: it pauses while only the draft model
     drafts, and resumes when a probe finds suffix matches (free, and

@@ -267,6 +267,16 @@ def test_the_policy_reads_a_drafters_declared_cost(registries):
     assert [policy.cap("dear") for _ in range(DraftPolicy.PROBE_EVERY)] == \
         [0] * (DraftPolicy.PROBE_EVERY - 1) + [1]
     assert policy.stats("dear").accept == 0.5
+    # ``declines`` says ahead of each call whether the cap will be 0, and
+    # asking it counts nothing (the loop asks once per step, the drafter again).
+    said = []
+    for _ in range(2 * DraftPolicy.PROBE_EVERY):
+        said.append([policy.declines("dear"), policy.declines("dear")])
+        said[-1].append(policy.cap("dear") == 0)
+    assert [a == b == c for a, b, c in said] == [True] * len(said)
+    assert [c for *_, c in said].count(False) == 2  # the two idle probes
+    assert not policy.declines("free")
+    assert DraftPolicy(0).declines("free") and not DraftPolicy(3).declines("dear")
 
 
 def test_modes_name_their_drafters():

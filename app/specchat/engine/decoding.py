@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from specchat.engine import threads
-from specchat.engine.draft_policy import PAUSED, PROBE, DraftPolicy, auto_off_applies
+from specchat.engine.draft_policy import (
+    PAUSED,
+    PROBE,
+    SPECULATE,
+    DraftPolicy,
+    auto_off_applies,
+)
 from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
 from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
@@ -210,13 +216,33 @@ def _catch_up(d: Decoding, run: Progress) -> float:
     return time.perf_counter() - t0
 
 
+def _next_is_plain(d: Decoding, run: Progress, proposal: Proposal, remaining: int) -> bool:
+    """Whether a step after this one is sure to come and to draft nothing, so
+    that its forward can be queued before this one is read back, as plain
+    decoding's is (verifier.py): no drafter; auto-off paused with no probe
+    due; or a drafter that drafts only under its own cap, which the policy
+    will keep at 0. A step that drafted may change any of that, so it never
+    runs ahead; nor does the step that spends the token budget (as in
+    mlx-lm's ``generate_step``), whose queued forward would only delay the
+    next request. A wrong "yes" would verify drafts against a forward queued
+    without them, which the verifier refuses."""
+    if remaining <= 1 or proposal.k:
+        return False
+    if d.drafter is None:
+        return True
+    upcoming = d.policy.break_even.upcoming()
+    if upcoming == PAUSED:
+        return True
+    return (upcoming == SPECULATE and run.prompt_read and d.drafter.own_cap_only
+            and d.policy.declines(d.drafter.name))
+
+
 def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
     """Draft, verify, roll back: one Block per step, until the request is
     cancelled or its budget spent (``run.finish`` says which). The caller
     commits each block before asking for the next, and closes the generator
     when it stops early, which drops a pipelined step's queued token."""
-    verifier = Verifier(d.slot, d.request.sampling, d.request.draft.acceptance, run.keys,
-                        pipelined=d.drafter is None)
+    verifier = Verifier(d.slot, d.request.sampling, d.request.draft.acceptance, run.keys)
     governor = threads.governor()
     last_end = time.perf_counter()  # where the previous verify ended
     try:
@@ -234,8 +260,9 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
             read_s = _read_prompt(d, run) if drafting and step != PAUSED else 0.0
             catch_up_s = _catch_up(d, run) if step == PROBE else 0.0
             proposal = (None if step == PAUSED else _propose(d, run, remaining)) or NO_DRAFT
+            ahead = _next_is_plain(d, run, proposal, remaining)
             t_v = time.perf_counter()
-            n, nxt = verifier.step(run.context[-1], proposal)
+            n, nxt = verifier.step(run.context[-1], proposal, ahead=ahead)
             end = time.perf_counter()
             verify_s = end - t_v
             # Roll back: context + the n accepted drafts are kept (the

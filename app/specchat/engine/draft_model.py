@@ -257,6 +257,7 @@ class ModelDrafter(Drafter):
     """
 
     name = DRAFT_MODEL.name
+    own_cap_only = True
 
     def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = (), prune: bool | None = None,
                  keep: int = PRUNE_KEEP):

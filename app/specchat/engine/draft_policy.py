@@ -197,13 +197,25 @@ class DraftPolicy:
         one more accepted draft token saves."""
         return (self._units + 4 * self.PRIOR_RATE) / (self._tokens + 4)
 
+    def _formula_k(self, kind: str, key: str | None) -> int:
+        spec = drafter_kinds.get(kind)
+        return best_k(self.stats(kind, key).accept, self.cost.token(spec), self.cost, spec.cap)
+
+    def declines(self, kind: str) -> bool:
+        """Whether the next ``cap(kind)`` will be 0, without counting it:
+        nothing a step that drafts nothing observes changes the answer."""
+        if self.fixed_k is not None:
+            return self.fixed_k <= 0
+        return (self._formula_k(kind, None) == 0
+                and (self._idle_steps + 1) % self.PROBE_EVERY != 0)
+
     def cap(self, kind: str, key: str | None = None) -> int:
         """Upper bound on this step's draft length for a drafter kind (its
         statistics kept under ``key``)."""
         if self.fixed_k is not None:
             return self.fixed_k
         spec = drafter_kinds.get(kind)
-        k = best_k(self.stats(kind, key).accept, self.cost.token(spec), self.cost, spec.cap)
+        k = self._formula_k(kind, key)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:
@@ -391,6 +403,15 @@ class BreakEven:
             self._since_probe += 1
             self._step = PAUSED
         return self._step
+
+    def upcoming(self) -> str:
+        """What ``next_step`` will say next, without moving on. A paused
+        step's own observation changes none of what decides it, so while
+        this says PAUSED the loop may queue the next plain forward before
+        reading this one back (verifier.py), as plain decoding does."""
+        if not (self.enabled and self.paused):
+            return SPECULATE
+        return PROBE if self._since_probe >= self._probe_every else PAUSED
 
     @property
     def plain_step_s(self) -> float | None:

@@ -115,6 +115,13 @@ class Drafter:
     builds it with the engine's ``Parts``, which it may ignore."""
 
     name: str  # its kind in drafter_kinds.py
+    # Whether it drafts only under its own kind's cap, so that a cap of 0
+    # means it proposes nothing whatever the context: then the loop can tell,
+    # before reading a step back, that the next one drafts nothing, and queue
+    # it early (decoding._next_is_plain). The promise: ``propose`` calls
+    # ``ctl.cap(self.name)`` (no key) once, first, and when it is 0 returns
+    # an empty proposal at once, drawing no random key.
+    own_cap_only: bool = False
 
     def __init__(self, parts: Parts | None = None):
         pass

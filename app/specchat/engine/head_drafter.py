@@ -76,6 +76,7 @@ class HeadDrafter(Drafter):
     take its features from a tap, run its layers and read out its logits."""
 
     layers: int  # KV caches the head keeps (one per attention layer)
+    own_cap_only = True
 
     def __init__(self, target: CacheSlot):
         if not target.runner.split:
