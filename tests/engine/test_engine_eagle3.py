@@ -44,25 +44,41 @@ def test_a_head_drafts_and_the_reply_is_plain_decoding(head_engine):
 def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_engine):
     """Row p: fc of the outputs of the target's layers 1, 2, 2 (ids 2, 3, 3
     of its 6) after token p, with the embedding of token p + 1; the draft
-    id maps to the target's through d2t."""
+    id maps to the target's through d2t. The head reads a prompt longer than
+    a few rows only after the reply's first token has gone out (as the
+    draft model does), so its first draft follows that token."""
     engine = head_engine
     model, head = engine.target.model, engine.draft.model
-    ids = mx.array(PROMPT)[None]
+    assert len(PROMPT) - 1 > type(engine._model_drafter).READY_ROWS
+    first = _gen(engine, "plain", max_tokens=1).token_ids[0]
+    context = (*PROMPT, first)
+    ids = mx.array(context)[None]
     h, outs = model.model.embed_tokens(ids), {}
     for i, layer in enumerate(model.model.layers):
         h = layer(h, mask="causal", cache=None)
         outs[i] = h[0]
     feats = mx.concatenate([outs[i] for i in head.config.read_layers(6)], axis=-1)[:-1]
-    out = head(mx.array(PROMPT[1:]), feats, [KVCache() for _ in head.layers], fed=True)
+    out = head(mx.array(context[1:]), feats, [KVCache() for _ in head.layers], fed=True)
     want = int(head.rows()[mx.argmax(head.logits(out[-1:]), axis=-1)].item())
     drafter = engine._model_drafter
     seen = []
     propose = drafter.propose
-    drafter.propose = lambda context, ctl: seen.append(propose(context, ctl)) or seen[-1]
+    contexts = []
+
+    def watch(ctx, ctl):
+        contexts.append(tuple(ctx))
+        seen.append(propose(ctx, ctl))
+        return seen[-1]
+
+    drafter.propose = watch
     try:
-        _gen(engine, "draft", 3, max_tokens=4)
+        engine.reset_cache()
+        events = []
+        _gen(engine, "draft", 3, max_tokens=4, on_step=events.append)
     finally:
         del drafter.propose
+    assert events[0].drafted == 0 and events[0].token_ids == (first,)
+    assert contexts[0] == context
     assert seen and seen[0].tokens[0] == want
     assert all(t % 2 == 0 for p in seen for t in p.tokens)  # its vocabulary: even ids
 

@@ -52,23 +52,37 @@ def test_the_mtp_head_drafts_and_the_reply_is_plain_decoding(mtp_engine):
 def test_the_first_draft_is_the_heads_prediction_from_the_targets_hidden_states(mtp_engine):
     """Row p of the head pairs the target's hidden state after token p with
     token p + 1; the last row's prediction is the first draft token. Here it
-    is computed directly, from one forward of the target over the prompt."""
+    is computed directly, from one forward of the target over the prompt and
+    the reply's first token, which goes out before the head reads a prompt
+    longer than a few rows."""
     engine = mtp_engine
     lm = engine.target.model.language_model
     head = engine._mtp_head
-    ids = mx.array(PROMPT)[None]
+    first = _gen(engine, "plain", max_tokens=1).token_ids[0]
+    context = (*PROMPT, first)
+    ids = mx.array(context)[None]
     hidden = lm.model(ids)  # [1, L, H]: the target's final hidden states
     out = head(lm.model.embed_tokens(ids[:, 1:]), hidden[:, :-1],
                [KVCache() for _ in head.layers])
     want = int(mx.argmax(lm.lm_head(out[0, -1]), axis=-1).item())
     drafter = engine._drafter_of(drafter_kinds.MTP)
-    seen = []
+    seen, contexts = [], []
     propose = drafter.propose
-    drafter.propose = lambda context, ctl: seen.append(propose(context, ctl)) or seen[-1]
+
+    def watch(ctx, ctl):
+        contexts.append(tuple(ctx))
+        seen.append(propose(ctx, ctl))
+        return seen[-1]
+
+    drafter.propose = watch
     try:
-        _gen(engine, "mtp", 3, max_tokens=4)
+        engine.reset_cache()
+        events = []
+        _gen(engine, "mtp", 3, max_tokens=4, on_step=events.append)
     finally:
         del drafter.propose
+    assert events[0].drafted == 0 and events[0].token_ids == (first,)
+    assert contexts[0] == context
     assert seen and seen[0].tokens[0] == want
 
 

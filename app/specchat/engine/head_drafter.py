@@ -77,6 +77,10 @@ class HeadDrafter(Drafter):
 
     layers: int  # KV caches the head keeps (one per attention layer)
     own_cap_only = True
+    # Committed rows a proposal feeds itself; more (the prompt, a pause's
+    # backlog) wait for ``catch_up``, so that they count as reading the
+    # prompt, after the reply's first token, and not as drafting.
+    READY_ROWS = 8
 
     def __init__(self, target: CacheSlot):
         if not target.runner.split:
@@ -135,6 +139,28 @@ class HeadDrafter(Drafter):
         self.rows = rows
         self.outs.truncate(rows)
 
+    def ready(self, context: Sequence[int]) -> bool:
+        return len(context) - 1 - self.rows <= self.READY_ROWS
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Feed the committed rows not fed yet: on a long prompt one forward
+        of the head's layers over a thousand rows, about as long as several
+        target forwards, which would otherwise delay the first token."""
+        n = len(context)
+        if self.rows >= n - 1 or not self.log.covers(self.rows, n - 1):
+            return  # nothing to feed, or features missing: propose declines
+        mx.eval(self._feed_rows(context, self.log.rows(self.rows, n - 1)))
+        self.log.forget_before(self.rows)
+
+    def _feed_rows(self, context: Sequence[int], feats: mx.array) -> mx.array:
+        """The head's outputs for the committed rows from ``self.rows`` to
+        the context's last (the target's features ``feats``), kept by row."""
+        start, n = self.rows, len(context)
+        out = self.forward(self._ids(context[start + 1:n]), feats, fed=True)
+        self.outs.add(start, out)
+        self.rows = n - 1
+        return out
+
     def _ids(self, tokens: Sequence[int] | mx.array) -> mx.array:
         return tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
 
@@ -153,9 +179,7 @@ class HeadDrafter(Drafter):
 
         def feed(x):
             if feats is not None and "h" not in state:  # the committed rows
-                out = self.forward(self._ids(context[start + 1:n]), feats, fed=True)
-                self.outs.add(start, out)
-                self.rows = n - 1
+                out = self._feed_rows(context, feats)
             elif "h" in state:  # chained: a drafted token with the head's own output
                 out = self.forward(self._ids(x).reshape(-1), state["h"], fed=False)
             else:  # no new row: the last committed row's output drafts
