@@ -63,10 +63,11 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
     drafter = engine._model_drafter
     seen = []
     propose = drafter.propose
-    contexts = []
+    contexts, rows = [], []
 
     def watch(ctx, ctl):
         contexts.append(tuple(ctx))
+        rows.append(drafter.rows)
         seen.append(propose(ctx, ctl))
         return seen[-1]
 
@@ -79,8 +80,42 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
         del drafter.propose
     assert events[0].drafted == 0 and events[0].token_ids == (first,)
     assert contexts[0] == context
+    assert rows[0] == len(context) - 1  # the prompt was read before, not in the draft's time
     assert seen and seen[0].tokens[0] == want
     assert all(t % 2 == 0 for p in seen for t in p.tokens)  # its vocabulary: even ids
+
+
+def _first_proposal(engine, prompt: tuple[int, ...]):
+    """The head's first proposal in a short request on ``prompt`` (adaptive
+    K: its confidences are read back)."""
+    drafter, seen = engine._model_drafter, []
+    propose = drafter.propose
+    drafter.propose = lambda ctx, ctl: seen.append(propose(ctx, ctl)) or seen[-1]
+    try:
+        engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=8,
+                                        draft=DraftSettings(mode="draft")))
+    finally:
+        del drafter.propose
+    return seen[0]
+
+
+def test_a_head_never_drafts_from_another_conversations_rows(head_engine):
+    """The target's cache follows every request, the head's rows only those
+    it drafted in. After a head request on one prompt and a plain one on
+    another, a head request that continues the second drafts exactly as a
+    head that never saw the first."""
+    engine = head_engine
+    other = tuple(reversed(PROMPT))
+    engine.reset_cache()
+    _gen(engine, "draft", max_tokens=48)
+    reply = engine.generate(GenerateRequest(prompt_ids=other, max_tokens=40,
+                                            draft=DraftSettings(mode="plain"))).token_ids
+    follow_up = (*other, *reply, *PROMPT[:5])
+    after_plain = _first_proposal(engine, follow_up)
+    engine.reset_cache()
+    fresh = _first_proposal(engine, follow_up)
+    assert after_plain.tokens == fresh.tokens
+    assert after_plain.confidences == pytest.approx(fresh.confidences, rel=1e-5)
 
 
 @pytest.mark.slow  # a long chi-square or training run: CI's slow step

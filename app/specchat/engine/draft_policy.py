@@ -346,8 +346,8 @@ class BreakEven:
     that loses (or that the policy declines) doubles the wait, up to
     ``PROBE_MAX``, and so does a pause soon after a resume, so a pair that
     is only ever slower pays for a probe every 64 steps at most; ``SETTLED``
-    speculative steps after a resume reset it. The draft model catches up on the
-    paused tokens before the probe, outside the probe's timing: that is the
+    speculative steps after a resume reset it. The draft model (or a head)
+    catches up on the paused tokens before the probe, outside the probe's timing: that is the
     pause's price, not speculation's.
 
     A paused step is a K = 0 step: the drafter is not asked, the verifier

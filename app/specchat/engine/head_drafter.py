@@ -77,9 +77,9 @@ class HeadDrafter(Drafter):
 
     layers: int  # KV caches the head keeps (one per attention layer)
     own_cap_only = True
-    # Committed rows a proposal feeds itself; more (the prompt, a pause's
-    # backlog) wait for ``catch_up``, so that they count as reading the
-    # prompt, after the reply's first token, and not as drafting.
+    # Unfed rows a request's first proposal may feed itself; more (a long
+    # prompt) are fed by ``catch_up`` after the reply's first token has gone
+    # out, so that they count as reading the prompt and not as drafting.
     READY_ROWS = 8
 
     def __init__(self, target: CacheSlot):
@@ -113,6 +113,9 @@ class HeadDrafter(Drafter):
         self.rows = 0  # committed rows in the head's cache
         self.log = HiddenLog()  # the target's features, by position
         self.outs = HiddenLog()  # the head's output for each committed row, by row
+        # The conversation its rows and kept features belong to, as of the
+        # last request it drafted in (the target's cache follows every request).
+        self.ids: list[int] = []
 
     def _collect(self, start: int, tapped: dict) -> None:
         self.log.add(start, self.features(tapped))
@@ -123,6 +126,13 @@ class HeadDrafter(Drafter):
         rows (none are kept between requests that did not use the head);
         else only as far as the head's rows go, computing the rest again."""
         self.target.on_hidden = self._collect
+        # The features after token p, and row p (which also reads token
+        # p + 1), hold only as far as the head's own conversation agrees with
+        # this prompt: a request without the head in between may have moved
+        # the target's cache to another conversation.
+        mine = common_prefix(self.ids, prompt)
+        self.log.truncate(mine)
+        self._trim(min(self.rows, max(0, mine - 1)))
         n = min(common_prefix(self.target.ids, prompt), len(prompt) - 1)
         keep = min(self.rows, n)
         return None if self.log.covers(keep, n) else keep
@@ -201,4 +211,5 @@ class HeadDrafter(Drafter):
 
     def finish(self, context: Sequence[int]) -> None:
         self._trim(min(self.rows, max(0, len(context) - 1)))
+        self.ids = list(context)
         self.target.on_hidden = None  # no features kept while the head is not in use
