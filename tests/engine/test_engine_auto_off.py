@@ -71,20 +71,28 @@ def _request(mode: str, max_tokens: int = 96, auto_off: bool = True,
 
 
 def _run(engine: Engine, request: GenerateRequest, timing,
-         end_ids: set[int] | None = None) -> tuple[tuple[int, ...], list, object]:
+         end_ids: set[int] | None = None, slot: CacheSlot | None = None,
+         on_step=None) -> tuple[tuple[int, ...], list, object]:
     """``request`` through the engine's loop, with its drafter and a policy
     whose break-even rule reads ``timing`` instead of the clock: (token ids,
     step events, summary). ``end_ids``: the tokens that end the reply
-    (default: the model's)."""
+    (default: the model's); ``slot``: the target's cache (default: a new
+    one); ``on_step``: also called with each step's event."""
     ids = engine.prompt_ids(request)
     drafter, mode = engine._drafter(modes.get(request.draft.mode))
     policy = DraftPolicy(request.draft.k, engine.cost_model, timing=timing)
     runner = engine.target_runner
     events: list[StepEvent] = []
     ends = engine.end_ids if end_ids is None else end_ids
-    result = decode(Decoding(CacheSlot(runner), engine.target.tokenizer, ends, ids,
+
+    def step(event: StepEvent) -> None:
+        if on_step is not None:
+            on_step(event)
+        events.append(event)
+
+    result = decode(Decoding(slot or CacheSlot(runner), engine.target.tokenizer, ends, ids,
                              request, drafter, policy, mode.name,
-                             int(runner.head_weight().shape[0])), events.append)
+                             int(runner.head_weight().shape[0])), step)
     return result.token_ids, events, result.summary
 
 
@@ -114,25 +122,19 @@ def _run_watching_the_queue(engine: Engine, request: GenerateRequest):
     whether, when its event went out, the target's cache already held the
     token just committed: the next forward was queued on it."""
     ids = engine.prompt_ids(request)
-    drafter, mode = engine._drafter(modes.get(request.draft.mode))
-    runner = engine.target_runner
-    slot = CacheSlot(runner)
-    events: list[StepEvent] = []
+    slot = CacheSlot(engine.target_runner)
     ahead: list[bool] = []
 
     def on_step(event: StepEvent) -> None:
         context = len(ids) + event.total_tokens
         assert slot.length in (context - 1, context)
-        events.append(event)
         ahead.append(slot.length == context)
 
-    result = decode(Decoding(slot, engine.target.tokenizer, engine.end_ids, ids, request,
-                             drafter, DraftPolicy(request.draft.k, engine.cost_model, timing=IDLE),
-                             mode.name, int(runner.head_weight().shape[0])), on_step)
+    tokens, events, summary = _run(engine, request, IDLE, slot=slot, on_step=on_step)
     # What was queued past the reply's end is dropped: the cache holds a prefix of it.
-    assert slot.length <= len(ids) + len(result.token_ids)
+    assert slot.length <= len(ids) + len(tokens)
     assert not ahead[-1]  # the step that spends the budget queues nothing
-    return result, list(zip(events, events[1:], ahead, strict=False))
+    return tokens, summary, list(zip(events, events[1:], ahead, strict=False))
 
 
 def _queued_only_before_plain_steps(pairs) -> bool:
@@ -145,9 +147,9 @@ def test_a_paused_request_queues_each_plain_forward_early(poor_engine):
     step runs one ahead as plain decoding does: the next forward is queued
     before this one is read back. The step before a probe is read back
     first, since the drafter needs its token. The ids stay plain decoding's."""
-    result, pairs = _run_watching_the_queue(poor_engine, _request("draft"))
-    assert result.token_ids == _plain(poor_engine)
-    assert result.summary.paused_steps > 0 and result.summary.auto_off["probes"] >= 2
+    tokens, summary, pairs = _run_watching_the_queue(poor_engine, _request("draft"))
+    assert tokens == _plain(poor_engine)
+    assert summary.paused_steps > 0 and summary.auto_off["probes"] >= 2
     assert _queued_only_before_plain_steps(pairs)
     assert all(queued for e, after, queued in pairs if e.paused and after.paused)
     assert any(e.paused and after.probe and not queued for e, after, queued in pairs)
@@ -157,9 +159,10 @@ def test_a_draft_the_policy_keeps_at_zero_queues_each_plain_forward_early(poor_e
     """Auto-off off, so only the draft policy stands between the poor draft
     and the target: while its cap is 0, a step runs one ahead unless the
     next is the policy's idle probe (a one-token draft)."""
-    result, pairs = _run_watching_the_queue(poor_engine, _request("draft", auto_off=False))
-    assert result.token_ids == _plain(poor_engine)
-    assert result.summary.paused_steps == 0 and result.summary.drafted > 0
+    tokens, summary, pairs = _run_watching_the_queue(poor_engine,
+                                                     _request("draft", auto_off=False))
+    assert tokens == _plain(poor_engine)
+    assert summary.paused_steps == 0 and summary.drafted > 0
     assert _queued_only_before_plain_steps(pairs)
     queued = [e.index for e, _after, q in pairs if q]
     before_drafts = [e.index for e, after, _q in pairs if after.drafted]
@@ -175,12 +178,12 @@ def test_running_ahead_changes_no_token_of_a_seeded_sampled_reply(poor_engine, m
     from specchat.engine import decoding
 
     seeded = _request("draft", 64, sampling=SamplingParams(temperature=0.9, seed=11))
-    early, pairs = _run_watching_the_queue(poor_engine, seeded)
+    early, _summary, pairs = _run_watching_the_queue(poor_engine, seeded)
     assert any(q for *_, q in pairs)
     monkeypatch.setattr(decoding, "_next_is_plain", lambda *_a: False)
-    late, pairs = _run_watching_the_queue(poor_engine, seeded)
+    late, _summary, pairs = _run_watching_the_queue(poor_engine, seeded)
     assert not any(q for *_, q in pairs)
-    assert early.token_ids == late.token_ids and len(early.token_ids) > 16
+    assert early == late and len(early) > 16
 
 
 def test_a_probe_that_pays_resumes(poor_engine):

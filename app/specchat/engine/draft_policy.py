@@ -347,8 +347,8 @@ class BreakEven:
     ``PROBE_MAX``, and so does a pause soon after a resume, so a pair that
     is only ever slower pays for a probe every 64 steps at most; ``SETTLED``
     speculative steps after a resume reset it. The draft model (or a head)
-    catches up on the paused tokens before the probe, outside the probe's timing: that is the
-    pause's price, not speculation's.
+    catches up on the paused tokens before the probe, outside the probe's
+    timing: that is the pause's price, not speculation's.
 
     A paused step is a K = 0 step: the drafter is not asked, the verifier
     draws the one random key a K = 0 step draws, and the output is exactly

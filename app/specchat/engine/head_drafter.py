@@ -156,11 +156,22 @@ class HeadDrafter(Drafter):
         """Feed the committed rows not fed yet: on a long prompt one forward
         of the head's layers over a thousand rows, about as long as several
         target forwards, which would otherwise delay the first token."""
-        n = len(context)
-        if self.rows >= n - 1 or not self.log.covers(self.rows, n - 1):
+        feats = self._unfed(len(context))
+        if feats is None:
             return  # nothing to feed, or features missing: propose declines
-        mx.eval(self._feed_rows(context, self.log.rows(self.rows, n - 1)))
+        mx.eval(self._feed_rows(context, feats))
         self.log.forget_before(self.rows)
+
+    def _unfed(self, n: int) -> mx.array | None:
+        """The target's features of the committed rows not fed yet, for a
+        context of ``n`` tokens; None when there are none, or when some were
+        never computed by the target (a paused request's backlog)."""
+        if self.rows >= n - 1:
+            return None
+        try:
+            return self.log.rows(self.rows, n - 1)
+        except EngineError:
+            return None
 
     def _feed_rows(self, context: Sequence[int], feats: mx.array) -> mx.array:
         """The head's outputs for the committed rows from ``self.rows`` to
@@ -181,9 +192,8 @@ class HeadDrafter(Drafter):
             return Proposal(tokens=[], source=self.name)
         t0 = time.perf_counter()
         start = self.rows
-        try:
-            feats = self.log.rows(start, n - 1) if start < n - 1 else None
-        except EngineError:  # not computed by the target (a paused request's backlog)
+        feats = self._unfed(n)
+        if feats is None and start < n - 1:  # rows the target never computed
             return Proposal(tokens=[], source=self.name)
         state: dict = {}
 
