@@ -191,9 +191,8 @@ class HeadDrafter(Drafter):
         if k <= 0 or n < 2:
             return Proposal(tokens=[], source=self.name)
         t0 = time.perf_counter()
-        start = self.rows
         feats = self._unfed(n)
-        if feats is None and start < n - 1:  # rows the target never computed
+        if feats is None and self.rows < n - 1:  # rows the target never computed
             return Proposal(tokens=[], source=self.name)
         state: dict = {}
 
