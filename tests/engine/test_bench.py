@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,13 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     # The human table prints the same modes.
     for mode in rep["modes"]:
         assert mode in p.stdout
+    # Each run's progress line says what the timed rules did where they applied
+    # (auto-off on, K adaptive), and nothing where they did not.
+    lines = {tuple(line.split()[:2]): line for line in p.stderr.splitlines()
+             if line.startswith("  c1 ")}
+    assert re.search(r"paused \d+ steps, verify slope (-|\d\.\d\d), priced by it \d+$",
+                     lines["c1", "spec"])
+    assert "paused" not in lines["c1", "plain"] and "paused" not in lines["c1", "spec-k2"]
 
 
 @pytest.mark.slow  # a long chi-square or training run: CI's slow step

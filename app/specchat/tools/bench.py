@@ -30,6 +30,17 @@ from specchat.tools.prompts import Prompt, load_prompts
 from specchat.tools.variants import VARIANTS, Variant
 
 
+def _auto_off_note(r: Run) -> str:
+    """What the timed rules did in a run (draft_policy.py): steps paused, the
+    verify slope fitted, and the steps priced by it (a busy machine)."""
+    a = r.auto_off
+    if not a:
+        return ""
+    slope = a.get("verify_slope")
+    return (f"  paused {r.paused} steps, verify slope "
+            f"{'-' if slope is None else f'{slope:.2f}'}, priced by it {a.get('loaded_steps', 0)}")
+
+
 def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_tokens: int,
             sampling: SamplingParams, log=print, history: str = "none") -> dict[str, list[Run]]:
     """Every variant on every prompt, after one uncounted warm-up run each
@@ -55,7 +66,8 @@ def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_
             r = run_variant(engine, v, prompt, max_tokens, sampling)
             runs[v.name].append(r)
             log(f"  {prompt.id:<22} {v.name:<15} {len(r.token_ids):>4} tok  "
-                f"{r.tokens_per_s:6.2f} tok/s  accepted {r.accepted}/{r.drafted}")
+                f"{r.tokens_per_s:6.2f} tok/s  accepted {r.accepted}/{r.drafted}"
+                + _auto_off_note(r))
         if history == "session":
             reply = runs[rot[0].name][-1].token_ids
             ids = engine.prompt_ids(GenerateRequest(messages=prompt.messages))

@@ -46,6 +46,8 @@ class Run:
     origins: dict = field(default_factory=dict)  # emitted tokens per origin (events.py)
     by_key: dict = field(default_factory=dict)  # suffix drafts per statistics key (source, match)
     ssd: dict = field(default_factory=dict)  # the ssd mode's counts (Summary.drafter_stats["ssd"])
+    paused: int = 0  # steps break-even auto-off decoded plainly
+    auto_off: dict = field(default_factory=dict)  # what it measured (Summary.auto_off)
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,7 +81,8 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                k_used=[e.k for e in steps],
                blas_threads=s.blas_threads, origins=dict(s.tokens_by_origin),
                by_key=dict(s.drafted_by.get("suffix", {}).get("by_key", {})),
-               ssd=dict(s.drafter_stats.get("ssd", {})))
+               ssd=dict(s.drafter_stats.get("ssd", {})), paused=s.paused_steps,
+               auto_off=dict(s.auto_off))
 
 
 def _mlx_lm_tokens(engine: Engine, k: int, ids: list[int], max_tokens: int,
