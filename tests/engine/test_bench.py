@@ -121,11 +121,11 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     # The human table prints the same modes.
     for mode in rep["modes"]:
         assert mode in p.stdout
-    # Each run's progress line says what the timed rules did where they applied
-    # (auto-off on, K adaptive), and nothing where they did not.
+    # Each run's progress line says what break-even auto-off did where it
+    # applied (on, K adaptive), and nothing where it did not.
     lines = {tuple(line.split()[:2]): line for line in p.stderr.splitlines()
              if line.startswith("  c1 ")}
-    assert re.search(r"paused \d+ steps, verify slope (-|\d\.\d\d), priced by it \d+$",
+    assert re.search(r"auto-off: paused \d+ steps \(\d+ pauses, \d+ probes\)$",
                      lines["c1", "spec"])
     assert "paused" not in lines["c1", "plain"] and "paused" not in lines["c1", "spec-k2"]
 

@@ -72,16 +72,15 @@ def _request(mode: str, max_tokens: int = 96, auto_off: bool = True,
 
 def _run(engine: Engine, request: GenerateRequest, timing,
          end_ids: set[int] | None = None, slot: CacheSlot | None = None,
-         on_step=None, cost: CostModel | None = None) -> tuple[tuple[int, ...], list, object]:
+         on_step=None) -> tuple[tuple[int, ...], list, object]:
     """``request`` through the engine's loop, with its drafter and a policy
     whose break-even rule reads ``timing`` instead of the clock: (token ids,
     step events, summary). ``end_ids``: the tokens that end the reply
     (default: the model's); ``slot``: the target's cache (default: a new
-    one); ``on_step``: also called with each step's event; ``cost``: the
-    policy's modelled costs (default: the engine's for the pair)."""
+    one); ``on_step``: also called with each step's event."""
     ids = engine.prompt_ids(request)
     drafter, mode = engine._drafter(modes.get(request.draft.mode))
-    policy = DraftPolicy(request.draft.k, cost or engine.cost_model, timing=timing)
+    policy = DraftPolicy(request.draft.k, engine.cost_model, timing=timing)
     runner = engine.target_runner
     events: list[StepEvent] = []
     ends = engine.end_ids if end_ids is None else end_ids

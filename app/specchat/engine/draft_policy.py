@@ -24,7 +24,7 @@ Adaptive K (the default) has two parts:
    stretches get long blocks; uncertain ones stop after a token or two instead
    of paying for drafts that will be thrown away.
 
-The modelled costs are not timed: single-sequence decoding is bound by memory
+The costs are not timed: single-sequence decoding is bound by memory
 bandwidth on Apple GPUs and CPUs alike, so c is the draft's bytes read per
 forward over the target's (0.25 for Qwen2.5 0.5B/1.5B in float32 with the
 draft's pruned head; timing them on the development machine gave 82 ms /
@@ -34,26 +34,16 @@ docs/benchmarks.md). Timing-free costs and per-request statistics
 make the policy deterministic, so a seeded request gives the same tokens
 every time even though K adapts.
 
-Two rules do read the clock, on top of the two above, and only for
-requests that may use break-even auto-off (``auto_off_applies``: not a
-seeded sampled one, which stays reproducible, and not with the setting
-off). Byte ratios are right on an idle machine; under CPU load the extra
-tokens of a verify and a draft forward get dearer than they say, and then
-blocks priced for an idle machine cannot pay.
-
-- Load pricing: the request fits what its verifies take against their
-  length (verify_cost.py). When the fitted slope is ``LOAD_MARGIN`` times
-  the device's or more, the machine is measurably busy, and the policy
-  prices verifies at the fitted slope (``DraftPolicy.cost``): blocks
-  shorten, or stop where no K pays. Below that margin nothing changes, so
-  on an idle machine the policy decides exactly as priced by bytes.
-- Break-even auto-off (``BreakEven``, at the end of this module) compares
-  the request's measured speculative throughput with its measured plain
-  throughput and, while speculating loses (with hysteresis), decodes
-  plainly, probing now and then.
-
-Either way a step's K changes, never how a block is verified, so output
-is exact; only the path depends on the clock.
+One rule does read the clock, on top of the two above: break-even auto-off
+(``BreakEven``, at the end of this module). Byte ratios are right on an
+idle machine; under CPU load a draft forward gets dearer than its bytes
+say, and then speculation can be slower than plain decoding however well
+K is chosen. Auto-off compares the request's measured speculative
+throughput with its measured plain throughput and, while speculating loses
+(with hysteresis), decodes plainly, probing now and then. A paused step is
+a K = 0 step, so output is exact either way; only the path depends on the
+clock, which is why a seeded sampled request never uses it (it stays
+reproducible) and the setting can be turned off.
 
 Prompt lookup costs nothing to draft (c = 0), so only part 1 applies to it;
 its blocks are as long as the verify cost curve justifies.
@@ -65,11 +55,10 @@ drafter kind (drafter_kinds.py); nothing here tests a drafter's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from specchat.engine import drafter_kinds
-from specchat.engine.verify_cost import VerifyFit
 
 # Verify-cost slope per extra token, relative to a one-token forward.
 VERIFY_SLOPE = {"cpu": 0.11, "gpu": 0.04}
@@ -184,28 +173,15 @@ class DraftPolicy:
     def __init__(self, fixed_k: int | None = None, cost: CostModel | None = None,
                  timing: StepTiming | None = None):
         self.fixed_k = fixed_k
-        self.modelled = cost or CostModel()
+        self.cost = cost or CostModel()
         # Break-even auto-off (off until the loop arms it for a request that
         # may use it: auto_off_applies); ``timing`` replaces the clock in tests.
-        self.break_even = BreakEven(self.modelled, timing)
-        self._loaded: CostModel | None = None
+        self.break_even = BreakEven(self.cost, timing)
         self.sources: dict[str, SourceStats] = {}
         self.calibration = Calibration()
         self._idle_steps = 0
         self._units = 0.0  # cost spent so far, in target-forward units
         self._tokens = 0  # tokens produced so far
-
-    @property
-    def cost(self) -> CostModel:
-        """The costs drafts are priced at: the modelled ones, except the
-        verify slope on a machine measurably busier than idle
-        (``BreakEven.load_slope``), where the request's own is used."""
-        slope = self.break_even.load_slope()
-        if slope is None:
-            return self.modelled
-        if self._loaded is None or self._loaded.slope != slope:
-            self._loaded = replace(self.modelled, slope=slope)
-        return self._loaded
 
     def stats(self, kind: str, key: str | None = None) -> SourceStats:
         """Acceptance statistics under ``key`` (default: the kind's name),
@@ -342,12 +318,11 @@ class BreakEven:
     slower than plain decoding, probing now and then whether it pays again.
 
     The draft-length policy prices drafts in modelled units (bytes read),
-    which is what keeps it deterministic, corrected only for the verify
-    slope it fits here when the machine is busy (``load_slope``). What it
-    cannot weigh is everything else the machine of the moment does: under
-    CPU load a draft forward becomes dearer relative to the target's than
-    its bytes say, and whether speculation still pays is a matter of the
-    whole step's seconds. This rule watches the clock instead, per request:
+    which is what keeps it deterministic. What it cannot see is the machine
+    of the moment: under CPU load a draft forward becomes dearer relative to
+    the target's than its bytes say, and a verify over many tokens dearer
+    than the device's slope. This rule watches the clock instead, per
+    request:
 
     - speculative throughput, predicted from what the request measured on
       its speculative steps: E[tokens per step] (the running acceptance)
@@ -385,12 +360,6 @@ class BreakEven:
     """
 
     WARMUP = 4
-    # The fitted verify slope over the modelled one from which the policy
-    # prices verifies at the fitted slope (load_slope). Idle, this CPU's
-    # verifies were timed at slopes of 0.07-0.14 against the modelled 0.11,
-    # below the margin; beside two spinning processes at 0.17-0.43
-    # (docs/benchmarks.md).
-    LOAD_MARGIN = 1.5
     PAUSE_AFTER = 3
     RESUME_MARGIN = 0.05
     PROBE_FIRST = 8
@@ -412,11 +381,6 @@ class BreakEven:
         self.other_s: float | None = None  # the loop's own seconds per step, any step
         self.plain_s: float | None = None  # a K = 0 step, measured
         self._plain_guess: float | None = None  # ... estimated from speculative verifies
-        # Verify seconds against tokens verified, over speculative steps only
-        # (a K = 0 step may have been queued early, so its seconds are not
-        # a whole forward's).
-        self.fit = VerifyFit()
-        self.loaded_steps = 0  # speculative steps after which load_slope held
         self.pauses = self.probes = 0
         self._spec_steps = 0
         self._losing = 0
@@ -451,24 +415,7 @@ class BreakEven:
 
     @property
     def plain_step_s(self) -> float | None:
-        """A plain step's seconds: measured on K = 0 steps; before there is
-        one, the fitted one-token verify, else a speculative verify over
-        the modelled verify(K + 1) (which, under load, says plain is
-        slower than it is)."""
-        if self.plain_s is not None:
-            return self.plain_s
-        if self.fit.estimate is not None:
-            return self.fit.estimate.one_token_s
-        return self._plain_guess
-
-    def load_slope(self) -> float | None:
-        """The fitted verify slope, when it is ``LOAD_MARGIN`` times the
-        modelled one or more (the machine is busy); otherwise None, and
-        the policy keeps the modelled costs."""
-        fit = self.fit.estimate
-        if not self.enabled or fit is None or fit.slope < self.LOAD_MARGIN * self.cost.slope:
-            return None
-        return fit.slope
+        return self.plain_s if self.plain_s is not None else self._plain_guess
 
     @property
     def ratio(self) -> float | None:
@@ -502,8 +449,6 @@ class BreakEven:
             self.draft_forward_s = ewma(self.draft_forward_s, draft_s / proposal.forwards, a)
         self._plain_guess = ewma(self._plain_guess, verify_s / self.cost.verify(proposal.k + 1),
                                   self.ALPHA)
-        self.fit.observe(proposal.k + 1, verify_s)
-        self.loaded_steps += self.load_slope() is not None
         self._spec_steps += 1
         self._judge(step)
 
@@ -538,6 +483,4 @@ class BreakEven:
                 "tokens_per_step": self.tokens, "draft_forward_s": self.draft_forward_s,
                 "draft_s_per_step": self.draft_s, "verify_s_per_step": self.verify_s,
                 "other_s_per_step": self.other_s,
-                "plain_step_s": self.plain_step_s, "ratio": self.ratio,
-                "verify_slope": self.fit.estimate.slope if self.fit.estimate else None,
-                "loaded_steps": self.loaded_steps}
+                "plain_step_s": self.plain_step_s, "ratio": self.ratio}

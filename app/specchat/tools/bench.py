@@ -31,14 +31,14 @@ from specchat.tools.variants import VARIANTS, Variant
 
 
 def _auto_off_note(r: Run) -> str:
-    """What the timed rules did in a run (draft_policy.py): steps paused, the
-    verify slope fitted, and the steps priced by it (a busy machine)."""
+    """What break-even auto-off did in a run (draft_policy.BreakEven), where
+    it applied: how many steps it decoded plainly, in how many pauses, and
+    how many probes it spent finding out whether speculation paid again."""
     a = r.auto_off
     if not a:
         return ""
-    slope = a.get("verify_slope")
-    return (f"  paused {r.paused} steps, verify slope "
-            f"{'-' if slope is None else f'{slope:.2f}'}, priced by it {a.get('loaded_steps', 0)}")
+    return (f"  auto-off: paused {r.paused} steps ({a.get('pauses', 0)} pauses, "
+            f"{a.get('probes', 0)} probes)")
 
 
 def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_tokens: int,
