@@ -166,9 +166,11 @@ def prefill(model, cache, ids: list[int]) -> None:
         mx.eval([c.state for c in cache])
 
 
-def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
-    """Median seconds for ``forward(last m ids, cache)``, the cache rewound
-    after each run so every repetition sees the same context."""
+def step_time(forward, ids: list[int], m: int, cache, reps: int,
+              pick: Callable[[list[float]], float] = statistics.median) -> float:
+    """Seconds for ``forward(last m ids, cache)`` (``pick`` of the runs:
+    their median), the cache rewound after each run so every repetition
+    sees the same context."""
     import mlx.core as mx
 
     times = []
@@ -178,7 +180,40 @@ def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
         times.append(time.perf_counter() - t0)
         for c in cache:
             c.trim(m)
-    return statistics.median(times)
+    return pick(times)
+
+
+VERIFY_CURVE = (1, 2, 3, 5, 9)  # tokens fed, for the policy's verify curve
+CURVE_CONTEXT = 16  # tokens of context they are timed on
+
+
+def verify_curve(runner, ids: list[int], reps: int = 2) -> dict[int, float]:
+    """Seconds per target forward over each of VERIFY_CURVE tokens, with
+    logits for every position (as verification runs it), on the first
+    CURVE_CONTEXT of ``ids``: what draft_policy.fit_verify reads when the
+    engine loads a target. The fastest of ``reps`` runs, after one untimed
+    one: a background process can only make a run slower, never faster.
+    About 15 one-token forwards' worth of time (5 s for the bundled target
+    on a 2-core CPU, a fraction of a second on an Apple GPU). Empty for a
+    model whose cache cannot be rewound (recurrent layers), or for ids too
+    short to time on."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    ids = ids[:CURVE_CONTEXT]
+    cache = make_prompt_cache(runner.model)
+    if len(ids) <= max(VERIFY_CURVE) or not can_trim_prompt_cache(cache):
+        return {}  # recurrent layers: nothing to rewind between runs
+    prefill(runner.model, cache, ids)
+
+    def verify(x, c):
+        return runner(x, c, "all")
+
+    step_time(verify, ids, max(VERIFY_CURVE), cache, 1)  # the first run allocates
+    seconds = {m: step_time(verify, ids, m, cache, reps, min) for m in VERIFY_CURVE}
+    del cache
+    mx.clear_cache()
+    return seconds
 
 
 def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> ForwardCosts:

@@ -106,6 +106,9 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
     peak = mx.get_peak_memory()
     modes_out, by_kind = tables(runs, sampling.greedy)
     costs = relative_costs(engine, engine.prompt_ids(GenerateRequest(messages=prompts[0].messages)))
+    timed = engine.cost_for(GenerateRequest(messages=prompts[0].messages))
+    costs["policy_verify"] = {"timed_at_load_s": engine.verify_seconds,
+                              "jump": timed.jump, "slope": timed.slope}
     add_theory(modes_out, costs)
     memory = _memory(engine, prompts, max_tokens, peak)
     return {

@@ -262,6 +262,11 @@ def format_report(rep: dict) -> str:
         f"{m} tok {s * 1000:.0f} ms" for m, s in c["target_forward_s"].items())
         + (f"; draft 1 tok {c['draft_forward_s'] * 1000:.0f} ms (c = {c['draft_over_target']:.2f})"
            if c["draft_forward_s"] else ""))
+    pv = c.get("policy_verify")
+    if pv and pv["timed_at_load_s"]:
+        lines.append("verify curve the policy prices (timed at load: " + ", ".join(
+            f"{m} tok {s * 1000:.0f} ms" for m, s in pv["timed_at_load_s"].items())
+            + f"): v(m) = 1 + {pv['jump']:.2f} + {pv['slope']:.3f} (m - 1) for m >= 2")
     used = {k: v["blas_threads"] for k, v in rep["modes"].items() if v.get("blas_threads")}
     if used:
         lines.append("BLAS threads (steps at each count): " + ", ".join(
