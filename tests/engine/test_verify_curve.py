@@ -1,12 +1,12 @@
 """The verify curve timed when a target loads (draft_policy.fit_verify,
 CostModel.timed, measure.verify_curve, Engine.cost_for): a second token that
-costs a third of a forward is priced as such, and only requests the clock
+costs half a forward is priced as such, and only requests the clock
 may steer are priced with the timing."""
 
 from __future__ import annotations
 
 import pytest
-
+from specchat.engine import measure
 from specchat.engine.draft_policy import (
     BreakEven,
     CostModel,
@@ -49,6 +49,10 @@ def test_noisy_or_partial_timings_never_make_verifies_free():
     assert fit_verify({1: 0.3, 2: 0.5, 9: 0.45}) == (pytest.approx(0.583, abs=1e-3), 0.0)
     # A forward over several tokens timed faster than one: no negative jump either.
     assert fit_verify({1: 0.5, 2: 0.4, 9: 0.4}) == (0.0, 0.0)
+    # Two tokens timed at three forwards' worth (a busy moment): no dearer than two forwards.
+    jump, slope = fit_verify({1: 0.3, 2: 0.9, 9: 1.0})
+    assert slope == pytest.approx(0.1 / 0.3 / 7)
+    assert jump + slope == pytest.approx(1.0)
     untimed = CostModel(draft=0.3, slope=0.11)
     for partial in ({}, {1: 0.3}, {2: 0.4, 9: 0.6}, {1: 0.3, 9: 0.6}, {1: 0.0, 2: 0.4, 9: 0.6}):
         assert fit_verify(partial) is None
@@ -88,9 +92,27 @@ def test_auto_off_guesses_plain_steps_with_the_timed_curve():
 
 @pytest.fixture(scope="module")
 def timed_engine(tiny_target, tiny_draft) -> Engine:
+    """The tiny pair, its target timed as a real one would be (its forwards
+    take a few ms, under MIN_FORWARD_S)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(measure, "MIN_FORWARD_S", 0.0)
+        engine = Engine()
+        engine.load(tiny_target, tiny_draft)
+    return engine
+
+
+def test_a_target_too_fast_to_time_keeps_the_untimed_curve(tiny_target, tiny_draft):
+    """A forward of a few ms is dispatch and scheduling: its shape is noise,
+    so the tiny models (and the tests' paths) keep the untimed costs."""
     engine = Engine()
     engine.load(tiny_target, tiny_draft)
-    return engine
+    assert engine.verify_seconds == {}
+    assert engine.cost_for(_request()) == engine.cost_model
+    runner, ids = engine.target_runner, list(range(20, 40))
+    assert measure.verify_curve(runner, ids) == {}
+    assert measure.verify_curve(runner, ids, min_forward_s=10.0) == {}
+    assert tuple(measure.verify_curve(runner, ids, min_forward_s=0.0)) == VERIFY_CURVE
+    assert measure.verify_curve(runner, ids[:9], min_forward_s=0.0) == {}  # too short to time
 
 
 def _request(**kw) -> GenerateRequest:
@@ -126,8 +148,49 @@ def test_a_seeded_reply_does_not_depend_on_the_load_time_timing(timed_engine, ti
     other.load(tiny_target, tiny_draft)
     other._timed_cost = CostModel(draft=0.0, jump=5.0, slope=1.0)  # a very different machine
     assert other.generate(seeded).token_ids == first
+    # Greedy, priced as if verifies were free: long blocks, still plain decoding's ids.
+    other._timed_cost = CostModel(draft=0.0, jump=0.0, slope=0.0)
     greedy = GenerateRequest(messages=seeded.messages, max_tokens=40,
                              draft=DraftSettings(mode="draft"))
     plain = GenerateRequest(messages=seeded.messages, max_tokens=40,
                             draft=DraftSettings(mode="plain"))
-    assert other.generate(greedy).token_ids == other.generate(plain).token_ids
+    events = []
+    assert other.generate(greedy, on_step=events.append).token_ids == \
+        other.generate(plain).token_ids
+    assert max(e.drafted for e in events) > 2
+
+
+def _drafting_steps(engine: Engine, auto_off: bool) -> tuple[int, int]:
+    events = []
+    engine.generate(GenerateRequest(messages=(Message("user", "Tell me a story."),),
+                                    max_tokens=64, draft=DraftSettings(mode="draft",
+                                                                       auto_off=auto_off)),
+                    on_step=events.append)
+    return sum(1 for e in events if e.drafted), len(events)
+
+
+def test_generate_prices_with_the_timed_curve_where_the_clock_may_steer(tiny_target, tiny_draft):
+    """A machine where a second verified token costs five forwards: a
+    steerable request drafts only on the policy's probes (one step in
+    eight); with auto-off off the same request keeps the untimed costs
+    and drafts most steps."""
+    engine = Engine()
+    engine.load(tiny_target, tiny_draft)
+    engine._timed_cost = CostModel(draft=engine.cost_model.draft, jump=5.0, slope=0.1)
+    drafting, steps = _drafting_steps(engine, auto_off=True)
+    assert drafting <= steps // DraftPolicy.PROBE_EVERY + 1
+    drafting, steps = _drafting_steps(engine, auto_off=False)
+    assert drafting > steps // 2
+
+
+def test_a_target_is_timed_once_and_again_when_it_changes(tiny_target, tiny_draft,
+                                                          tiny_qwen_target, monkeypatch):
+    monkeypatch.setattr(measure, "MIN_FORWARD_S", 0.0)
+    engine = Engine()
+    engine.load(tiny_target, tiny_draft)
+    timed = engine._verify_s
+    engine.load(tiny_target, None)  # only the draft changed
+    assert engine._verify_s is timed
+    assert engine.cost_for(_request()) == engine.cost_model.timed(timed)
+    engine.load(tiny_qwen_target, None)
+    assert engine._verify_s is not timed and tuple(engine.verify_seconds) == VERIFY_CURVE

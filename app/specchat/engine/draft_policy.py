@@ -36,17 +36,17 @@ make the policy deterministic, so a seeded request gives the same tokens
 every time even though K adapts.
 
 A verify's cost is not always a line, though: on some CPUs the second token
-costs a third of a forward (BLAS leaves its matrix-vector path) and the
-later ones a few percent each, so v(m) = 1 + j + s (m - 1) for m >= 2, with
-a jump j. A line through a one-token forward and a nine-token one prices
+costs 0.4-0.5 of a forward (BLAS leaves its matrix-vector path) and the
+later ones 3-10% each, so v(m) = 1 + j + s (m - 1) for m >= 2, with a
+jump j. A line through a one-token forward and a nine-token one prices
 short blocks too cheaply there, and short blocks are what low acceptance
 drafts. So the engine times the target's verify curve once when it loads
 (``fit_verify``), and requests that let the clock steer them (those break-
 even auto-off applies to, below) are priced with it; the rest keep the
 untimed costs and stay reproducible.
 
-One rule does read the clock, on top of the two above: break-even auto-off
-(``BreakEven``, at the end of this module). Byte ratios are right on an
+One rule reads the clock at every step, on top of the two above: break-even
+auto-off (``BreakEven``, at the end of this module). Byte ratios are right on an
 idle machine; under CPU load a draft forward gets dearer than its bytes
 say, and then speculation can be slower than plain decoding however well
 K is chosen. Auto-off compares the request's measured speculative
@@ -127,8 +127,10 @@ def fit_verify(seconds: dict[int, float]) -> tuple[float, float] | None:
     least two sizes of two or more): a least-squares line through the
     multi-token ones, which is all speculation ever verifies, measured
     from the one-token forward, which is what plain decoding pays. Both are
-    kept at 0 or more (a noisy timing must not make verifies look free).
-    None without the sizes needed."""
+    kept at 0 or more (a noisy timing must not make verifies look free),
+    and a second token at no more than a second forward (two one-token
+    forwards would do the same work: a busy moment, not the machine). None
+    without the sizes needed."""
     t1 = seconds.get(1)
     pts = [(m - 1, t / t1) for m, t in seconds.items() if m >= 2 and t > 0] if t1 else []
     if len(pts) < 2 or len({x for x, _ in pts}) < 2:
@@ -136,8 +138,8 @@ def fit_verify(seconds: dict[int, float]) -> tuple[float, float] | None:
     mx_ = sum(x for x, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
     slope = sum((x - mx_) * (y - my) for x, y in pts) / sum((x - mx_) ** 2 for x, _ in pts)
-    slope = max(0.0, slope)
-    jump = max(0.0, my - slope * mx_ - 1.0)
+    slope = min(1.0, max(0.0, slope))
+    jump = min(1.0 - slope, max(0.0, my - slope * mx_ - 1.0))
     return jump, slope
 
 
@@ -363,11 +365,11 @@ class BreakEven:
     """Break-even auto-off: decode plainly while speculating is measured
     slower than plain decoding, probing now and then whether it pays again.
 
-    The draft-length policy prices drafts in modelled units (bytes read),
-    which is what keeps it deterministic. What it cannot see is the machine
-    of the moment: under CPU load a draft forward becomes dearer relative to
-    the target's than its bytes say, and a verify over many tokens dearer
-    than the device's slope. This rule watches the clock instead, per
+    The draft-length policy prices drafts in modelled units (bytes read, and
+    a verify curve timed once when the target loaded). What it cannot see is
+    the machine of the moment: under CPU load a draft forward becomes dearer
+    relative to the target's than its bytes say, and a verify over many
+    tokens dearer than the curve. This rule watches the clock instead, per
     request:
 
     - speculative throughput, predicted from what the request measured on

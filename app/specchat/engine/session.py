@@ -67,6 +67,7 @@ class Engine:
         # The target's verify forwards timed at load (tokens -> seconds), and
         # the costs priced with them: for requests the clock may steer.
         self._verify_s: dict[int, float] = {}
+        self._verify_for: str | None = None  # the target they were timed for
         self._timed_cost = self._cost
         self._pair: LoadedPair | None = None
         # The user's earlier conversations, for suffix drafting (history.py):
@@ -115,7 +116,13 @@ class Engine:
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
             threads.fit_model(self.target.config)
+        if self._verify_for != target_path:  # timed once per target (a failed load retries)
             self._verify_s = self._time_verifies(target_path, say)
+            self._verify_for = target_path
+            # Until the pair is whole: a draft that fails to load leaves no
+            # costs of the pair before.
+            self._cost = CostModel()
+            self._timed_cost = self._cost.timed(self._verify_s)
         if draft_path is None:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
@@ -165,8 +172,12 @@ class Engine:
         if is_cluster_folder(target_path) or not self.target.info.trimmable:
             return {}
         say("target", f"timing {self.target.info.name}'s verify passes")
-        ids = self.target.tokenizer.encode(CURVE_TEXT)
-        return verify_curve(self._slot.runner, ids)
+        try:
+            return verify_curve(self._slot.runner, self.target.tokenizer.encode(CURVE_TEXT))
+        except Exception as e:  # the timing is an optimisation: the untimed curve still works
+            say("target", f"could not time {self.target.info.name}'s verify passes ({e}); "
+                          "drafts are priced without the timing")
+            return {}
 
     def _load_draft_model(self, path: str, say) -> None:
         loaded = load_folder(path, self.compute, lambda m: say("draft", m))
@@ -222,7 +233,7 @@ class Engine:
         self.target = None
         self._slot = None
         self._mtp_head = None
-        self._verify_s = {}
+        self._verify_s, self._verify_for = {}, None
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
