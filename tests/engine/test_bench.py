@@ -121,11 +121,6 @@ def test_bench_json_report(tmp_path, tiny_target, tiny_draft):
     # The human table prints the same modes.
     for mode in rep["modes"]:
         assert mode in p.stdout
-    # ... and the verify curve the policy priced: the tiny target's forwards
-    # are too fast to time (measure.MIN_FORWARD_S), so the untimed line.
-    assert rep["costs"]["policy_verify"] == {"timed_at_load_s": {}, "jump": 0.0, "slope": 0.11}
-    assert ("verify curve the policy prices (untimed): v(m) = 1 + 0.00 + 0.110 (m - 1) "
-            "for m >= 2") in p.stdout
     # Each run's progress line says what break-even auto-off did where it
     # applied (on, K adaptive), and nothing where it did not.
     lines = {tuple(line.split()[:2]): line for line in p.stderr.splitlines()

@@ -16,9 +16,8 @@ import mlx_lm.models
 import pytest
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.utils import _get_classes
-from specchat.engine import measure, rollback
+from specchat.engine import rollback
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
-from specchat.engine.measure import VERIFY_CURVE
 from specchat.engine.session import Engine
 from specchat.engine.window_kv import WindowKVCache
 from test_engine_sampling import check_distribution
@@ -66,20 +65,6 @@ def test_every_mode_is_plain_decoding(arch_models, arch):
         assert r.token_ids == plain, (arch, mode, k)
         if (mode, k) == ("draft", 3):  # blocks were kept and blocks were cut short
             assert 0 < r.summary.accepted < r.summary.drafted, r.summary
-
-
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_the_verify_curve_is_timed_on_every_architecture(arch_models, arch, monkeypatch):
-    """Loading times the target's verifies in the cache decoding uses, put
-    back after each run: a recurrent state by its checkpoint, a sliding
-    window within its slack (timed although these forwards are too fast to
-    time for real)."""
-    monkeypatch.setattr(measure, "MIN_FORWARD_S", 0.0)
-    engine = _engine(arch_models(arch))
-    seconds = engine.verify_seconds
-    assert tuple(seconds) == VERIFY_CURVE and all(t > 0 for t in seconds.values()), arch
-    ids = engine.prompt_ids(GenerateRequest(prompt_ids=tuple(PROMPT)))
-    assert tuple(measure.verify_curve(engine.target_runner, ids)) == VERIFY_CURVE
 
 
 def test_a_sliding_window_wraps_while_blocks_are_rejected(arch_models):

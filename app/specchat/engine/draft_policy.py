@@ -9,8 +9,7 @@ Adaptive K (the default) has two parts:
    source, starting from a prior), drafting K tokens yields
    E(K) = (1 - a^(K+1)) / (1 - a) tokens per step and costs
    K * c + v(K + 1) target-forward units, where c is one draft forward and
-   v(m) = 1 + j + s * (m - 1) is one target forward over m >= 2 tokens
-   (j: a jump some machines charge for a second token; below). The cap is
+   v(m) = 1 + s * (m - 1) is one target forward over m tokens. The cap is
    the K that maximises E(K) / cost(K); if no K beats plain decoding, the
    cap is 0, with a 1-token probe every few steps so a drafter can earn its
    way back.
@@ -25,7 +24,7 @@ Adaptive K (the default) has two parts:
    stretches get long blocks; uncertain ones stop after a token or two instead
    of paying for drafts that will be thrown away.
 
-The costs start untimed: single-sequence decoding is bound by memory
+The costs are not timed: single-sequence decoding is bound by memory
 bandwidth on Apple GPUs and CPUs alike, so c is the draft's bytes read per
 forward over the target's (0.25 for Qwen2.5 0.5B/1.5B in float32 with the
 draft's pruned head; timing them on the development machine gave 82 ms /
@@ -35,18 +34,8 @@ docs/benchmarks.md). Timing-free costs and per-request statistics
 make the policy deterministic, so a seeded request gives the same tokens
 every time even though K adapts.
 
-A verify's cost is not always a line, though: on some CPUs the second token
-costs 0.4-0.5 of a forward (BLAS leaves its matrix-vector path) and the
-later ones 3-10% each, so v(m) = 1 + j + s (m - 1) for m >= 2, with a
-jump j. A line through a one-token forward and a nine-token one prices
-short blocks too cheaply there, and short blocks are what low acceptance
-drafts. So the engine times the target's verify curve once when it loads
-(``fit_verify``), and requests that let the clock steer them (those break-
-even auto-off applies to, below) are priced with it; the rest keep the
-untimed costs and stay reproducible.
-
-One rule reads the clock at every step, on top of the two above: break-even
-auto-off (``BreakEven``, at the end of this module). Byte ratios are right on an
+One rule does read the clock, on top of the two above: break-even auto-off
+(``BreakEven``, at the end of this module). Byte ratios are right on an
 idle machine; under CPU load a draft forward gets dearer than its bytes
 say, and then speculation can be slower than plain decoding however well
 K is chosen. Auto-off compares the request's measured speculative
@@ -66,7 +55,7 @@ drafter kind (drafter_kinds.py); nothing here tests a drafter's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from specchat.engine import drafter_kinds
@@ -81,24 +70,11 @@ class CostModel:
 
     draft: float = 0.3  # one draft forward
     slope: float = 0.11  # each extra verified token
-    jump: float = 0.0  # verifying more than one token at all, beyond the slope
     # Per drafted token of kinds built for the pair (the MTP head), by kind name.
     kinds: dict = field(default_factory=dict)
 
     def verify(self, m: int) -> float:
-        """A target forward over m tokens."""
-        if m <= 1:
-            return 1.0
-        return 1.0 + self.jump + self.slope * (m - 1)
-
-    def timed(self, seconds: dict[int, float]) -> CostModel:
-        """These costs with the verify curve timed on this machine (seconds
-        per target forward by tokens fed, as ``fit_verify`` reads them);
-        unchanged when the timing says nothing usable."""
-        fit = fit_verify(seconds)
-        if fit is None:
-            return self
-        return replace(self, jump=fit[0], slope=fit[1])
+        return 1.0 + self.slope * (m - 1)
 
     def token(self, kind: drafter_kinds.DrafterKind) -> float:
         """One drafted token of ``kind``, in one-token target forwards: the
@@ -119,28 +95,6 @@ class CostModel:
         if not draft_bytes or target_bytes <= 0:
             return cls(draft=0.0, slope=slope, kinds=kinds)
         return cls(draft=draft_bytes / target_bytes, slope=slope, kinds=kinds)
-
-
-def fit_verify(seconds: dict[int, float]) -> tuple[float, float] | None:
-    """(jump, slope) of v(m) = 1 + j + s (m - 1) for m >= 2, in one-token
-    forwards, from timed forwards (tokens fed -> seconds; one token and at
-    least two sizes of two or more): a least-squares line through the
-    multi-token ones, which is all speculation ever verifies, measured
-    from the one-token forward, which is what plain decoding pays. Both are
-    kept at 0 or more (a noisy timing must not make verifies look free),
-    and a second token at no more than a second forward (two one-token
-    forwards would do the same work: a busy moment, not the machine). None
-    without the sizes needed."""
-    t1 = seconds.get(1)
-    pts = [(m - 1, t / t1) for m, t in seconds.items() if m >= 2 and t > 0] if t1 else []
-    if len(pts) < 2 or len({x for x, _ in pts}) < 2:
-        return None
-    mx_ = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    slope = sum((x - mx_) * (y - my) for x, y in pts) / sum((x - mx_) ** 2 for x, _ in pts)
-    slope = min(1.0, max(0.0, slope))
-    jump = min(1.0 - slope, max(0.0, my - slope * mx_ - 1.0))
-    return jump, slope
 
 
 @dataclass
@@ -344,14 +298,12 @@ class ModelledTiming:
 
 
 def auto_off_applies(request, speculative: bool) -> bool:
-    """Whether the clock may steer a request (an events.GenerateRequest):
-    break-even auto-off may pause it, and its drafts are priced with the
-    verify curve timed at load (``CostModel.timed``). It must ask for
-    auto-off, speculate, let the policy choose K (a fixed K is drafted as
-    asked), and not be a seeded sampled request (a seed promises the same
-    tokens every run, and timed rules would take different paths on a busy
-    and an idle machine; greedy output is the target's own whatever the
-    path)."""
+    """Whether break-even auto-off may pause a request (an
+    events.GenerateRequest): it must ask for it, speculate, let the policy
+    choose K (a fixed K is drafted as asked), and not be a seeded sampled
+    request (a seed promises the same tokens every run, and a timed rule
+    would take different paths on a busy and an idle machine; greedy output
+    is the target's own whatever the path)."""
     s = request.sampling
     return (speculative and request.draft.auto_off and request.draft.k is None
             and (s.greedy or s.seed is None))
@@ -365,11 +317,11 @@ class BreakEven:
     """Break-even auto-off: decode plainly while speculating is measured
     slower than plain decoding, probing now and then whether it pays again.
 
-    The draft-length policy prices drafts in modelled units (bytes read, and
-    a verify curve timed once when the target loaded). What it cannot see is
-    the machine of the moment: under CPU load a draft forward becomes dearer
-    relative to the target's than its bytes say, and a verify over many
-    tokens dearer than the curve. This rule watches the clock instead, per
+    The draft-length policy prices drafts in modelled units (bytes read),
+    which is what keeps it deterministic. What it cannot see is the machine
+    of the moment: under CPU load a draft forward becomes dearer relative to
+    the target's than its bytes say, and a verify over many tokens dearer
+    than the device's slope. This rule watches the clock instead, per
     request:
 
     - speculative throughput, predicted from what the request measured on

@@ -41,9 +41,8 @@ class DraftSettings:
     k: int | None = None
     acceptance: Literal["rejection", "equality"] = "rejection"
     # Break-even auto-off (draft_policy.BreakEven): decode plainly while
-    # speculating is measured slower than plain decoding here; with it, drafts
-    # are priced with the verify curve timed at load. It stands aside for a
-    # fixed K and for seeded sampling (which stays reproducible).
+    # speculating is measured slower than plain decoding here. It stands
+    # aside for a fixed K and for seeded sampling (which stays reproducible).
     auto_off: bool = True
 
 

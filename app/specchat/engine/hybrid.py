@@ -12,8 +12,7 @@ tokens per unit of cost, in target forwards:
   draft forwards and a verify over K + 1.
 - chained: the suffix, then (if all S survive, with probability a_s^S)
   the model's expected tokens; costs the model's K forwards (the first one
-  also reads the S suffix tokens: c (v(S + 1) - 1) more) and one verify over
-  S + K + 1.
+  also reads the S suffix tokens: s * S more) and one verify over S + K + 1.
 
 The best rate wins, with one exception: a conversation match of
 TRUST_MATCH tokens or more is a copy in progress (the reply quoting code or
@@ -137,7 +136,7 @@ class HybridDrafter(Drafter):
             "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
             "model": (e_m + 1.0) / (k_m * c + cost.verify(k_m + 1)),
             "chained": (e_s + a_s ** s.k * e_m + 1.0)
-            / (k_m * c + c * (cost.verify(s.k + 1) - 1.0) + cost.verify(s.k + k_m + 1)),
+            / (k_m * c + c * cost.slope * s.k + cost.verify(s.k + k_m + 1)),
         }
         if c <= 0 or self.kind.reads_target:
             # No draft cost known: never chain blindly. A drafter that reads

@@ -9,9 +9,6 @@ so acceptance is the draft model's alone (no suffix matches mixed in) and
 the speed is what a reply gets. The forward costs are timed the way
 decoding runs them, as the bench does (tools/forward_timing.py).
 
-``verify_curve`` is the engine's own: ``Engine.load`` times the target's
-verifies with it, for the draft-length policy (draft_policy.fit_verify).
-
 Importing this module loads no MLX (it does so when a measurement runs), so
 the library and the window may name its functions and values.
 """
@@ -182,64 +179,6 @@ def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
         for c in cache:
             c.trim(m)
     return statistics.median(times)
-
-
-VERIFY_CURVE = (1, 2, 5, 9)  # tokens fed, for the policy's verify curve
-CURVE_CONTEXT = 16  # tokens of context they are timed on
-# A one-token forward faster than this is mostly dispatch and scheduling, not
-# weights read: the test models' (2-5 ms here) gave jumps from 0 to 0.84 on
-# three loads in a row. Such a target keeps the untimed curve.
-MIN_FORWARD_S = 0.02
-
-
-def verify_curve(runner, ids: list[int], reps: int = 2,
-                 min_forward_s: float | None = None) -> dict[int, float]:
-    """Seconds per target forward over each of VERIFY_CURVE tokens, with
-    logits for every position (as verification runs it), on the first
-    CURVE_CONTEXT of ``ids``, in the cache decoding uses (rollback.prepare)
-    and taken back to the context after each run (rollback.restore: a
-    recurrent layer's state, a sliding window within its slack): what
-    draft_policy.fit_verify reads when the engine loads a target. The
-    fastest of ``reps`` runs: a background process, or the first run's
-    allocations, can only make a run slower. About 12 one-token forwards'
-    worth of time (about 4 s for the bundled target on a 2-core CPU). Empty when ``ids`` are too short, the
-    cache cannot go back, or a one-token forward takes less than
-    ``min_forward_s`` (default MIN_FORWARD_S): then the policy keeps its
-    untimed curve."""
-    import mlx.core as mx
-
-    ids = ids[:CURVE_CONTEXT]
-    if len(ids) <= max(VERIFY_CURVE):
-        return {}
-    seconds = _timed_forwards(runner, ids, reps,
-                              MIN_FORWARD_S if min_forward_s is None else min_forward_s)
-    mx.clear_cache()  # the timing's cache is gone with the call above
-    return seconds
-
-
-def _timed_forwards(runner, ids: list[int], reps: int, floor: float) -> dict[int, float]:
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from specchat.engine import rollback
-
-    cache = rollback.prepare(make_prompt_cache(runner.model))
-    mx.eval(runner(ids, cache, "none"), rollback.state_arrays(cache))
-    mark = rollback.checkpoint(cache, len(ids))
-    seconds: dict[int, float] = {}
-    for m in VERIFY_CURVE:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            mx.eval(runner(ids[-m:], cache, "all"))
-            times.append(time.perf_counter() - t0)
-            if not rollback.restorable(cache, mark):
-                return {}
-            rollback.restore(cache, mark)
-        seconds[m] = min(times)
-        if m == 1 and seconds[1] < floor:
-            return {}
-    return seconds
 
 
 def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> ForwardCosts:

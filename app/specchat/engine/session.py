@@ -19,7 +19,7 @@ from specchat.engine import chat, compute, drafter_kinds, eagle3, modes, mtp, re
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_model import ModelDrafter
-from specchat.engine.draft_policy import CostModel, DraftPolicy, auto_off_applies
+from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
 from specchat.engine.drafters import Drafter, Parts
 from specchat.engine.errors import EngineError
@@ -36,13 +36,7 @@ from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
 from specchat.engine.loading import LoadedModel, count_params, load_folder
-from specchat.engine.measure import verify_curve
 from specchat.engine.runner import Runner
-
-# Text the target's verify passes are timed on when it loads (any text will
-# do: the timing needs its length, not its meaning).
-CURVE_TEXT = ("Speculative decoding lets a small model draft a few tokens, and the large "
-              "model checks them all in one forward pass.")
 
 
 class Engine:
@@ -64,11 +58,6 @@ class Engine:
         # target stays loaded.
         self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
-        # The target's verify forwards timed at load (tokens -> seconds), and
-        # the costs priced with them: for requests the clock may steer.
-        self._verify_s: dict[int, float] = {}
-        self._verify_for: str | None = None  # the target they were timed for
-        self._timed_cost = self._cost
         self._pair: LoadedPair | None = None
         # The user's earlier conversations, for suffix drafting (history.py):
         # tied to the target's tokenizer, filled by sync_history.
@@ -116,13 +105,6 @@ class Engine:
                 self.target.config.get("vocab_size")
                 or self.target.config.get("text_config", {}).get("vocab_size"))
             threads.fit_model(self.target.config)
-        if self._verify_for != target_path:  # timed once per target (a failed load retries)
-            self._verify_s = self._time_verifies(target_path, say)
-            self._verify_for = target_path
-            # Until the pair is whole: a draft that fails to load leaves no
-            # costs of the pair before.
-            self._cost = CostModel()
-            self._timed_cost = self._cost.timed(self._verify_s)
         if draft_path is None:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
@@ -145,7 +127,6 @@ class Engine:
             self._slot.runner.bytes_per_token(),
             self._model_drafter.bytes_per_token() if self._model_drafter else None,
             self.compute.device, head_bytes)
-        self._timed_cost = self._cost.timed(self._verify_s)
         reason = None
         if not self.target.info.trimmable:
             reason = (f"Speculative decoding is not available for {self.target.info.name}: "
@@ -164,20 +145,6 @@ class Engine:
             head=self.head.info if self.head is not None else None,
         )
         return self._pair
-
-    def _time_verifies(self, target_path: str, say) -> dict[int, float]:
-        """The target's verify curve on this machine, for ``CostModel.timed``.
-        Not for a cluster target (its forwards are the ranks' too) or one
-        that cannot speculate."""
-        if is_cluster_folder(target_path) or not self.target.info.trimmable:
-            return {}
-        say("target", f"timing {self.target.info.name}'s verify passes")
-        try:
-            return verify_curve(self._slot.runner, self.target.tokenizer.encode(CURVE_TEXT))
-        except Exception as e:  # the timing is an optimisation: the untimed curve still works
-            say("target", f"could not time {self.target.info.name}'s verify passes ({e}); "
-                          "drafts are priced without the timing")
-            return {}
 
     def _load_draft_model(self, path: str, say) -> None:
         loaded = load_folder(path, self.compute, lambda m: say("draft", m))
@@ -233,7 +200,6 @@ class Engine:
         self.target = None
         self._slot = None
         self._mtp_head = None
-        self._verify_s, self._verify_for = {}, None
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
@@ -269,18 +235,6 @@ class Engine:
     @property
     def cost_model(self) -> CostModel:
         return self._cost
-
-    @property
-    def verify_seconds(self) -> dict[int, float]:
-        """The target's verify forwards as timed when it loaded (tokens ->
-        seconds; empty when they were not timed)."""
-        return dict(self._verify_s)
-
-    def cost_for(self, request: GenerateRequest) -> CostModel:
-        """The costs a request's drafts are priced with: the timed verify
-        curve when the clock may steer it, else the untimed model (a seeded
-        sampled request, auto-off off, or a fixed K)."""
-        return self._timed_cost if auto_off_applies(request, True) else self._cost
 
     @property
     def end_ids(self) -> set[int]:
@@ -401,7 +355,7 @@ class Engine:
         if limit is not None:  # the reply cannot run past the model's context
             request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))
         drafter, mode = self._drafter(mode)
-        policy = DraftPolicy(request.draft.k, self.cost_for(request))
+        policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
         result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
                                  policy, mode.name, self._vocab, cancelled), on_step)

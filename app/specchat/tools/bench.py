@@ -17,13 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from specchat.engine.errors import EngineError
-from specchat.engine.events import (
-    DraftSettings,
-    GenerateRequest,
-    LoadProgress,
-    Message,
-    SamplingParams,
-)
+from specchat.engine.events import GenerateRequest, LoadProgress, Message, SamplingParams
 from specchat.engine.session import Engine
 from specchat.library.engine_link import make_client
 from specchat.library.facts import kv_shape
@@ -112,13 +106,6 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
     peak = mx.get_peak_memory()
     modes_out, by_kind = tables(runs, sampling.greedy)
     costs = relative_costs(engine, engine.prompt_ids(GenerateRequest(messages=prompts[0].messages)))
-    # What the adaptive variants were priced with: the curve timed at load
-    # where the clock may steer them (auto-off on, greedy or unseeded).
-    priced = engine.cost_for(GenerateRequest(messages=prompts[0].messages, sampling=sampling,
-                                             draft=DraftSettings(auto_off=auto_off)))
-    timed = priced is not engine.cost_model
-    costs["policy_verify"] = {"timed_at_load_s": engine.verify_seconds if timed else {},
-                              "jump": priced.jump, "slope": priced.slope}
     add_theory(modes_out, costs)
     memory = _memory(engine, prompts, max_tokens, peak)
     return {

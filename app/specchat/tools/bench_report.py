@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 
 from specchat.engine import threads
-from specchat.engine.draft_policy import fit_verify
 from specchat.engine.drafter_kinds import key_parts
 from specchat.engine.kv import common_prefix
 from specchat.engine.session import Engine
@@ -119,15 +118,11 @@ def tables(runs: dict[str, list[Run]], greedy: bool) -> tuple[dict, dict]:
 def add_theory(modes_out: dict, costs: dict) -> None:
     """Leviathan's speedup for each speculative variant at its measured
     acceptance and the measured costs (the best K for adaptive variants),
-    and how much of it the variant reached. The verify curve is the
-    measured one with its jump (draft_policy.fit_verify over the timed
-    forwards), a line from one token to nine where it cannot be fitted."""
-    c = costs["draft_over_target"]
-    fit = fit_verify({int(m): t for m, t in costs["target_forward_s"].items()})
-    jump, slope = fit if fit is not None else (0.0, costs["verify_slope"])
+    and how much of it the variant reached."""
+    slope, c = costs["verify_slope"], costs["draft_over_target"]
 
     def verify(m: int) -> float:
-        return 1.0 if m <= 1 else 1 + jump + slope * (m - 1)
+        return 1 + slope * (m - 1)
 
     for name, s in modes_out.items():
         variant = VARIANTS.get(name) or VARIANTS[name.removesuffix("-cold")]
@@ -267,12 +262,6 @@ def format_report(rep: dict) -> str:
         f"{m} tok {s * 1000:.0f} ms" for m, s in c["target_forward_s"].items())
         + (f"; draft 1 tok {c['draft_forward_s'] * 1000:.0f} ms (c = {c['draft_over_target']:.2f})"
            if c["draft_forward_s"] else ""))
-    pv = c.get("policy_verify")
-    if pv:
-        timed = ", ".join(f"{m} tok {s * 1000:.0f} ms" for m, s in pv["timed_at_load_s"].items())
-        lines.append("verify curve the policy prices ("
-                     + (f"timed at load: {timed}" if timed else "untimed")
-                     + f"): v(m) = 1 + {pv['jump']:.2f} + {pv['slope']:.3f} (m - 1) for m >= 2")
     used = {k: v["blas_threads"] for k, v in rep["modes"].items() if v.get("blas_threads")}
     if used:
         lines.append("BLAS threads (steps at each count): " + ", ".join(
