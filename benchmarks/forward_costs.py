@@ -7,6 +7,7 @@ float32 matmuls of the shapes decoding uses, through whatever BLAS MLX has
         --draft bundled:qwen2.5-coder-0.5b
     SPECCHAT_BLAS=openblas python benchmarks/forward_costs.py --matmul-only
     python benchmarks/forward_costs.py --thread-sizes
+    python benchmarks/forward_costs.py --target bundled:qwen2.5-coder-1.5b --parts
 """
 
 from __future__ import annotations
@@ -77,6 +78,74 @@ def matmul_costs(reps: int) -> None:
                   f"{w.nbytes / t / 1e9:5.1f} GB/s of weights")
 
 
+def part_costs(target: str, reps: int) -> None:
+    """Where the extra cost of a forward over m > 1 tokens goes: the
+    attention blocks and MLPs timed inside the whole forward (each evaluated
+    on its own, so the sum is a little above the plain forward), then the
+    first layer's MLP and the attention kernel alone on the same shapes.
+    On the development machine one token to two costs half a forward more
+    while the products alone barely change (docs/benchmarks.md)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from specchat.engine.session import Engine
+    from specchat.library.refs import resolve
+    from specchat.tools.forward_timing import prefill, step_time
+
+    engine = Engine()
+    engine.load(resolve(target), None)
+    model = engine.target_runner.model
+    layers = model.model.layers
+    ids = list(range(1000, 1200))  # a 200-token context
+    cache = make_prompt_cache(model)
+    prefill(model, cache, ids)
+    spent: dict[str, float] = {}
+
+    def timed_call(cls, name):
+        original = cls.__call__
+
+        def call(self, *args, **kwargs):
+            mx.eval(*[a for a in args if isinstance(a, mx.array)])
+            t0 = time.perf_counter()
+            out = original(self, *args, **kwargs)
+            mx.eval(out)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            return out
+
+        cls.__call__ = call
+        return original
+
+    trunk = lambda x, c: model.model(mx.array(x)[None], c)  # noqa: E731
+    plain = {m: step_time(trunk, ids, m, cache, reps) for m in (1, 2, 3, 5, 9)}
+    attn_cls, mlp_cls = type(layers[0].self_attn), type(layers[0].mlp)
+    originals = timed_call(attn_cls, "attention"), timed_call(mlp_cls, "mlp")
+    try:
+        for m in (1, 2, 3, 5, 9):
+            spent.clear()
+            inside = step_time(trunk, ids, m, cache, reps)
+            print(f"trunk over {m} token(s): {plain[m] * 1e3:4.0f} ms; timed in parts "
+                  f"{inside * 1e3:4.0f} ms, of which attention {spent['attention'] / reps * 1e3:4.0f} ms "
+                  f"and MLP {spent['mlp'] / reps * 1e3:4.0f} ms ({len(layers)} layers)")
+    finally:
+        attn_cls.__call__, mlp_cls.__call__ = originals
+    mlp, attn = layers[0].mlp, layers[0].self_attn
+    heads, kv_heads = attn.n_heads, attn.n_kv_heads
+    dim = model.args.hidden_size
+    head_dim = dim // heads
+    keys = mx.random.normal((1, kv_heads, len(ids), head_dim))
+    values = mx.random.normal((1, kv_heads, len(ids), head_dim))
+    mx.eval(keys, values)
+    for m in (1, 2, 3, 5, 9):
+        x = mx.random.normal((1, m, dim))
+        q = mx.random.normal((1, heads, m, head_dim))
+        mx.eval(x, q)
+        alone = median_time(lambda x=x: mx.eval(mlp(x)), max(reps, 11))
+        kernel = median_time(lambda q=q: mx.eval(mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=head_dim ** -0.5, mask=None if q.shape[2] == 1 else "causal")),
+            max(reps, 11))
+        print(f"alone, {m} row(s): layer 0's MLP {alone * 1e3:5.2f} ms, attention kernel over "
+              f"{len(ids)} keys {kernel * 1e3:5.2f} ms")
+
+
 def thread_costs(reps: int) -> None:
     """Does a second BLAS thread pay, by matrix size? [m x hidden] @ [hidden x
     inner] for MLP shapes from the tiny test models to Qwen2.5-1.5B, on one and
@@ -110,6 +179,9 @@ def main() -> None:
     ap.add_argument("--draft")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--matmul-only", action="store_true")
+    ap.add_argument("--parts", action="store_true",
+                    help="only: the target's attention and MLPs over 1 to 9 tokens, inside "
+                         "the forward and alone")
     ap.add_argument("--thread-sizes", action="store_true",
                     help="only: one thread against every core, by matrix size")
     args = ap.parse_args()
@@ -117,6 +189,11 @@ def main() -> None:
     print(f"BLAS: {st.name} ({st.path or st.note})")
     if args.thread_sizes:
         thread_costs(max(args.reps, 51))
+        return
+    if args.parts:
+        if not args.target:
+            ap.error("--parts needs --target")
+        part_costs(args.target, args.reps)
         return
     matmul_costs(max(args.reps, 7))
     if not args.matmul_only:
