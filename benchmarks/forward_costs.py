@@ -83,8 +83,9 @@ def part_costs(target: str, reps: int) -> None:
     attention blocks and MLPs timed inside the whole forward (each evaluated
     on its own, so the sum is a little above the plain forward), then the
     first layer's MLP and the attention kernel alone on the same shapes.
-    On the development machine one token to two costs half a forward more
-    while the products alone barely change (docs/benchmarks.md)."""
+    On the development machine one token to two costs half a forward more,
+    about a third of it in the attention kernel, which is eight times dearer
+    over two rows than over one (docs/benchmarks.md)."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
     from specchat.engine.session import Engine
