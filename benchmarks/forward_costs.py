@@ -78,10 +78,13 @@ def matmul_costs(reps: int) -> None:
                   f"{w.nbytes / t / 1e9:5.1f} GB/s of weights")
 
 
+PART_TOKENS = (1, 2, 3, 5, 9)  # the one-to-two jump, then the block sizes drafting uses
+
+
 def part_costs(target: str, reps: int) -> None:
     """Where the extra cost of a forward over m > 1 tokens goes: the
     attention blocks and MLPs timed inside the whole forward (each evaluated
-    on its own, so the sum is a little above the plain forward), then the
+    on its own, so the parts' total is not the plain forward's), then the
     first layer's MLP and the attention kernel alone on the same shapes.
     On the development machine one token to two costs half a forward more,
     about a third of it in the attention kernel, which is eight times dearer
@@ -115,12 +118,14 @@ def part_costs(target: str, reps: int) -> None:
         cls.__call__ = call
         return original
 
-    trunk = lambda x, c: model.model(mx.array(x)[None], c)  # noqa: E731
-    plain = {m: step_time(trunk, ids, m, cache, reps) for m in (1, 2, 3, 5, 9)}
+    def trunk(x, c):
+        return model.model(mx.array(x)[None], c)
+
+    plain = {m: step_time(trunk, ids, m, cache, reps) for m in PART_TOKENS}
     attn_cls, mlp_cls = type(layers[0].self_attn), type(layers[0].mlp)
     originals = timed_call(attn_cls, "attention"), timed_call(mlp_cls, "mlp")
     try:
-        for m in (1, 2, 3, 5, 9):
+        for m in PART_TOKENS:
             spent.clear()
             inside = step_time(trunk, ids, m, cache, reps)
             print(f"trunk over {m} token(s): {plain[m] * 1e3:4.0f} ms; timed in parts "
@@ -135,7 +140,7 @@ def part_costs(target: str, reps: int) -> None:
     keys = mx.random.normal((1, kv_heads, len(ids), head_dim))
     values = mx.random.normal((1, kv_heads, len(ids), head_dim))
     mx.eval(keys, values)
-    for m in (1, 2, 3, 5, 9):
+    for m in PART_TOKENS:
         x = mx.random.normal((1, m, dim))
         q = mx.random.normal((1, heads, m, head_dim))
         mx.eval(x, q)
