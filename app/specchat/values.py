@@ -98,6 +98,7 @@ class Choice:
 CHOICES: dict[str, Choice] = {c.name: c for c in (
     Choice("SPECCHAT_DTYPE", ("float32", "float16", "bfloat16", "q4")),
     Choice("SPECCHAT_BLAS", ("blis", "openblas", "bundled"), "the path of a CBLAS library"),
+    Choice("SPECCHAT_ATTENTION", ("blocks", "mlx")),
 )}
 
 

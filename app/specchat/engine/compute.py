@@ -31,12 +31,14 @@ def gpu_available() -> bool:
 
 
 def detect() -> ComputeInfo:
-    """The policy here. A bad SPECCHAT_DTYPE or SPECCHAT_BLAS is a
-    ``BadValue`` (a SpecChatError: the engine thread reports its one line)."""
+    """The policy here. A bad SPECCHAT_DTYPE, SPECCHAT_BLAS or
+    SPECCHAT_ATTENTION is a ``BadValue`` (a SpecChatError: the engine thread
+    reports its one line)."""
     device = "gpu" if gpu_available() else "cpu"
     dtype = values.environment("SPECCHAT_DTYPE") or ("q4" if device == "gpu" else "float32")
+    attention = values.environment("SPECCHAT_ATTENTION") or ("blocks" if device == "cpu" else "mlx")
     st = blas.status()
-    return ComputeInfo(device=device, dtype=dtype, blas=st.name, note=st.note)
+    return ComputeInfo(device=device, dtype=dtype, blas=st.name, note=st.note, attention=attention)
 
 
 def is_quantized(model: nn.Module) -> bool:

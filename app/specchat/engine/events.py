@@ -189,6 +189,8 @@ class ComputeInfo:
     dtype: str  # "float32", "float16", "bfloat16" or "q4"
     blas: str  # "blis", "openblas", "accelerate", "bundled", or a library path
     note: str = ""
+    # "blocks": attention over 2+ rows by engine/attention.py (the CPU); "mlx": MLX's own
+    attention: str = "mlx"
 
 
 @dataclass(frozen=True)

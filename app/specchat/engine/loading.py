@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
-from specchat.engine import compute, rollback
+from specchat.engine import attention, compute, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
 from specchat.engine.folders import model_name, validate_folder
@@ -85,6 +85,8 @@ def load_folder(
             f"{path.name}: the weights file is corrupt or incomplete ({exc}); "
             "re-import or re-download the model"
         ) from exc
+    if policy.attention == "blocks":
+        attention.install(model)
     say(f"loading the tokenizer of {path.name}")
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))

@@ -163,6 +163,7 @@ def machine_info(engine: Engine) -> dict:
         "device": engine.compute.device,
         "dtype": engine.compute.dtype,
         "blas": engine.compute.blas,
+        "attention": engine.compute.attention,
         "blas_threads": _thread_policy(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }

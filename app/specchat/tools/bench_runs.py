@@ -17,7 +17,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from specchat.engine import threads
+from specchat.engine import attention, threads
 from specchat.engine.events import GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
 from specchat.tools.forward_timing import prefill
@@ -113,25 +113,27 @@ def run_mlx_lm(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int
     k = variant.k
     ids = engine.prompt_ids(GenerateRequest(messages=prompt.messages))
     eos = engine.end_ids
-    gen = _mlx_lm_tokens(engine, k, ids, max_tokens, sampling)
     out: list[int] = []
     from_draft: list[bool] = []
     # mlx-lm gets the same BLAS thread policy as SpecChat's loop (a tick
-    # between the tokens it yields), so the comparison is of decoding alone.
+    # between the tokens it yields), so the comparison is of decoding alone;
+    # and its own attention (engine/attention.py), as mlx-lm ships it.
     governor = threads.governor()
-    governor.take_counts()
-    t0 = time.perf_counter()
-    for tok, _lp, fd in gen:
-        governor.tick()
-        tok = int(tok)
-        if tok in eos:
-            break
-        out.append(tok)
-        from_draft.append(bool(fd))
-        if len(out) >= max_tokens:
-            break
-    decode_s = time.perf_counter() - t0
-    gen.close()
+    with attention.stock():
+        gen = _mlx_lm_tokens(engine, k, ids, max_tokens, sampling)
+        governor.take_counts()
+        t0 = time.perf_counter()
+        for tok, _lp, fd in gen:
+            governor.tick()
+            tok = int(tok)
+            if tok in eos:
+                break
+            out.append(tok)
+            from_draft.append(bool(fd))
+            if len(out) >= max_tokens:
+                break
+        decode_s = time.perf_counter() - t0
+        gen.close()
     rounds = _rounds(from_draft)
     return Run(mode=variant.name, prompt=prompt.id, kind=prompt.kind, token_ids=out,
                decode_s=decode_s, steps=len(rounds), drafted=len(rounds) * k,
