@@ -123,5 +123,8 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     # Counted from the row that drafts the reply's second token.
     assert trainer.piece(request) == ([*prompt, *reply], len(prompt) - 1) and len(reply) > 1
     record = head_training.train(engine, plan, lambda _p: None)
-    assert record["step"] == 3 and record["tokens"] >= len(prompt) + len(reply) - 1
+    # Three updates label at least one whole request (which one depends on
+    # the shuffle and on the texts): its prompt and more than a token of reply.
+    shortest = min(len(p.prompt) for p in trainer.train if isinstance(p, head_training._Request))
+    assert record["step"] == 3 and record["tokens"] >= shortest + 1
     assert (tmp_path / "head" / "model.safetensors").is_file()
