@@ -395,7 +395,7 @@ def cmd_generate(args) -> int:
     if args.json:
         out = result.to_json()
         out["compute"] = {"device": pair.compute.device, "dtype": pair.compute.dtype,
-                          "blas": pair.compute.blas,
+                          "blas": pair.compute.blas, "attention": pair.compute.attention,
                           # steps (and prefill chunks) at each BLAS thread count
                           "blas_threads": {str(n): c for n, c in s.blas_threads.items()}}
         out["models"] = {"target": pair.target.name,

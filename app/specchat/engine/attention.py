@@ -17,10 +17,13 @@ module's globals (``from .base import scaled_dot_product_attention``), so
 takes the block path only where it computes what MLX's fallback computes:
 on the CPU, two rows or more, a causal mask or none, no attention sinks, no
 quantized cache. Everything else, a single row above all, goes to mlx-lm's
-function unchanged. The compute policy (compute.py) installs it on the CPU;
-``SPECCHAT_ATTENTION=mlx`` keeps MLX's (to compare the two), and ``stock()``
-turns the block path off for a stretch of code, so the bench times mlx-lm's
-generators as mlx-lm ships them.
+function unchanged. Loading a model applies the compute policy's choice
+(compute.py: the block path on the CPU, never on a GPU, where MLX's kernel is
+fused; ``SPECCHAT_ATTENTION=mlx`` keeps MLX's, to compare the two). The
+wrapper, once in a module, stays for the process, so the choice is a flag it
+reads, and ``stock()`` turns the block path off for a stretch of code: the
+bench times mlx-lm's generators as mlx-lm ships them. The EAGLE-3 head's own
+layer (eagle3.py) calls mlx-lm's function directly and is not wrapped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 _MARK = "_specchat_blocks"  # set on the wrapper: a module is wrapped once
-_state = {"off": 0}  # stock() depth; every MLX call runs on the one engine thread
+# "on": the policy's choice, set at each load (a process has one policy);
+# "off": stock() depth. Only the engine thread runs forwards of a loaded
+# model's attention (the ssd worker reads the flags, never sets them).
+_state = {"on": False, "off": 0}
 
 
 def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: float,
@@ -49,7 +55,7 @@ def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: fl
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, hkv, group * rows, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, Hkv, group * L, S]
     if causal:
-        offset = max(s - rows, 0)
+        offset = s - rows
         allowed = mx.arange(offset, offset + rows)[:, None] >= mx.arange(s)[None]
         scores = scores.reshape(b, hkv, group, rows, s)
         scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
@@ -62,9 +68,10 @@ def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: fl
 def _wrap(base: Callable) -> Callable:
     def scaled_dot_product_attention(queries, keys, values_, cache, scale, mask, sinks=None):
         causal = isinstance(mask, str) and mask == "causal"
-        if (_state["off"] or queries.shape[2] < 2 or sinks is not None
+        if (not _state["on"] or _state["off"] or queries.shape[2] < 2 or sinks is not None
                 or hasattr(cache, "bits") or not (mask is None or causal)
-                or queries.shape[1] % keys.shape[1] or queries.dtype != keys.dtype):
+                or queries.shape[1] % keys.shape[1] or keys.shape[2] < queries.shape[2]
+                or queries.dtype != keys.dtype):
             return base(queries, keys, values_, cache=cache, scale=scale, mask=mask, sinks=sinks)
         return block_attention(queries, keys, values_, scale, causal=causal)
 
@@ -72,10 +79,14 @@ def _wrap(base: Callable) -> Callable:
     return scaled_dot_product_attention
 
 
-def install(model: nn.Module) -> bool:
-    """Wrap the attention of the mlx-lm module(s) ``model`` is built from
-    (a wrapper model's language model may live in another module). True if
-    any now takes the block path; a module already wrapped stays as it is."""
+def use(model: nn.Module, blocks: bool) -> bool:
+    """Apply the policy's choice: with ``blocks``, wrap the attention of the
+    mlx-lm module(s) ``model`` is built from (a wrapper model's language
+    model may live in another module) and turn the block path on; without,
+    turn it off for every wrapped module. True if ``model`` now takes it."""
+    _state["on"] = blocks
+    if not blocks:
+        return False
     done = False
     for module_name in {type(m).__module__ for m in model.modules()}:
         module = sys.modules.get(module_name)

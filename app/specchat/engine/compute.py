@@ -36,7 +36,8 @@ def detect() -> ComputeInfo:
     reports its one line)."""
     device = "gpu" if gpu_available() else "cpu"
     dtype = values.environment("SPECCHAT_DTYPE") or ("q4" if device == "gpu" else "float32")
-    attention = values.environment("SPECCHAT_ATTENTION") or ("blocks" if device == "cpu" else "mlx")
+    # On a GPU MLX's attention is a fused kernel: the block path is for the CPU only.
+    attention = (values.environment("SPECCHAT_ATTENTION") or "blocks") if device == "cpu" else "mlx"
     st = blas.status()
     return ComputeInfo(device=device, dtype=dtype, blas=st.name, note=st.note, attention=attention)
 

@@ -85,8 +85,7 @@ def load_folder(
             f"{path.name}: the weights file is corrupt or incomplete ({exc}); "
             "re-import or re-download the model"
         ) from exc
-    if policy.attention == "blocks":
-        attention.install(model)
+    attention.use(model, policy.attention == "blocks")
     say(f"loading the tokenizer of {path.name}")
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
