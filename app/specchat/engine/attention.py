@@ -13,10 +13,10 @@ the same arithmetic as one product per key head (0.41-0.61 ms).
 
 mlx-lm's model files call ``scaled_dot_product_attention`` from their own
 module's globals (``from .base import scaled_dot_product_attention``), so
-``install`` wraps that name in the module of a loaded model. The wrapper
-takes the block path only where it computes what MLX's fallback computes:
-on the CPU, two rows or more, a causal mask or none, no attention sinks, no
-quantized cache. Everything else, a single row above all, goes to mlx-lm's
+``use`` wraps that name in the module of a loaded model. The wrapper takes
+the block path only where it computes what MLX's fallback computes: two rows
+or more, a causal mask or none, no attention sinks, no quantized cache, no
+fewer keys than rows. Everything else, a single row above all, goes to mlx-lm's
 function unchanged. Loading a model applies the compute policy's choice
 (compute.py: the block path on the CPU, never on a GPU, where MLX's kernel is
 fused; ``SPECCHAT_ATTENTION=mlx`` keeps MLX's, to compare the two). The
