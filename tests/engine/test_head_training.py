@@ -124,7 +124,9 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     assert trainer.piece(request) == ([*prompt, *reply], len(prompt) - 1) and len(reply) > 1
     record = head_training.train(engine, plan, lambda _p: None)
     # Three updates label at least one whole request (which one depends on
-    # the shuffle and on the texts): its prompt and more than a token of reply.
+    # the shuffle and on the texts): its prompt and its whole reply, which
+    # is the full reply_tokens here (the tiny target has no end token).
+    assert len(reply) == plan.reply_tokens
     shortest = min(len(p.prompt) for p in trainer.train if isinstance(p, head_training._Request))
-    assert record["step"] == 3 and record["tokens"] >= shortest + 1
+    assert record["step"] == 3 and record["tokens"] >= shortest + plan.reply_tokens - 1
     assert (tmp_path / "head" / "model.safetensors").is_file()
