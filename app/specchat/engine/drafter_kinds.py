@@ -41,9 +41,10 @@ class DrafterKind:
     # "" nothing, "draft" the pair's draft (a draft model, or a head chosen
     # as the draft), "head" an EAGLE-3 head, "mtp" the target's own MTP head.
     needs: str = ""
-    # It reads the target's hidden states, so it cannot draft on past tokens
-    # the target has not computed yet (hybrid.py never chains it after a
-    # suffix draft).
+    # It reads the target's hidden states, which the target has not computed
+    # for a suffix draft's tokens: chained after one (hybrid.py), it reads
+    # them from its own output, one forward a token, and its acceptance there
+    # is kept under ``after_key``.
     reads_target: bool = False
     # The prior for a finer statistics key (e.g. the suffix drafter's match
     # length), when it differs from ``prior``.
@@ -62,6 +63,12 @@ class DrafterKind:
                              f"{self.origin!r} in specchat/origins.py first")
 
     def prior_for(self, key: str) -> float:
+        if self.reads_target and key == after_key(self.name):
+            # Drafting on past another drafter's unverified tokens, a head
+            # reads them from its own output (head_drafter.propose_after), so
+            # its first draft there is at least as deep in its own chain as
+            # the second of a block of its own: it starts at its prior squared.
+            return self.prior ** 2
         return self.key_prior(key) if self.key_prior is not None and key != self.name \
             else self.prior
 
@@ -102,6 +109,11 @@ SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
 # two whole bench runs measured 23% (4-7 tokens, 30/133) and 0% (8-15,
 # 0/27), so they start there and must earn longer drafts in the request.
 HISTORY_PRIORS = {4: 0.25, 8: 0.25, 16: 0.5}
+
+
+def after_key(name: str) -> str:
+    """The statistics key of a drafter kind's drafts chained after another's."""
+    return f"{name}:after"
 
 
 def key_parts(key: str | None) -> tuple[str, int] | None:

@@ -147,6 +147,15 @@ class Drafter:
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         raise NotImplementedError
 
+    def propose_after(self, context: Sequence[int], given: Sequence[int],
+                      ctl: DraftControl) -> Proposal:
+        """Draft on from past ``given``: another drafter's tokens after the
+        committed ``context``, not yet verified (hybrid.py's chained
+        proposal). A drafter that reads its own text reads them like any
+        context; one that reads the target's hidden states has none for
+        them and overrides this."""
+        return self.propose([*context, *given], ctl)
+
     def ready(self, context: Sequence[int]) -> bool:
         """Whether drafting for ``context`` now costs no more than a draft
         step. One that is not (the draft model, with the prompt still to

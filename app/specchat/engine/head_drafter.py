@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from specchat.engine import drafter_kinds
 from specchat.engine.draft_model import DraftHead, draft_block
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
@@ -186,14 +187,31 @@ class HeadDrafter(Drafter):
         return tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
-        k = ctl.cap(self.name)
+        return self._draft(context, (), ctl)
+
+    def propose_after(self, context: Sequence[int], given: Sequence[int],
+                      ctl: DraftControl) -> Proposal:
+        """The target has no features for ``given`` (a suffix draft still to
+        be verified), so the head reads them as it reads its own drafts: each
+        from its own output for the row before, one forward a token. Its
+        drafts after them are deeper in its own chain than any it makes on
+        the target's features, so their acceptance is kept under
+        ``drafter_kinds.after_key``, apart from its drafts' own."""
+        if not given:
+            return self.propose(context, ctl)
+        return self._draft(context, tuple(given), ctl)
+
+    def _draft(self, context: Sequence[int], given: tuple[int, ...],
+               ctl: DraftControl) -> Proposal:
+        key = drafter_kinds.after_key(self.name) if given else None
+        k = ctl.cap(self.name, key) if given else ctl.cap(self.name)
         n = len(context)
         if k <= 0 or n < 2:
-            return Proposal(tokens=[], source=self.name)
+            return Proposal(tokens=[], source=self.name, key=key or "")
         t0 = time.perf_counter()
         feats = self._unfed(n)
         if feats is None and self.rows < n - 1:  # rows the target never computed
-            return Proposal(tokens=[], source=self.name)
+            return Proposal(tokens=[], source=self.name, key=key or "")
         state: dict = {}
 
         def feed(x):
@@ -203,6 +221,9 @@ class HeadDrafter(Drafter):
                 out = self.forward(self._ids(x).reshape(-1), state["h"], fed=False)
             else:  # no new row: the last committed row's output drafts
                 out = self.outs.rows(n - 2, n - 1)
+            if "h" not in state:
+                for t in given:  # the other drafter's tokens, as if drafted here
+                    out = self.forward(self._ids([t]), out[-1:], fed=False)
             state["h"] = out[-1:]
             return self.logits(out[-1:])
 
@@ -211,8 +232,9 @@ class HeadDrafter(Drafter):
                             keep_going=ctl.keep_going, lazy=ctl.lazy)
         self.log.forget_before(self.rows)
         q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
-        return Proposal(tokens=block.tokens, source=self.name, q=q, confidences=block.confs,
-                        draft_s=time.perf_counter() - t0, forwards=block.forwards)
+        return Proposal(tokens=block.tokens, source=self.name, key=key or "", q=q,
+                        confidences=block.confs, draft_s=time.perf_counter() - t0,
+                        forwards=block.forwards + len(given))
 
     def kept(self, length: int) -> None:
         # Chained rows were fed the head's own outputs: they go, whatever was kept.

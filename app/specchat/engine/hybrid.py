@@ -12,7 +12,9 @@ tokens per unit of cost, in target forwards:
   draft forwards and a verify over K + 1.
 - chained: the suffix, then (if all S survive, with probability a_s^S)
   the model's expected tokens; costs the model's K forwards (the first one
-  also reads the S suffix tokens: s * S more) and one verify over S + K + 1.
+  also reads the S suffix tokens: s * S more; a head reads them one forward
+  each, c * S, and drafts on at its chained acceptance) and one verify over
+  S + K + 1.
 
 The best rate wins, with one exception: a conversation match of
 TRUST_MATCH tokens or more is a copy in progress (the reply quoting code or
@@ -25,7 +27,11 @@ multi-turn code follow-ups measured it 7-21% faster than the rates alone
 
 A weak match loses to the model; chaining pays only with a cheap draft
 model (c of about 0.1 or less: at the bundled pair's 0.3 a free suffix step
-followed by a model step is nearly always better).
+followed by a model step is nearly always better) or a head (a few percent
+of a target forward per token) that keeps being accepted after a suffix
+draft. A head has no target features for the suffix's tokens: it reads them
+from its own output, one head forward each, and its drafts after them are
+priced by their own statistics key (``drafter_kinds.after_key``).
 A match bucket the model keeps winning against is still tried every
 EXPLORE-th time, so a bucket that lost its first blocks can show it has
 recovered (its acceptance is only measured when it drafts). The drafters
@@ -114,7 +120,7 @@ class HybridDrafter(Drafter):
         if choice == "model":
             return self.model.propose(context, ctl)
         room = ctl.cap(self.model.name) - s.k
-        m = self.model.propose([*context, *s.tokens], replace(
+        m = self.model.propose_after(context, s.tokens, replace(
             ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), room, k_model)))
         return chain(s, m, ctl.vocab, ctl.sampling.greedy)
 
@@ -132,18 +138,25 @@ class HybridDrafter(Drafter):
         # Expected accepted drafts: expected tokens less the target's own.
         e_s = expected_tokens(a_s, s.k) - 1.0
         e_m = expected_tokens(a_m, k_m) - 1.0
+        if self.kind.reads_target:
+            # A head reads the suffix's tokens one forward each, from its own
+            # output, and drafts on at the acceptance of its chained drafts.
+            a_c = policy.stats(self.kind.name, drafter_kinds.after_key(self.kind.name)).accept
+            k_c, read = max(1, best_k(a_c, c, cost, self.kind.cap)), c * s.k
+        else:
+            # A draft model reads them in its first forward, as a longer one.
+            a_c, k_c, read = a_m, k_m, c * cost.slope * s.k
+        e_c = expected_tokens(a_c, k_c) - 1.0
         rates = {
             "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
             "model": (e_m + 1.0) / (k_m * c + cost.verify(k_m + 1)),
-            "chained": (e_s + a_s ** s.k * e_m + 1.0)
-            / (k_m * c + c * cost.slope * s.k + cost.verify(s.k + k_m + 1)),
+            "chained": (e_s + a_s ** s.k * e_c + 1.0)
+            / (k_c * c + read + cost.verify(s.k + k_c + 1)),
         }
-        if c <= 0 or self.kind.reads_target:
-            # No draft cost known: never chain blindly. A drafter that reads
-            # the target's hidden states has none for the suffix's tokens.
-            rates.pop("chained")
+        if c <= 0:
+            rates.pop("chained")  # no draft cost known: never chain blindly
         best = max(rates, key=lambda r: rates[r])
-        return best, k_m
+        return best, (k_c if best == "chained" else k_m)
 
 
 def chain(s: Proposal, m: Proposal, vocab: int, greedy: bool) -> Proposal:
