@@ -1,0 +1,92 @@
+"""The policy learns each bucket (a suffix match length, the draft model, a
+head) from the running request: a wrong prior costs a few blocks, not a
+reply. The costs are the bundled pair's on the CPU (draft model c = 0.3, a
+head c = 0.02 as measured, verify slope 0.11)."""
+
+from __future__ import annotations
+
+import pytest
+from specchat.engine import drafter_kinds
+from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.drafters import DraftControl, Proposal
+from specchat.engine.events import SamplingParams
+from specchat.engine.hybrid import HybridDrafter
+from specchat.engine.sampling import KeyStream
+from specchat.engine.suffix import stats_key
+
+
+def _policy() -> DraftPolicy:
+    return DraftPolicy(cost=CostModel(draft=0.3, slope=0.11, kinds={"eagle3": 0.02}))
+
+
+def _hybrid(kind: str) -> HybridDrafter:
+    h = HybridDrafter.__new__(HybridDrafter)
+    h.kind, h._overruled = drafter_kinds.get(kind), {}
+    return h
+
+
+def _blocks_until(stop, observe, limit: int = 50) -> int:
+    n = 0
+    while not stop() and n < limit:
+        observe()
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("kind, most", [("draft", 3), ("eagle3", 8)])
+def test_a_drafter_that_is_never_right_stops_drafting_within_a_few_blocks(kind, most):
+    """From its prior of 0.7, a drafter whose first draft is rejected every
+    time is asked for nothing (K = 0, probed every PROBE_EVERY steps) after
+    three blocks, a head after eight: it costs a fifteenth of a draft model's
+    forward, so by the cost model it pays down to about 0.12."""
+    policy = _policy()
+    n = _blocks_until(lambda: policy._formula_k(kind, None) == 0,
+                      lambda: policy.stats(kind).observe(1, 0))
+    assert n <= most
+
+
+def test_a_drafter_whose_prior_is_too_low_drafts_long_after_two_blocks():
+    policy = _policy()
+    assert policy._formula_k("draft", None) <= 1
+    for _ in range(2):
+        policy.stats("draft").observe(4, 4)
+    assert policy._formula_k("draft", None) >= 6
+
+
+def test_a_copy_that_keeps_diverging_is_left_to_the_model_after_three_blocks():
+    """A conversation match of 16+ tokens starts trusted (prior 0.97, drafted
+    outright). If its blocks fail at their first token, the model drafts
+    instead from the fourth."""
+    policy = _policy()
+    policy.stats("draft").accept = 0.99
+    s = Proposal(tokens=list(range(16)), source="suffix", key=stats_key("conversation", 16),
+                 origins=["conversation"] * 16)
+    hybrid = _hybrid("draft")
+    assert hybrid.choose(policy, s)[0] == "suffix"
+    n = _blocks_until(lambda: hybrid.choose(policy, s)[0] != "suffix",
+                      lambda: policy.stats("suffix", s.key).observe(16, 0))
+    assert n <= 3
+
+
+def test_a_bucket_the_model_overrules_is_tried_again_within_a_few_steps():
+    """A history match whose prior is too low (0.25) loses to the model, but
+    drafts every EXPLORE-th time, so a request whose history matches are in
+    fact right measures it within that many steps."""
+    policy = _policy()
+    policy.stats("draft").accept = 0.87
+    s = Proposal(tokens=list(range(8)), source="suffix", key=stats_key("history", 8),
+                 origins=["history"] * 8)
+    model = Proposal(tokens=[9], source="draft")
+
+    class Fixed:
+        def __init__(self, name, proposal):
+            self.name, self.proposal = name, proposal
+
+        def propose(self, context, ctl):
+            return self.proposal
+
+    hybrid = HybridDrafter(Fixed("suffix", s), Fixed("draft", model))
+    ctl = DraftControl(sampling=SamplingParams(), keys=KeyStream(0), vocab=16,
+                       cap=policy.cap, policy=policy)
+    picked = [hybrid.propose([1, 2, 3], ctl) is s for _ in range(HybridDrafter.EXPLORE)]
+    assert picked == [False] * (HybridDrafter.EXPLORE - 1) + [True]
