@@ -122,6 +122,24 @@ def test_shares_in_the_gauges_and_the_summary_line(qtbot):
     assert "your history: 2 tokens (50%)" in strip.sources.toolTip()
 
 
+def test_a_draft_heads_tokens_are_named_in_the_gauges_and_the_summary(qtbot):
+    """Tokens an EAGLE-3 head drafted are the head's, by name, in the summary
+    line and the sources gauge (its tooltip says what it is)."""
+    counts = {"target": 6, "head": 3, "conversation": 1}
+    assert shares_text(counts) == "conversation 10% · head 30%"
+    s = ReplySummary(mode="head+suffix", new_tokens=10, drafted=5, accepted=4,
+                     acceptance_rate=0.8, tokens_per_step=2.0, tokens_per_s=4.0, ttft_s=0.1,
+                     tokens_by_origin=counts)
+    assert "conversation 10% · head 30%" in s.line()
+    strip = GaugeStrip()
+    qtbot.addWidget(strip)
+    live = LiveStats(modes.for_pair(True, has_draft=True))
+    live.add(_step(0, 4, 4, 3, 0.5, 4, ("head", "head", "head", "target")))
+    strip.show_values(live.values())
+    assert strip.sources.value.text() == "head 75%"
+    assert "a draft head (EAGLE-3): 3 tokens (75%)" in strip.sources.toolTip()
+
+
 def test_charts_redraw_a_few_times_a_second_however_often_steps_come(qtbot):
     panel = ChartsPanel()
     qtbot.addWidget(panel)

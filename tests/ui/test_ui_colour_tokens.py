@@ -41,7 +41,7 @@ Call `sort_words(["b", "A"])`."""
 # Which source wrote which token (what the engine's StepEvent.origins say).
 CHOSEN = {"sorted": "history", "return": "conversation", "Fast": "draft", "Stable": "target",
           "casefold": "lookup"}  # "lookup": an origin this version does not know
-CYCLE = ("target", "draft", "target", "conversation", "draft", "history")
+CYCLE = ("target", "draft", "target", "conversation", "draft", "history", "head")
 
 
 def _runs(text: str) -> list[list[str]]:
