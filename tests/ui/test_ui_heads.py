@@ -138,3 +138,21 @@ def test_the_picker_offers_a_targets_heads_as_its_drafts_and_never_as_targets(
     pair = window.session.engine.pair
     assert (window.session.engine.target_ref, pair.draft.model_type) == ("my-target", "eagle3")
     assert pair.draft.name == "my-head" and "head" in pair.loaded()
+
+
+def test_a_head_fits_a_target_not_downloaded_by_what_it_records(home, tiny_dir, tiny_target):
+    """The built-in SmolLM2, not prepared yet, has no files to check a head
+    against: a head whose config names it fits; any other is unknown (a
+    conversion may go by another name), never offered as its head."""
+    folder = tiny_dir / "catalog-eagle3"
+    target = "bundled:smollm2-135m"
+    mine = library_view.head_verdict(
+        target, str(_head_for(folder, tiny_target, "mlx-community/SmolLM2-135M-Instruct")),
+        "mlx-community/SmolLM2-135M-Instruct")
+    assert mine.compatible is True
+    assert mine.reasons[0] == ("catalog-eagle3 is an EAGLE-3 head made for "
+                               "mlx-community/SmolLM2-135M-Instruct")
+    other = library_view.head_verdict(target, str(folder), "my-target")
+    assert other.compatible is None and other.reasons[0].endswith("made for my-target")
+    fits = library_view.head_fits(target, ((str(folder), "my-target"),))
+    assert fits.name == "smollm2-135m" and fits.verdicts[str(folder)] == other

@@ -190,7 +190,8 @@ def head_verdict(target: str, head: str, made_for: str = "") -> Verdict:
     """Whether the draft head ``head`` drafts for ``target``: the
     compatibility check (the hidden states it reads, the ids it maps into),
     as the engine checks at load. While the target's files are not here to
-    check against, what the head records as its target decides."""
+    check against, a head that records this target as its own fits, and
+    any other is unknown (None) until they are."""
     try:
         report = compatibility.check(target, head, allow_work=False)
     except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
@@ -198,12 +199,12 @@ def head_verdict(target: str, head: str, made_for: str = "") -> Verdict:
     if not report.compatible or report.target.on_disk:
         return _verdict(report)
     if made_for and made_for in _names(report.target):
-        return Verdict(True, (f"{head} is an EAGLE-3 head made for {made_for}",
+        return Verdict(True, (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",
                               *report.notes))
-    if made_for:
-        return Verdict(False, (f"{head} is an EAGLE-3 head for {made_for}, not "
-                               f"{report.target.name}",))
-    return Verdict(None, tuple(report.notes) or ("Checked when the pair loads.",))
+    # Another name may still be this model (a conversion, a quantized copy):
+    # unknown, not refused, until the target's files are here to check.
+    said = (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",) if made_for else ()
+    return Verdict(None, (*said, *report.notes) or ("Checked when the pair loads.",))
 
 
 def head_fits(target: str, heads: tuple[tuple[str, str], ...]) -> HeadFits:
