@@ -68,3 +68,91 @@ def test_a_head_is_listed_under_its_target(home, tiny_dir, tiny_target, tiny_dra
     order = library_view.heads_under_targets([listed, other, target])
     assert [m.name for m in order] == ["another", "my-target", "my-head"]
     assert library_view.source_text(listed).endswith("(EAGLE-3 head for my-target)")
+
+
+def _head_for(folder, target, made_for, **kw):
+    """A tiny EAGLE-3 head for ``target`` whose config names ``made_for``."""
+    head = build_eagle3(folder, target, layout="speculators", **kw)
+    config = json.loads((head / "config.json").read_text())
+    config["speculators_config"] = {"verifier": {"name_or_path": made_for}}
+    (head / "config.json").write_text(json.dumps(config))
+    return head
+
+
+def test_the_picker_offers_a_targets_heads_as_its_drafts_and_never_as_targets(
+        qtbot, window, tiny_dir, tiny_target, tiny_draft, tiny_qwen_target):
+    """Issue 46: a head is a draft for the target it was made for. It is
+    never a target choice; in the draft list the chosen target's heads are
+    "draft head for <target>", another target's are greyed out with why;
+    choosing the head and Load loads that pair."""
+    importing.import_path(tiny_target, name="my-target")
+    importing.import_path(tiny_draft, name="my-draft")
+    importing.import_path(tiny_qwen_target, name="qwen-target")
+    importing.import_path(_head_for(tiny_dir / "picker-eagle3", tiny_target, "my-target"),
+                          name="my-head")
+    importing.import_path(_head_for(tiny_dir / "picker-eagle3-qwen", tiny_qwen_target,
+                                    "qwen-target", layer_ids=[1, 1, 2]), name="qwen-head")
+    picker, pairs = window.picker, window.session.pairs
+    wait_until(pairs.reload_choices().done)
+    wait_until(lambda: picker.target.findData("my-target") >= 0)
+
+    targets = [picker.target.itemData(i) for i in range(picker.target.count())]
+    assert {"my-target", "my-draft", "qwen-target"} <= set(targets)
+    assert "my-head" not in targets and "qwen-head" not in targets
+    drafts = [picker.draft.itemData(i) for i in range(picker.draft.count())]
+    assert drafts[:4] == [None, modes.OWN_HEAD, "my-head", "qwen-head"]  # heads first
+    assert {"my-draft", "my-target", "qwen-target"} <= set(drafts)
+
+    def entry(ref):
+        i = picker.draft.findData(ref)
+        item = picker.draft.model().item(i)
+        return picker.draft.itemText(i), item.isEnabled(), item.toolTip()
+
+    picker.set_pair("my-target", None)
+    wait_until(lambda: entry("qwen-head")[0].endswith("(draft head for another model)"))
+    text, enabled, tip = entry("my-head")
+    assert text == "my-head  (draft head for my-target)" and enabled
+    assert "an EAGLE-3 head that reads my-target's hidden states" in tip
+    text, enabled, tip = entry("qwen-head")
+    assert text == "qwen-head  (draft head for another model)" and not enabled
+    assert "qwen-head is an EAGLE-3 head for another model (qwen-target)" in tip
+    assert "vocabulary maps into 416 ids" in tip
+    assert entry("my-draft")[1]  # a draft model is listed as before
+
+    picker.set_pair("qwen-target", None)  # the other target: the other way round
+    wait_until(lambda: entry("qwen-head")[0] == "qwen-head  (draft head for qwen-target)")
+    assert entry("qwen-head")[1] and not entry("my-head")[1]
+    assert entry("my-head")[0] == "my-head  (draft head for another model)"
+
+    picker.set_pair("my-target", None)
+    wait_until(lambda: entry("my-head")[1])
+    picker.draft.setCurrentIndex(picker.draft.findData("my-head"))  # as a click in the list
+    assert picker.selection() == ("my-target", "my-head")
+    wait_until(lambda: "EAGLE-3" in pairs.verdict.text)  # this pair's, not the last one's
+    assert pairs.verdict.compatible is True
+    assert "an EAGLE-3 head that reads my-target's" in pairs.verdict.text
+    assert picker.load_button.isEnabled()
+    picker.load_button.click()
+    wait_until(lambda: window.session.engine.pair is not None
+               and not window.session.engine.loading, timeout=60_000)
+    pair = window.session.engine.pair
+    assert (window.session.engine.target_ref, pair.draft.model_type) == ("my-target", "eagle3")
+    assert pair.draft.name == "my-head" and "head" in pair.loaded()
+
+
+def test_a_head_fits_a_target_not_downloaded_by_what_it_records(home, tiny_dir, tiny_target):
+    """The built-in SmolLM2, not prepared yet, has no files to check a head
+    against: a head whose config names it fits; any other is unknown (a
+    conversion may go by another name), never offered as its head."""
+    folder = tiny_dir / "catalog-eagle3"
+    target = "bundled:smollm2-135m"
+    mine = library_view.head_verdict(
+        target, str(_head_for(folder, tiny_target, "mlx-community/SmolLM2-135M-Instruct")),
+        "mlx-community/SmolLM2-135M-Instruct")
+    assert mine.compatible is True
+    assert mine.reasons[0] == ("catalog-eagle3 is an EAGLE-3 head made for "
+                               "mlx-community/SmolLM2-135M-Instruct")
+    other = library_view.head_verdict(target, str(folder), "my-target")
+    assert other.compatible is None and other.reasons[0].endswith("made for my-target")
+    fits = library_view.head_fits(target, ((str(folder), "my-target"),))
+    assert fits.name == "smollm2-135m" and fits.verdicts[str(folder)] == other

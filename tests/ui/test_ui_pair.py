@@ -355,5 +355,6 @@ def test_the_picker_widget_reads_and_asks_nothing_itself():
               if isinstance(node, ast.Call) for n in [node.func]
               if isinstance(n, ast.Attribute | ast.Name)}
     readers = {"model_choices", "check_pair", "suggest_drafts", "cluster_states", "remembered",
+               "head_fits", "head_verdict",
                "run_in_executor", "ensure_future", "window", "open", "read_text"}
     assert called & readers == set()

@@ -32,8 +32,11 @@ BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
 class ModelChoice:
     ref: str
     label: str
-    group: str  # "bundled", "installed", "catalog", "other"
+    group: str  # "bundled", "installed", "head", "catalog", "cluster"
     detail: str = ""
+    # A draft head (EAGLE-3): never a target. The model its files say it was
+    # made for ("" when they do not say); None for a model.
+    head_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,10 @@ def model_choices() -> list[ModelChoice]:
             continue
         detail = " · ".join(x for x in (params_text(m.params) if m.params else "",
                                          size_text(m.size_bytes) if m.size_bytes else "") if x)
+        if m.head:  # a draft head: the picker offers it as the draft of the target it fits
+            add(ModelChoice(m.ref, head_label(m.name), "head", source_text(m),
+                            head_for=m.head.get("for") or ""))
+            continue
         add(ModelChoice(m.ref, f"{m.name}  (installed{', ' + detail if detail else ''})",
                         "installed", m.source))
     for m in cat_models:
@@ -145,6 +152,70 @@ def model_choices() -> list[ModelChoice]:
         add(ModelChoice(m.ref, f"{m.name}  (download {size_text(m.download_bytes)})", "catalog",
                         m.ref))
     return out
+
+
+def head_label(name: str, target: str | None = None, fits: bool | None = None) -> str:
+    """A draft head's entry in the draft list: for the chosen target when it
+    fits it, for another model when it does not, plain while unknown."""
+    if fits is True and target:
+        return f"{name}  (draft head for {target})"
+    if fits is False:
+        return f"{name}  (draft head for another model)"
+    return f"{name}  (draft head)"
+
+
+@dataclass(frozen=True)
+class HeadFits:
+    """Which of the installed draft heads can draft for one target: the
+    target's name as the labels say it, and a Verdict for each head."""
+
+    target: str
+    name: str
+    verdicts: dict[str, Verdict]
+
+
+def _names(side: compatibility.ModelSide) -> set[str]:
+    """Every name a head's record may give its target by."""
+    names = {side.ref, side.name, side.path or ""}
+    if side.catalog is not None:
+        names |= {side.catalog.id, side.catalog.name, side.catalog.ref,
+                  side.catalog.repo or ""}
+    for m in installed_models():  # an installed target: by where it came from too
+        if m.name == side.ref:
+            names |= {m.name, m.source.removeprefix("hf:").split("@", 1)[0]}
+    return names - {""}
+
+
+def head_verdict(target: str, head: str, made_for: str = "") -> Verdict:
+    """Whether the draft head ``head`` drafts for ``target``: the
+    compatibility check (the hidden states it reads, the ids it maps into),
+    as the engine checks at load. While the target's files are not here to
+    check against, a head that records this target as its own fits, and
+    any other is unknown (None) until they are."""
+    try:
+        report = compatibility.check(target, head, allow_work=False)
+    except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
+        return Verdict(None, (f"Checked when the pair loads ({exc}).",))
+    if not report.compatible or report.target.on_disk:
+        return _verdict(report)
+    if made_for and made_for in _names(report.target):
+        return Verdict(True, (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",
+                              *report.notes))
+    # Another name may still be this model (a conversion, a quantized copy):
+    # unknown, not refused, until the target's files are here to check.
+    said = (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",) if made_for else ()
+    return Verdict(None, (*said, *report.notes) or ("Checked when the pair loads.",))
+
+
+def head_fits(target: str, heads: tuple[tuple[str, str], ...]) -> HeadFits:
+    """``head_verdict`` for each (head, what it records it was made for),
+    for the picker's draft list. Reads config files: off the GUI thread."""
+    try:
+        name = compatibility.describe(target, allow_work=False).name
+    except Exception:  # noqa: BLE001 - named as typed
+        name = target
+    return HeadFits(target, name, {ref: head_verdict(target, ref, made_for)
+                                   for ref, made_for in heads})
 
 
 def cluster_states() -> list[ClusterState]:

@@ -26,7 +26,7 @@ from specchat.store.worker import Remote
 from specchat.ui import library_view
 from specchat.ui.draft_finder import DraftFinder
 from specchat.ui.engine_controller import EngineController
-from specchat.ui.library_view import ModelChoice, Verdict
+from specchat.ui.library_view import HeadFits, ModelChoice, Verdict
 
 CLUSTER_POLL_MS = 5000  # how often the clusters' ranks are asked whether they answer
 NO_TARGET = Verdict(False, ("Choose a target model.",))
@@ -48,6 +48,7 @@ class PairController(QObject):
     choicesChanged = Signal()  # after each reading of the choices or poll of the clusters
     verdictChanged = Signal(object)  # the Verdict of the pair last given to ``check``
     measuredChanged = Signal()  # remembered measurements were read again
+    headsChanged = Signal()  # which draft heads fit a target was worked out again
 
     def __init__(self, engine: EngineController, conversations: Remote[ConversationStore],
                  parent: QObject | None = None):
@@ -60,6 +61,7 @@ class PairController(QObject):
         self.checking: asyncio.Future | None = None  # the verdict being worked out
         self._asked = 0  # counts checks: a late answer for an older pair is dropped
         self._measured: dict[str, dict[str, rec.DraftResult]] = {}  # target -> draft -> result
+        self._heads: dict[str, library_view.HeadFits] = {}  # target -> its heads' verdicts
         self._poll: asyncio.Future | None = None
         self._closed = False
         self.finder = DraftFinder(engine, conversations, self)
@@ -157,6 +159,23 @@ class PairController(QObject):
         if got != self._measured.get(target, {}):
             self._measured[target] = got
             self.measuredChanged.emit()
+
+    # -- draft heads -------------------------------------------------------------
+    def heads(self, target: str | None) -> HeadFits | None:
+        """Which installed draft heads draft for ``target`` (each with its
+        verdict), as last worked out; worked out again now (it reads their
+        configs), and ``headsChanged`` says if it differs."""
+        heads = tuple((c.ref, c.head_for) for c in self.choices if c.head_for is not None)
+        if not target or not heads:
+            return None
+        self._off_thread(library_view.head_fits, target, heads,
+                         then=lambda got: self._got_heads(target, got))
+        return self._heads.get(target)
+
+    def _got_heads(self, target: str, got: HeadFits) -> None:
+        if got != self._heads.get(target):
+            self._heads[target] = got
+            self.headsChanged.emit()
 
     def _found(self, outcome: rec.Recommendation) -> None:
         """What was just measured is what is remembered now."""

@@ -14,6 +14,10 @@ A cluster (``specchat cluster``) is offered as a target, "<model> on
 cluster <name>", once its other ranks answer; they are asked every few
 seconds, and the entry is greyed out with the reason while they do not.
 
+A draft head (EAGLE-3) is never a target: it is listed only as a draft,
+"<head>  (draft head for <target>)" when it fits the chosen target, and
+greyed out as "for another model", with why in its tooltip, when not.
+
 "Find the best draft" measures the installed drafts for the chosen target
 (ui/draft_finder.py) with a progress bar and Cancel; every draft measured
 for this target on this machine, now or before, shows its speedup in the
@@ -37,7 +41,13 @@ from PySide6.QtWidgets import (
 
 from specchat.engine import modes
 from specchat.errors import SpecChatError
-from specchat.ui.library_view import OWN_HEAD_LABEL, ModelChoice, Verdict, cluster_choice
+from specchat.ui.library_view import (
+    OWN_HEAD_LABEL,
+    ModelChoice,
+    Verdict,
+    cluster_choice,
+    head_label,
+)
 from specchat.ui.pair_controller import PairController
 from specchat.ui.widgets import ElidedLabel, button, hbox, vbox
 
@@ -138,6 +148,7 @@ class VerdictLabel(ElidedLabel):
 
 LABEL_ROLE = Qt.ItemDataRole.UserRole + 1  # an item's label without its measured speedup
 DETAIL_ROLE = Qt.ItemDataRole.UserRole + 2  # what its tooltip names under the label
+HEAD_ROLE = Qt.ItemDataRole.UserRole + 3  # a draft head's: where it came from (None: not a head)
 FIND_LABEL = "Find the best draft"
 FIND_HELP = ("Measure every installed draft for this target on your recent prompts (acceptance, "
              "draft cost, speedup over plain decoding) and rank them")
@@ -258,6 +269,7 @@ class PairPicker(QFrame):
         pairs.choicesChanged.connect(self._choices_changed)
         pairs.verdictChanged.connect(self._verdict_changed)
         pairs.measuredChanged.connect(self.show_measured)
+        pairs.headsChanged.connect(self.show_measured)
         pairs.finder.progressed.connect(self._finder_progress)
         pairs.finder.finished.connect(self._found)
         pairs.finder.failed.connect(self._find_failed)
@@ -282,7 +294,12 @@ class PairPicker(QFrame):
             self.draft.clear()
             self.draft.addItem(LOOKUP_LABEL, None)
             self.draft.addItem(OWN_HEAD_LABEL, modes.OWN_HEAD)
-            for c in pairs.choices:
+            heads = [c for c in pairs.choices if c.head_for is not None]
+            models = [c for c in pairs.choices if c.head_for is None]
+            for c in heads:  # drafts only: a head drafts for its target, never replies
+                self._add(self.draft, c)
+                self.draft.setItemData(self.draft.count() - 1, c.detail or c.ref, HEAD_ROLE)
+            for c in models:
                 self._add(self.target, c)
                 self._add(self.draft, c)
             for state in pairs.clusters:  # targets only: the draft runs here
@@ -421,7 +438,9 @@ class PairPicker(QFrame):
     def show_measured(self) -> None:
         """Put each draft's measured speedup for the chosen target on this
         machine (remembered in the library) next to its name in the list."""
-        results = self.pairs.measured(self._ref(self.target))
+        target = self._ref(self.target)
+        results = self.pairs.measured(target)
+        self._label_heads(target)
         box = self.draft
         current = box.currentIndex()
         with QSignalBlocker(box):
@@ -439,6 +458,26 @@ class PairPicker(QFrame):
             if current >= 0:
                 box.setEditText(box.itemText(current))
         self._refresh(box)
+
+    def _label_heads(self, target: str | None) -> None:
+        """Each draft head in the list: for the chosen target when it fits
+        it, else greyed out as for another model, with the check's reasons
+        in its tooltip (the controller works them out off this thread)."""
+        fits = self.pairs.heads(target)
+        if fits is not None and fits.target != target:
+            fits = None
+        box = self.draft
+        for i in range(box.count()):
+            source = box.itemData(i, HEAD_ROLE)
+            if source is None:
+                continue
+            ref = box.itemData(i)
+            verdict = fits.verdicts.get(ref) if fits is not None else None
+            ok = verdict.compatible if verdict is not None else None
+            box.setItemData(i, head_label(ref, fits.name if fits else None, ok), LABEL_ROLE)
+            why = "\n".join(verdict.reasons) if verdict is not None else ""
+            box.setItemData(i, f"{source}\n{why}" if why else source, DETAIL_ROLE)
+            box.model().item(i).setEnabled(ok is not False)
 
     def _target_changed(self, *_args) -> None:
         """Another target: its own measurements, and no stale outcome."""
