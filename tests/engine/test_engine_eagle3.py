@@ -209,6 +209,29 @@ def test_a_head_whose_map_points_past_the_targets_vocabulary_is_refused_in_words
         "target ids past target-llama's 400 (up to 510)")
 
 
+def test_a_head_whose_config_misstates_its_head_width_loads_by_its_weights(
+        tiny_dir, tiny_target):
+    """AngelSlim's Qwen3-4B head states head_dim 80 (hidden size over heads)
+    while its q_proj holds heads of 128: the weights decide, and the head
+    drafts; a q_proj that is no whole number of heads is refused in words."""
+    folder = build_eagle3(tiny_dir / "eagle3-wide-heads", tiny_target, head_dim=32,
+                          stated_head_dim=16)
+    e = Engine()
+    e.load(tiny_target, folder)
+    assert e.draft.model.config.head_dim == 32
+    plain = _gen(e, "plain").token_ids
+    r = _gen(e, "draft", 3)
+    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    odd = build_eagle3(tiny_dir / "eagle3-odd-heads", tiny_target, head_dim=32,
+                       stated_head_dim=24)
+    config = json.loads((odd / "config.json").read_text())
+    config["num_attention_heads"] = 3
+    (odd / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="its q_proj has 128 rows, not a whole number of "
+                                          "its 3 attention heads"):
+        Engine().load(tiny_target, odd)
+
+
 def test_a_head_beside_a_draft_model_drafts_in_its_own_modes(tiny_dir, tiny_target, tiny_draft):
     """Loaded beside a draft model, a head drafts in ``head`` and
     ``head+suffix`` while ``draft`` keeps the draft model; loading another

@@ -23,7 +23,7 @@ sampling). The structure follows mlx-vlm's ``eagle3`` drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -238,6 +238,21 @@ def fit(c: HeadConfig, target_hidden: int, target_layers: int, target_vocab: int
                           f"{target}: " + "; ".join(problems))
 
 
+def head_dim_of_weights(c: HeadConfig, weights: dict, name: str) -> HeadConfig:
+    """The head width its attention weights have. Published configs may
+    state another: AngelSlim's Qwen3-4B head says ``head_dim`` 80 (its
+    hidden size over its heads, for the serving frameworks' Llama code),
+    while its q_proj holds 32 heads of 128 as Qwen3's do (SafeAILab/EAGLE
+    issue 315). The weights are what it was trained with."""
+    q = weights.get("layers.0.self_attn.q_proj.weight")
+    if q is None or q.shape[0] == c.num_heads * c.head_dim:
+        return c
+    if q.shape[0] % c.num_heads:
+        raise EngineError(f"{name}: its q_proj has {q.shape[0]} rows, not a whole number of "
+                          f"its {c.num_heads} attention heads")
+    return replace(c, head_dim=q.shape[0] // c.num_heads)
+
+
 def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
     """A head folder's module, checked against a loaded target, in the
     policy's dtype. The target's embedding is shared when the head ships
@@ -256,6 +271,7 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
             name = _rename(k)
             if name is not None:
                 weights[name] = v.astype(mx.int32) if name == "d2t" else v
+    c = head_dim_of_weights(c, weights, folder.name)
     t2d = weights.pop("t2d", None)
     if c.draft_vocab_size == c.vocab_size and "d2t" not in weights:
         weights["d2t"] = mx.zeros((c.draft_vocab_size,), dtype=mx.int32)
