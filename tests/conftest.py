@@ -1,7 +1,14 @@
-"""Shared fixtures: tiny real models built once per test session.
+"""Shared fixtures: tiny real models built once per test session, a
+private library folder, and a local Hub look-alike serving them.
 
 Nothing here downloads anything: the tokenizer is trained in-process and the
-models are random mlx-lm models saved as ordinary MLX model folders.
+models are random mlx-lm models saved as ordinary MLX model folders. The
+Hub (tests/hubserver.py) runs in-process on 127.0.0.1, with HF_ENDPOINT
+pointing at it: SpecChat's hub module reads HF_ENDPOINT at call time and
+passes ``endpoint=`` and ``cache_dir=`` explicitly to every huggingface_hub
+call, so the client's import-time constants never matter and
+``monkeypatch.setenv`` is enough. The CLI tests run the real ``specchat``
+command in a subprocess with the same variables.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from specchat import startup  # noqa: E402
 
 startup.prepare()  # the system BLAS before anything imports MLX
-from tinymodels import build_model, build_tokenizer  # noqa: E402
+from hubserver import HubServer  # noqa: E402
+from libtools import FAKE_TOKEN, pickled_repo_files  # noqa: E402
+from tinymodels import build_eagle3, build_model, build_tokenizer  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -117,6 +126,50 @@ def other_tokenizer(tiny_dir) -> Path:
 @pytest.fixture(scope="session")
 def mismatched_draft(tiny_dir, other_tokenizer) -> Path:
     return build_model(tiny_dir / "draft-other-vocab", other_tokenizer, seed=5)
+
+
+@pytest.fixture
+def lib_home(tmp_path, monkeypatch) -> Path:
+    """An empty library folder, fine-grained progress, no stray settings."""
+    home = tmp_path / "specchat-home"
+    monkeypatch.setenv("SPECCHAT_HOME", str(home))
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "SPECCHAT_MEMORY_AVAILABLE",
+                "SPECCHAT_DTYPE", "HF_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    from specchat.library import hub
+
+    monkeypatch.setattr(hub, "PROGRESS_INTERVAL", 0.0)
+    return home
+
+
+@pytest.fixture
+def hub(lib_home, monkeypatch, tiny_target, tiny_draft, mismatched_draft):
+    """The local Hub with test-org/tiny-target, tiny-draft, other-vocab and
+    pickled; HF_ENDPOINT points at it and a fake token is set (to check it
+    never reaches the CDN or our files)."""
+    with HubServer() as server:
+        server.add_repo("test-org/tiny-target", tiny_target)
+        server.add_repo("test-org/tiny-draft", tiny_draft)
+        server.add_repo("test-org/other-vocab", mismatched_draft)
+        server.add_repo("test-org/pickled", files=pickled_repo_files(tiny_target))
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+        yield server
+
+
+@pytest.fixture
+def hub_heads(hub, tiny_dir, tiny_target):
+    """The local Hub also serving random EAGLE-3 heads for the tiny target
+    in both published layouts (test-org/tiny-eagle3: vLLM's speculators;
+    test-org/tiny-eagle3-midlayer: EAGLE-3's own), and test-org/other-eagle3,
+    a head that reads hidden states of width 32 (the tiny target's are 64)."""
+    for layout, repo in (("speculators", "test-org/tiny-eagle3"),
+                         ("eagle3", "test-org/tiny-eagle3-midlayer")):
+        hub.add_repo(repo, build_eagle3(tiny_dir / f"hub-eagle3-{layout}", tiny_target,
+                                        layout=layout))
+    hub.add_repo("test-org/other-eagle3",
+                 build_eagle3(tiny_dir / "hub-eagle3-narrow", tiny_target, hidden=32))
+    return hub
 
 
 @pytest.fixture

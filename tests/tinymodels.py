@@ -261,11 +261,18 @@ def add_mtp(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
 
 
 def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vocab: int = 256,
-                 seed: int = 11, hidden: int | None = None, layer_ids=None) -> Path:
+                 seed: int = 11, hidden: int | None = None, layer_ids=None,
+                 rope_scaling: dict | None = None, wrap: bool = True,
+                 head_dim: int | None = None, stated_head_dim: int | None = None) -> Path:
     """A random EAGLE-3 head for ``target`` in a published layout: "eagle3"
     (EAGLE-3's own: a flat config, ``midlayer.`` weights) or "speculators"
     (vLLM's: ``transformer_layer_config``, ``layers.0.`` weights). Its draft
-    vocabulary is every other id of the target's from 0 (``d2t`` maps it)."""
+    vocabulary is every other id of the target's from 0 (``d2t`` maps it;
+    ``t2d`` marks them), wrapping around the target's vocabulary; with
+    ``wrap=False`` the ids run on past its end (a head for a larger one).
+    ``rope_scaling`` goes in its layer's config as is. ``head_dim``: its
+    attention's width per head; ``stated_head_dim``: what its config says
+    instead (a published config that disagrees with its weights)."""
     import mlx.core as mx
     import numpy as np
     from mlx.utils import tree_flatten
@@ -276,6 +283,10 @@ def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vo
     layer = {"hidden_size": width, "intermediate_size": width * 2, "num_hidden_layers": 1,
              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
              "rope_theta": 10000.0, "vocab_size": tcfg["vocab_size"], "max_position_embeddings": 2048}
+    if rope_scaling is not None:
+        layer["rope_scaling"] = rope_scaling
+    if head_dim is not None:
+        layer["head_dim"] = head_dim
     extra = {"draft_vocab_size": draft_vocab, "target_hidden_size": width}
     if layer_ids is not None:
         extra["eagle_aux_hidden_state_layer_ids"] = list(layer_ids)
@@ -293,11 +304,13 @@ def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vo
             continue  # the target's embedding is shared; d2t below
         name = k.replace("layers.0.", "midlayer.", 1) if layout == "eagle3" else k
         weights[name] = v * 3.0 if k == "lm_head.weight" else v
-    ids = np.arange(draft_vocab) * 2 % tcfg["vocab_size"]
+    ids = np.arange(draft_vocab) * 2 % (tcfg["vocab_size"] if wrap else 1 << 30)
     weights["d2t"] = mx.array(ids - np.arange(draft_vocab), dtype=mx.int64)
-    t2d = np.zeros(tcfg["vocab_size"], dtype=bool)
+    t2d = np.zeros(max(tcfg["vocab_size"], int(ids.max()) + 1), dtype=bool)
     t2d[ids] = True
     weights["t2d"] = mx.array(t2d)
+    if stated_head_dim is not None:
+        (config.get("transformer_layer_config") or config)["head_dim"] = stated_head_dim
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2))

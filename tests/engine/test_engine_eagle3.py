@@ -5,12 +5,15 @@ made for another model is refused in words."""
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
+from specchat.library import refs
 from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
 from tinymodels import build_eagle3
 
@@ -119,10 +122,17 @@ def test_a_head_never_drafts_from_another_conversations_rows(head_engine):
 
 
 @pytest.mark.slow  # a long chi-square or training run: CI's slow step
-def test_head_samples_follow_the_target(head_engine):
+@pytest.mark.parametrize("repo", ["test-org/tiny-eagle3", "test-org/tiny-eagle3-midlayer"])
+def test_head_samples_follow_the_target(hub_heads, tiny_target, repo):
+    """A head in each published layout, pulled through hf: from the local
+    Hub as a person would, drafts samples that follow the target's own
+    distribution."""
+    engine = Engine()
+    pair = engine.load(tiny_target, refs.resolve(f"hf:{repo}"))
+    assert pair.draft.model_type == "eagle3" and pair.speculative_ok
     sampling = SamplingParams(temperature=1.0, top_k=3)
-    joint = exact_joint(head_engine.target.model, sampling, PROMPT, 4)
-    counts, drafted, _, _ = sample_counts(head_engine, PROMPT, "draft", 2, sampling, 4, 1500)
+    joint = exact_joint(engine.target.model, sampling, PROMPT, 4)
+    counts, drafted, _, _ = sample_counts(engine, PROMPT, "draft", 2, sampling, 4, 1500)
     assert drafted > 1500
     assert chi_square_p(counts, joint) > ALPHA
 
@@ -137,6 +147,89 @@ def test_a_head_for_another_target_is_refused_in_words(tiny_dir, tiny_target):
         engine.load(tiny_target, narrow)
     with pytest.raises(EngineError, match="it reads layers \\[2, 12, 21\\], target-llama has 6"):
         engine.load(tiny_target, far)
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def test_a_heads_rope_scaling_is_built_as_mlx_lm_builds_it(tiny_dir, tiny_target):
+    """A Llama 3.1 head's "llama3" rope scaling: the loaded head's rotary
+    embedding gives what mlx-lm's own Llama attention gives for the same
+    config (and not what unscaled frequencies would), and it still drafts
+    plain decoding's reply."""
+    from mlx_lm.models import llama
+
+    folder = build_eagle3(tiny_dir / "eagle3-llama3-rope", tiny_target,
+                          rope_scaling=LLAMA3_SCALING)
+    layer = json.loads((folder / "config.json").read_text())
+    args = llama.ModelArgs.from_dict({**layer, "model_type": "llama", "num_hidden_layers": 1})
+    theirs = llama.Attention(args).rope
+    e = Engine()
+    e.load(tiny_target, folder)
+    ours = e.draft.model.layers[0].self_attn.rope
+    assert type(ours) is type(theirs)
+    x = mx.random.normal((1, 4, 5, 16), key=mx.random.key(3))
+    for offset in (1, 40, 300):
+        assert mx.allclose(ours(x, offset=offset), theirs(x, offset=offset), atol=1e-5)
+    unscaled = mx.fast.rope(x, 16, traditional=False, base=10000.0, scale=1.0, offset=300)
+    assert not mx.allclose(ours(x, offset=300), unscaled, atol=1e-3)
+    plain = _gen(e, "plain", max_tokens=24).token_ids
+    r = _gen(e, "draft", 3, max_tokens=24)
+    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+
+
+def test_a_rope_scaling_mlx_lm_cannot_build_is_refused_in_words(tiny_dir, tiny_target):
+    folder = build_eagle3(tiny_dir / "eagle3-odd-rope", tiny_target)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "wobbly", "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match='eagle3-odd-rope is an EAGLE-3 head with a rope '
+                                          'scaling of type "wobbly", which mlx-lm cannot build '
+                                          r"\(Unsupported RoPE type wobbly\); it would draft "
+                                          "with the wrong positions"):
+        Engine().load(tiny_target, folder)
+    config["rope_scaling"] = {"rope_type": "llama3"}  # no factor
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="type \"llama3\", which mlx-lm cannot build "
+                                          "\\(it lacks 'factor'\\)"):
+        Engine().load(tiny_target, folder)
+
+
+def test_a_head_whose_map_points_past_the_targets_vocabulary_is_refused_in_words(
+        tiny_dir, tiny_target):
+    """Draft ids 200..255 map to target ids 400..510, past the tiny target's
+    400: refused at load with the numbers, not an IndexError while drafting."""
+    folder = build_eagle3(tiny_dir / "eagle3-past", tiny_target, wrap=False)
+    with pytest.raises(EngineError) as err:
+        Engine().load(tiny_target, folder)
+    assert str(err.value) == (
+        "eagle3-past's vocabulary map does not fit target-llama: its d2t maps 56 draft ids "
+        "outside target-llama's 400 ids (draft id 255 to target id 510); its t2d marks 56 "
+        "target ids past target-llama's 400 (up to 510)")
+
+
+def test_a_head_whose_config_misstates_its_head_width_loads_by_its_weights(
+        tiny_dir, tiny_target):
+    """AngelSlim's Qwen3-4B head states head_dim 80 (hidden size over heads)
+    while its q_proj holds heads of 128: the weights decide, and the head
+    drafts; a q_proj that is no whole number of heads is refused in words."""
+    folder = build_eagle3(tiny_dir / "eagle3-wide-heads", tiny_target, head_dim=32,
+                          stated_head_dim=16)
+    e = Engine()
+    e.load(tiny_target, folder)
+    assert e.draft.model.config.head_dim == 32
+    plain = _gen(e, "plain").token_ids
+    r = _gen(e, "draft", 3)
+    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    odd = build_eagle3(tiny_dir / "eagle3-odd-heads", tiny_target, head_dim=32,
+                       stated_head_dim=24)
+    config = json.loads((odd / "config.json").read_text())
+    config["num_attention_heads"] = 3
+    (odd / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match="its q_proj has 128 rows, not a whole number of "
+                                          "its 3 attention heads"):
+        Engine().load(tiny_target, odd)
 
 
 def test_a_head_beside_a_draft_model_drafts_in_its_own_modes(tiny_dir, tiny_target, tiny_draft):

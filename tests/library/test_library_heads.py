@@ -15,22 +15,13 @@ from specchat.library import compatibility, importing, index, refs
 from tinymodels import build_eagle3
 
 
-@pytest.fixture
-def heads(hub, tiny_dir, tiny_target):
-    good = build_eagle3(tiny_dir / "hub-eagle3", tiny_target, layout="speculators")
-    narrow = build_eagle3(tiny_dir / "hub-eagle3-narrow", tiny_target, hidden=32)
-    hub.add_repo("test-org/tiny-eagle3", good)
-    hub.add_repo("test-org/other-eagle3", narrow)
-    return hub
-
-
 def _cli(*args, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "specchat", *args], capture_output=True,
                           text=True, env=env, timeout=300)
 
 
-def test_a_head_from_the_hub_is_checked_listed_and_drafts(heads, tiny_target):
+def test_a_head_from_the_hub_is_checked_listed_and_drafts(hub_heads, tiny_target):
     pulled = _cli("models", "pull", "hf:test-org/tiny-eagle3")
     assert pulled.returncode == 0, pulled.stderr
     refs.pull("hf:test-org/other-eagle3")
@@ -70,3 +61,19 @@ def test_a_head_folder_imports_and_a_pickled_one_is_refused(lib_home, tiny_dir, 
     with pytest.raises(Exception, match="only pickled pytorch_model.bin, which SpecChat does "
                                         "not open"):
         importing.import_path(pickled, name="pickled-head")
+
+
+def test_a_heads_vocabulary_map_is_checked_before_it_loads(lib_home, tiny_dir, tiny_target):
+    """The check reads the head's d2t and t2d from its files: a head whose
+    draft ids map past the target's vocabulary is refused in words, with
+    the numbers, before anything loads (the engine says the same at load)."""
+    past = build_eagle3(tiny_dir / "map-past-eagle3", tiny_target, wrap=False)
+    bad = compatibility.check(str(tiny_target), str(past))
+    assert not bad.compatible
+    assert bad.reasons[0] == (
+        "map-past-eagle3's vocabulary map does not fit target-llama: its d2t maps 56 draft ids "
+        "outside target-llama's 400 ids (draft id 255 to target id 510); its t2d marks 56 "
+        "target ids past target-llama's 400 (up to 510)")
+    good = compatibility.check(str(tiny_target), str(build_eagle3(tiny_dir / "map-eagle3",
+                                                                  tiny_target)))
+    assert good.compatible, good.reasons

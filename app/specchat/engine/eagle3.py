@@ -23,18 +23,19 @@ sampling). The structure follows mlx-vlm's ``eagle3`` drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.rope_utils import initialize_rope
 
 from specchat.engine import compute
 from specchat.engine.draft_model import DraftHead
 from specchat.engine.drafter_kinds import EAGLE3
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import read_config, weight_files
+from specchat.engine.folders import read_config, vocab_map_problems, weight_files
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
 
@@ -55,6 +56,9 @@ class HeadConfig:
     layer_ids: tuple[int, ...] | None  # the target's layers it reads (None: 2, n/2, n-3)
     norm_before_residual: bool
     tie_word_embeddings: bool
+    rope_scaling: dict | None = None  # as mlx-lm's models read it (rope_utils.initialize_rope)
+    rope_traditional: bool = False
+    max_position_embeddings: int | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> HeadConfig:
@@ -62,6 +66,10 @@ class HeadConfig:
         hidden = int(layer["hidden_size"])
         heads = int(layer["num_attention_heads"])
         ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("target_layer_ids")
+        # Newer configs put the scaling in rope_parameters (with rope_theta), as
+        # mlx-lm's mistral4 reads them.
+        scaling = layer.get("rope_scaling") or layer.get("rope_parameters") or None
+        positions = layer.get("max_position_embeddings")
         return cls(
             hidden_size=hidden,
             intermediate_size=int(layer["intermediate_size"]),
@@ -78,6 +86,9 @@ class HeadConfig:
             layer_ids=tuple(int(i) for i in ids) if ids else None,
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope_scaling=dict(scaling) if isinstance(scaling, dict) else scaling,
+            rope_traditional=bool(layer.get("rope_traditional", False)),
+            max_position_embeddings=int(positions) if positions is not None else None,
         )
 
     def read_layers(self, target_layers: int) -> tuple[int, ...]:
@@ -85,6 +96,28 @@ class HeadConfig:
         hidden states (id i: the input of layer i, the output of layer i - 1)."""
         ids = self.layer_ids or (2, target_layers // 2, target_layers - 3)
         return tuple(max(i - 1, 0) for i in ids)
+
+
+def make_rope(c: HeadConfig) -> nn.Module:
+    """The head's rotary embedding, built by mlx-lm's own
+    ``initialize_rope`` from its config, as mlx-lm builds a Llama layer's
+    (a Llama 3.1 head's "llama3" scaling, YaRN, linear and the rest)."""
+    return initialize_rope(c.head_dim, c.rope_theta, c.rope_traditional, c.rope_scaling,
+                           c.max_position_embeddings)
+
+
+def check_rope(c: HeadConfig, name: str) -> None:
+    """Refuse, in words, a rope scaling mlx-lm cannot build: drafting with
+    other frequencies than the head was trained with would draft noise."""
+    try:
+        make_rope(c)
+    except (ValueError, KeyError, TypeError, AssertionError) as exc:
+        scaling = c.rope_scaling if isinstance(c.rope_scaling, dict) else {}
+        kind = scaling.get("type") or scaling.get("rope_type")
+        what = f'rope scaling of type "{kind}"' if kind else f"rope scaling {c.rope_scaling!r}"
+        why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise EngineError(f"{name} is an EAGLE-3 head with a {what}, which mlx-lm cannot "
+                          f"build ({why}); it would draft with the wrong positions") from exc
 
 
 class Attention(nn.Module):
@@ -96,7 +129,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.rope = nn.RoPE(c.head_dim, base=c.rope_theta)
+        self.rope = make_rope(c)
 
     def __call__(self, x: mx.array, mask, cache) -> mx.array:
         B, L, _ = x.shape
@@ -179,8 +212,9 @@ class Eagle3Head(nn.Module):
 
 
 def _rename(key: str) -> str | None:
-    """A published weight name as this module names it (None: not used)."""
-    if key in ("t2d",) or key.startswith("verifier_") or "rotary_emb.inv_freq" in key:
+    """A published weight name as this module names it (None: not used;
+    ``t2d`` is only checked, vocab_map_problems)."""
+    if key.startswith("verifier_") or "rotary_emb.inv_freq" in key:
         return None
     return key.replace("midlayer.", "layers.0.", 1)
 
@@ -204,6 +238,21 @@ def fit(c: HeadConfig, target_hidden: int, target_layers: int, target_vocab: int
                           f"{target}: " + "; ".join(problems))
 
 
+def head_dim_of_weights(c: HeadConfig, weights: dict, name: str) -> HeadConfig:
+    """The head width its attention weights have. Published configs may
+    state another: AngelSlim's Qwen3-4B head says ``head_dim`` 80 (its
+    hidden size over its heads, for the serving frameworks' Llama code),
+    while its q_proj holds 32 heads of 128 as Qwen3's do (SafeAILab/EAGLE
+    issue 315). The weights are what it was trained with."""
+    q = weights.get("layers.0.self_attn.q_proj.weight")
+    if q is None or q.shape[0] == c.num_heads * c.head_dim:
+        return c
+    if q.shape[0] % c.num_heads:
+        raise EngineError(f"{name}: its q_proj has {q.shape[0]} rows, not a whole number of "
+                          f"its {c.num_heads} attention heads")
+    return replace(c, head_dim=q.shape[0] // c.num_heads)
+
+
 def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
     """A head folder's module, checked against a loaded target, in the
     policy's dtype. The target's embedding is shared when the head ships
@@ -212,17 +261,29 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
     c = HeadConfig.from_config(config)
     lm = getattr(target, "language_model", target)
     inner = lm.model
-    fit(c, int(inner.embed_tokens.weight.shape[1]), len(inner.layers),
-        int(inner.embed_tokens.weight.shape[0]), folder.name, target_name)
+    vocab = int(inner.embed_tokens.weight.shape[0])
+    fit(c, int(inner.embed_tokens.weight.shape[1]), len(inner.layers), vocab, folder.name,
+        target_name)
+    check_rope(c, folder.name)
     weights: dict[str, mx.array] = {}
     for f in weight_files(folder) or sorted(folder.glob("*.safetensors")):
         for k, v in mx.load(str(f)).items():
             name = _rename(k)
             if name is not None:
                 weights[name] = v.astype(mx.int32) if name == "d2t" else v
-    head = Eagle3Head(c, None if "embed_tokens.weight" in weights else inner.embed_tokens)
+    c = head_dim_of_weights(c, weights, folder.name)
+    t2d = weights.pop("t2d", None)
     if c.draft_vocab_size == c.vocab_size and "d2t" not in weights:
         weights["d2t"] = mx.zeros((c.draft_vocab_size,), dtype=mx.int32)
+    if "d2t" in weights:
+        problems = vocab_map_problems(
+            weights["d2t"].reshape(-1).tolist(),
+            None if t2d is None else t2d.reshape(-1).astype(mx.uint8).tolist(),
+            c.draft_vocab_size, vocab, target_name)
+        if problems:
+            raise EngineError(f"{folder.name}'s vocabulary map does not fit {target_name}: "
+                              + "; ".join(problems))
+    head = Eagle3Head(c, None if "embed_tokens.weight" in weights else inner.embed_tokens)
     if "lm_head.weight" not in weights and c.tie_word_embeddings:
         weights["lm_head.weight"] = (head.shared_embed or head.embed_tokens).weight
     try:

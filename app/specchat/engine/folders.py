@@ -12,6 +12,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
@@ -138,6 +139,36 @@ def head_facts(config: dict) -> dict:
             "vocab": int(layer.get("vocab_size", config.get("vocab_size", 0))),
             "draft_vocab": int(config.get("draft_vocab_size") or layer.get("vocab_size", 0)),
             "for": str(verifier.get("name_or_path") or "")}
+
+
+def vocab_map_problems(d2t: Sequence[int], t2d: Sequence[int] | bytes | None,
+                       draft_vocab: int, target_vocab: int, target: str) -> list[str]:
+    """What is wrong, in words, with an EAGLE-3 head's map from its draft
+    vocabulary to a target's ids (eagle3.py: draft id i is target id
+    i + d2t[i]; ``t2d``, where shipped, marks the target ids it drafts):
+    d2t must have one entry per draft id, every id either names must be one
+    of the target's ``target_vocab``, and both must name the same ids. Empty when the map fits. Shared by
+    the engine at load and the library's check, so both say the same."""
+    problems = []
+    if len(d2t) != draft_vocab:
+        problems.append(f"its d2t maps {len(d2t):,} draft ids, but it drafts over "
+                        f"{draft_vocab:,} (its draft_vocab_size)")
+    mapped = [i + int(offset) for i, offset in enumerate(d2t)]
+    outside = [(i, t) for i, t in enumerate(mapped) if not 0 <= t < target_vocab]
+    if outside:
+        i, t = max(outside, key=lambda it: abs(it[1]))
+        problems.append(f"its d2t maps {len(outside):,} draft ids outside {target}'s "
+                        f"{target_vocab:,} ids (draft id {i:,} to target id {t:,})")
+    if t2d is not None:
+        marked = [j for j, v in enumerate(t2d) if v]
+        past = [j for j in marked if j >= target_vocab]
+        if past:
+            problems.append(f"its t2d marks {len(past):,} target ids past {target}'s "
+                            f"{target_vocab:,} (up to {past[-1]:,})")
+        if set(marked) != set(mapped):
+            problems.append(f"its t2d marks {len(marked):,} target ids and its d2t maps to "
+                            f"{len(set(mapped)):,}, not the same ones")
+    return problems
 
 
 def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:

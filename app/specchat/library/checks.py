@@ -27,6 +27,7 @@ import functools
 import json
 import math
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,36 @@ def read_safetensors(path: Path, shown: Path | None = None) -> dict[str, Tensor]
         raise LibraryError(f"{shown} is damaged: {data - at:,} bytes after its last tensor "
                            "belong to no tensor")
     return tensors
+
+
+# The integer dtypes a head's vocabulary map comes in, as struct formats
+# (little-endian, as safetensors stores them).
+_MAP_FORMATS = {"BOOL": "B", "U8": "B", "I8": "b", "I16": "h", "U16": "H", "I32": "i",
+                "U32": "I", "I64": "q", "U64": "Q"}
+
+
+def read_head_map(folder: Path) -> tuple[list[int] | None, list[int] | None]:
+    """An EAGLE-3 head's ``d2t`` and ``t2d`` (each None where it ships none),
+    read from its safetensors files without MLX: a few hundred kilobytes
+    at the offsets their headers give (read_safetensors checks them first)."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors = read_safetensors(path)
+        wanted = [tensors[n] for n in ("d2t", "t2d") if n in tensors]
+        if not wanted:
+            continue
+        data_at = path.stat().st_size - max((t.end for t in tensors.values()), default=0)
+        with open(path, "rb") as f:
+            for t in wanted:
+                fmt = _MAP_FORMATS.get(t.dtype)
+                if fmt is None:
+                    raise LibraryError(f"{path}: the head's {t.name} is of dtype {t.dtype}, "
+                                       "not whole numbers")
+                f.seek(data_at + t.start)
+                raw = f.read(t.end - t.start)
+                found[t.name] = list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}",
+                                                   raw))
+    return found.get("d2t"), found.get("t2d")
 
 
 def _tensor(name: str, info: object, file: str, shown: Path) -> Tensor:

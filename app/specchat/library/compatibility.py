@@ -24,7 +24,7 @@ from specchat.engine import folders
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers
 from specchat.library import index, memory, refs
 from specchat.library.catalog import load_catalog
-from specchat.library.checks import text_config
+from specchat.library.checks import read_head_map, text_config
 from specchat.library.errors import LibraryError
 from specchat.library.facts import tokenizer_facts
 from specchat.library.memory import MemoryEstimate
@@ -132,8 +132,26 @@ def _head_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str], lis
         return ([f"{d.name} is an EAGLE-3 head for another model"
                  + (f" ({head['for']})" if head["for"] else "") + ": " + "; ".join(problems)],
                 [], [])
+    map_problems = _map_problems(d, head, vocab, t.name)
+    if map_problems:
+        return [f"{d.name}'s vocabulary map does not fit {t.name}: "
+                + "; ".join(map_problems)], [], []
     return [], [f"an EAGLE-3 head that reads {t.name}'s hidden states at layers {ids} (width "
                 f"{width}) and drafts over {head['draft_vocab']:,} of its {vocab:,} ids"], []
+
+
+def _map_problems(d: ModelSide, head: dict, vocab: int, target: str) -> list[str]:
+    """The head's own d2t and t2d against the target's vocabulary, read from
+    its files (the engine checks the same at load: folders.vocab_map_problems)."""
+    if not d.on_disk or not d.path or not isinstance(vocab, int):
+        return []
+    d2t, t2d = read_head_map(Path(d.path))
+    if d2t is None:
+        if head["draft_vocab"] == head["vocab"]:
+            return []  # the whole vocabulary, in the target's order
+        return [f"it drafts over {head['draft_vocab']:,} ids but ships no d2t to map them "
+                f"into {target}'s {vocab:,}"]
+    return folders.vocab_map_problems(d2t, t2d, head["draft_vocab"], vocab, target)
 
 
 def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,

@@ -1,5 +1,5 @@
-"""Small helpers for the model-library tests (no fixtures here, so test
-modules can import them freely)."""
+"""Small helpers for the tests that use the model library (no fixtures
+here, so test modules can import them freely)."""
 
 from __future__ import annotations
 
