@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from specchat import origins
 from specchat.engine import threads
 from specchat.engine.drafter_kinds import key_parts
 from specchat.engine.kv import common_prefix
@@ -199,8 +200,10 @@ def _sources(rep: dict) -> list[str]:
             total = sum(by.values())
             if not total or set(by) <= {"target"}:
                 continue
-            shares = " ".join(f"{o} {by.get(o, 0) / total:.0%}"
-                              for o in ("draft", "conversation", "history", "target"))
+            shown = ["draft", "conversation", "history",
+                     *(o for o in origins.drafted(by) if o not in ("draft", "conversation",
+                                                                   "history")), "target"]
+            shares = " ".join(f"{o} {by.get(o, 0) / total:.0%}" for o in shown)
             rows.append(f"{group:<11}{name:<16}{shares}")
     if rows:
         out += ["", "where the tokens came from (share of all tokens)"] + rows
