@@ -184,6 +184,9 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
         assert "history" not in rep["modes"][f"{warm}-cold"]["tokens_by_origin"]
         assert any(k.startswith("history") for k in rep["modes"][warm]["suffix_by_match"])
     assert "where the tokens came from" in p.stdout
+    spec = rep["modes"]["spec"]
+    assert spec["drafted_by"]["suffix"]["by_key"] and spec["drafted_by"]["draft"]["drafted"] > 0
+    assert sum(spec["hybrid_choices"].values()) > 0 and "chained" in spec["hybrid_choices"]
     bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
                  str(prompts), "--ids", "m1", "nope")
     assert bad.returncode == 1 and "has no prompt nope" in bad.stderr

@@ -28,6 +28,23 @@ def _alpha(runs: list[Run]) -> float | None:
     return acc / trials if trials else None
 
 
+def _drafted_by(runs: list[Run]) -> dict:
+    """Drafted and accepted per drafter kind over the runs, each with its
+    statistics keys (a head's drafts chained after a suffix draft are its
+    ``after`` key's)."""
+    out: dict[str, dict] = {}
+    for r in runs:
+        for source, d in r.drafted_by.items():
+            o = out.setdefault(source, {"drafted": 0, "accepted": 0})
+            o["drafted"] += d.get("drafted", 0)
+            o["accepted"] += d.get("accepted", 0)
+            for key, kd in (d.get("by_key") or {}).items():
+                ko = o.setdefault("by_key", {}).setdefault(key, {"drafted": 0, "accepted": 0})
+                ko["drafted"] += kd["drafted"]
+                ko["accepted"] += kd["accepted"]
+    return out
+
+
 def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | None,
               mlx_plain_tps: float | None) -> dict:
     tps = statistics.median(r.tokens_per_s for r in runs)
@@ -67,6 +84,12 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
             b["drafted"] += d["drafted"]
             b["accepted"] += d["accepted"]
     out["suffix_by_match"] = dict(sorted(by_match.items()))
+    out["drafted_by"] = _drafted_by(runs)
+    hybrid: Counter[str] = Counter()
+    for r in runs:
+        hybrid.update(r.hybrid)
+    if hybrid:
+        out["hybrid_choices"] = dict(hybrid)
     ttft = [r.ttft_s for r in runs if getattr(r, "ttft_s", None) is not None]
     out["ttft_s"] = statistics.median(ttft) if ttft else None
     over = [r for r in runs if r.overhead_s is not None]

@@ -9,6 +9,7 @@ so tokens/s measures decoding only.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -45,6 +46,10 @@ class Run:
     blas_threads: dict = field(default_factory=dict)  # steps at each BLAS thread count
     origins: dict = field(default_factory=dict)  # emitted tokens per origin (events.py)
     by_key: dict = field(default_factory=dict)  # suffix drafts per statistics key (source, match)
+    # Drafted and accepted per drafter kind, each with its statistics keys
+    # (Summary.drafted_by), and how often the hybrid asked each option.
+    drafted_by: dict = field(default_factory=dict)
+    hybrid: dict = field(default_factory=dict)  # Summary.drafter_stats["hybrid"]
     ssd: dict = field(default_factory=dict)  # the ssd mode's counts (Summary.drafter_stats["ssd"])
     paused: int = 0  # steps break-even auto-off decoded plainly
     auto_off: dict = field(default_factory=dict)  # what it measured (Summary.auto_off)
@@ -81,6 +86,8 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                k_used=[e.k for e in steps],
                blas_threads=s.blas_threads, origins=dict(s.tokens_by_origin),
                by_key=dict(s.drafted_by.get("suffix", {}).get("by_key", {})),
+               drafted_by=copy.deepcopy(s.drafted_by),
+               hybrid=dict(s.drafter_stats.get("hybrid", {})),
                ssd=dict(s.drafter_stats.get("ssd", {})), paused=s.paused_steps,
                auto_off=dict(s.auto_off))
 
