@@ -130,3 +130,51 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     shortest = min(len(p.prompt) for p in trainer.train if isinstance(p, head_training._Request))
     assert record["step"] == 3 and record["tokens"] >= shortest + plan.reply_tokens - 1
     assert (tmp_path / "head" / "model.safetensors").is_file()
+
+
+def test_the_budget_starts_after_the_held_out_pieces_are_labelled(tmp_path, tiny_target, texts,
+                                                                  monkeypatch):
+    """Labelling the held-out pieces takes minutes on a large target; it
+    comes first and outside the budget, so a short budget still trains. A
+    budget that ends before the first update saves nothing and says so,
+    and a run that goes on from a checkpoint says so before it starts."""
+    import time
+
+    from specchat.engine import head_training
+    from specchat.engine.events import TrainPlan
+    from specchat.library import trained_heads
+
+    engine = Engine()
+    engine.load(tiny_target)
+    samples = tuple(trained_heads.file_chats([texts], 200_000))
+    label_held = head_training._Trainer.label_held
+
+    def slow(self):  # as if each held-out piece took a large target's forward
+        if not hasattr(self, "_held"):
+            label_held(self)
+            time.sleep(6)
+
+    monkeypatch.setattr(head_training._Trainer, "label_held", slow)
+
+    def run(out, minutes, steps=None):
+        events = []
+        plan = TrainPlan(samples=samples, out=str(out), minutes=minutes, draft_vocab=256,
+                         max_steps=steps, held_pieces=1, checkpoint_s=999)
+        return head_training.train(engine, plan, events.append), events
+
+    record, events = run(tmp_path / "head", 0.1, steps=2)
+    assert [e.stage for e in events][:2] == ["preparing", "measuring"]
+    assert "before the 0.1-minute budget starts" in events[1].message
+    assert record["step"] == 2 and trained_heads.can_resume(tmp_path / "head")
+
+    record, events = run(tmp_path / "head", 1.0, steps=3)
+    assert events[0].resumed and events[0].message.startswith(
+        f"going on from the checkpoint in {tmp_path / 'head'}: step 2, ")
+    assert record["step"] == 3
+
+    record, events = run(tmp_path / "none", 0.0)
+    assert record["step"] == 0 and not trained_heads.can_resume(tmp_path / "none")
+    assert not (tmp_path / "none" / "model.safetensors").exists()
+    assert events[-1].stage == "done" and events[-1].message == (
+        "the 0-minute budget ended before the first update (labelling 0 tokens took it); "
+        "give it more minutes; nothing was saved")

@@ -261,7 +261,9 @@ class TrainPlan:
 class TrainProgress:
     """Emitted by a head-training job as it goes."""
 
-    stage: str  # "preparing", "labelling" (a piece done), "training", "checkpoint", "done"
+    # "preparing", "measuring" (the held-out pieces labelled, before the
+    # budget starts), "labelling" (a piece done), "training", "checkpoint", "done"
+    stage: str
     step: int
     tokens: int  # tokens labelled by the target in all (a resumed run's included)
     elapsed_s: float  # this run's time

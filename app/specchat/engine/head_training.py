@@ -388,17 +388,28 @@ class _Trainer:
             weight += w
         return total / weight
 
+    def label_held(self) -> None:
+        """Label the held-out pieces once per run (kept in half precision):
+        a target forward each, and for a request the target's whole reply,
+        so minutes on a large target; a run's budget starts after it.
+        Cancelled midway, nothing is kept (a reply may have been cut short)."""
+        if hasattr(self, "_held"):
+            return
+        held = []
+        for item in self.held[:self.plan.held_pieces]:
+            seq, first = self.piece(item, self.cancelled)
+            if self.cancelled is not None and self.cancelled.is_set():
+                return
+            feats, labels = self.label(seq)
+            held.append((feats.astype(mx.float16), labels, mx.array(seq, dtype=mx.int32), first))
+            mx.eval(held[-1][:3])
+        self._held = held
+
     def accept(self) -> tuple[float, ...]:
-        """Held-out greedy acceptance of draft positions 1..steps (the held-out
-        pieces are labelled once and kept, in half precision)."""
-        if not hasattr(self, "_held"):
-            self._held = []
-            for item in self.held[:self.plan.held_pieces]:
-                seq, first = self.piece(item, self.cancelled)
-                feats, labels = self.label(seq)
-                self._held.append((feats.astype(mx.float16), labels,
-                                   mx.array(seq, dtype=mx.int32), first))
-                mx.eval(self._held[-1][:3])
+        """Held-out greedy acceptance of draft positions 1..steps."""
+        self.label_held()
+        if not hasattr(self, "_held"):  # cancelled while labelling them
+            return ()
         hits = [0] * self.plan.steps
         rows = 0
         for feats, labels, ids, first in self._held:
@@ -416,10 +427,9 @@ class _Trainer:
         labelled so far; nothing when the run was cancelled meanwhile (a
         held-out reply may have been cut short: the pieces are made again
         next time)."""
-        acc = self.accept()
-        if self.cancelled is not None and self.cancelled.is_set():
-            del self._held
+        if self.cancelled is not None and self.cancelled.is_set() and not hasattr(self, "_held"):
             return ()
+        acc = self.accept()
         self.state.curve.append({"tokens": self.state.tokens, "accept": list(acc)})
         return acc
 
@@ -444,12 +454,20 @@ class _Trainer:
     # -- the loop ------------------------------------------------------------------------
     def run(self, report: Callable[[TrainProgress], None], cancelled: threading.Event | None):
         """Train for this run's budget (``plan.minutes`` more, on top of what
-        a resumed head had); the progress reports this run's time."""
+        a resumed head had); the progress reports this run's time. The
+        held-out pieces are labelled first, outside the budget: on a large
+        target that takes minutes, which would otherwise leave a short
+        budget no time to learn."""
         budget = self.plan.minutes * 60.0
         self.cancelled = cancelled  # a held-out reply being written stops too
         st = self.state
         order = list(range(len(self.train)))
         random.Random(self.plan.seed).shuffle(order)
+        n_held = min(self.plan.held_pieces, len(self.held))
+        report(TrainProgress("measuring", st.step, st.tokens, 0.0, budget, resumed=self.resumed,
+                             message=f"labelling {n_held} held-out pieces to measure the head "
+                                     f"on, before the {self.plan.minutes:g}-minute budget starts"))
+        self.label_held()
         before, start = st.elapsed_s, time.perf_counter()
         last_ckpt = start
 
@@ -459,7 +477,7 @@ class _Trainer:
             report(TrainProgress(stage, st.step, st.tokens, now, budget, loss, accept,
                                  self.resumed, message))
 
-        if not st.curve:  # the untrained head's acceptance, for the curve
+        if not st.curve and hasattr(self, "_held"):  # the untrained head's, for the curve
             progress("training", accept=self._measure(), message="the untrained head, held out")
         loss = None
         owed = 0.0  # updates still due on what is labelled
@@ -497,8 +515,11 @@ class _Trainer:
             else:
                 progress("training", loss)
         stopped = cancelled is not None and cancelled.is_set()
-        if stopped and st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
-            progress("done", message="cancelled before the first update; nothing was saved")
+        if st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
+            why = ("cancelled before the first update" if stopped else
+                   f"the {self.plan.minutes:g}-minute budget ended before the first update "
+                   f"(labelling {st.tokens:,} tokens took it); give it more minutes")
+            progress("done", message=f"{why}; nothing was saved")
             return st
         acc = self._measure()
         self.save()
@@ -511,8 +532,12 @@ def train(engine, plan: TrainPlan, report: Callable[[TrainProgress], None],
     """Train (or go on training) a head for the loaded target into
     ``plan.out``; returns the training record (specchat-training.json)."""
     trainer = _Trainer(engine, plan)
-    report(TrainProgress("preparing", trainer.state.step, trainer.state.tokens,
-                         trainer.state.elapsed_s, plan.minutes * 60.0, resumed=trainer.resumed,
-                         message=f"{len(trainer.train)} pieces to learn from, "
+    st = trainer.state
+    resumed = (f"going on from the checkpoint in {plan.out}: step {st.step:,}, "
+               f"{st.tokens:,} tokens labelled, {st.elapsed_s / 60:.1f} min trained; "
+               if trainer.resumed else "")
+    report(TrainProgress("preparing", st.step, st.tokens, 0.0, plan.minutes * 60.0,
+                         resumed=trainer.resumed,
+                         message=f"{resumed}{len(trainer.train)} pieces to learn from, "
                                  f"{len(trainer.held)} held out"))
     return asdict(trainer.run(report, cancelled))

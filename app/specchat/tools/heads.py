@@ -82,7 +82,7 @@ def main(args) -> int:
             loss = f", loss {p.loss:.3f}" if p.loss is not None else ""
             note = f" ({p.message})" if p.message else ""
             print(f"[{p.stage}] step {p.step}, {p.tokens:,} tokens, {p.elapsed_s / 60:.1f} of "
-                  f"{p.budget_s / 60:.0f} min{loss}{extra}{note}", file=sys.stderr, flush=True)
+                  f"{p.budget_s / 60:g} min{loss}{extra}{note}", file=sys.stderr, flush=True)
 
     client = make_client()
     stopped, job = threading.Event(), None
@@ -104,9 +104,13 @@ def main(args) -> int:
         record = job.wait(on_event=lambda ev: report(ev) if isinstance(ev, TrainProgress)
                           else None)
         if not trained_heads.can_resume(out):
-            print("specchat: training stopped before the first update; nothing was saved",
-                  file=sys.stderr)
-            return 130
+            if stopped.is_set():
+                print("specchat: training stopped before the first update; nothing was saved",
+                      file=sys.stderr)
+                return 130
+            print(f"specchat: error: the {args.minutes:g}-minute budget ended before the first "
+                  "update; nothing was saved. Run again with more --minutes.", file=sys.stderr)
+            return 1
         trained_heads.list_trained(out, args.target)
     except (EngineError, LibraryError) as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)
