@@ -32,6 +32,7 @@ from specchat.library.engine_link import make_client
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.protocol import MAX_TOKENS_CAP
 from specchat.server.service import ApiService, Served
+from specchat.store.summary import shares_text
 from specchat.tools import heads, recommend
 from specchat.tools.prompts import KINDS
 from specchat.tools.variants import VARIANTS
@@ -368,6 +369,16 @@ def _request_from(args) -> tuple:
     return request, mode
 
 
+def mode_text(mode: modes.Mode, draft) -> str:
+    """The mode in words, naming the pair's draft (``draft``: its ModelInfo
+    or None): a head chosen as the draft runs the draft model's modes, and
+    is named as what it is."""
+    if draft is None or "draft model" not in mode.label:
+        return mode.label
+    kind = "draft head" if draft.model_type == "eagle3" else "draft model"
+    return mode.label.replace("draft model", f"{kind} {draft.name}")
+
+
 def cmd_generate(args) -> int:
     request, mode = _request_from(args)
 
@@ -404,8 +415,11 @@ def cmd_generate(args) -> int:
     else:
         sys.stdout.write("\n")
         rate = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+        shares = shares_text(s.tokens_by_origin)
+        drafts = (f" ({mode_text(modes.get(s.mode), pair.draft)}"
+                  f"{': ' + shares if shares else ''})") if s.mode != modes.PLAIN.name else ""
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
-              f"{s.tokens_per_step:.2f} tokens/step{rate}, first token {s.ttft_s:.2f}s, "
+              f"{s.tokens_per_step:.2f} tokens/step{rate}{drafts}, first token {s.ttft_s:.2f}s, "
               f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
         if cancelled:
             print("specchat: reply cancelled (Ctrl-C): the text above is incomplete",
@@ -469,7 +483,8 @@ def cmd_serve(args) -> int:
                              args.max_tokens_cap or MAX_TOKENS_CAP, on_activity=activity)
         server = LocalServer(service, args.host, args.port, key, args.allow_remote,
                              cors_origins=args.cors_origin)
-        print(f"SpecChat API on {server.url}: model {service.served.model!r}, {mode.label}"
+        print(f"SpecChat API on {server.url}: model {service.served.model!r}, "
+              f"{mode_text(mode, pair.draft)}"
               f"{', API key required' if key else ''}. Ctrl+C stops it.", file=sys.stderr)
         server.serve_forever()
         print("SpecChat API stopped.", file=sys.stderr)

@@ -41,6 +41,11 @@ def test_specchat_serve_takes_an_installed_head_as_its_draft(home, tiny_dir, tin
                      "--max-tokens", "24", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert plain["stats"]["new_tokens"] == 24 and plain["stats"]["drafted"] == 0
+    assert cli.main(["generate", "--target", str(tiny_target), "--draft", "my-head",
+                     "--prompt", PROMPT, "--max-tokens", "24"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == plain["text"].strip()
+    assert "[hybrid] 24 tokens" in out.err and "(draft head my-head + suffix match" in out.err
 
     served = Serving(["--target", str(tiny_target), "--draft", "my-head", "--port", "0"], home)
     try:
@@ -50,6 +55,7 @@ def test_specchat_serve_takes_an_installed_head_as_its_draft(home, tiny_dir, tin
     finally:
         log = served.stop()
     assert "loading the draft head my-head" in log
+    assert "draft head my-head + suffix match" in log  # the banner names the head as a head
     assert [m["id"] for m in models["data"]] == [tiny_target.name]
     assert models["data"][0]["speculative"] == {"mode": "hybrid", "draft": "my-head"}
     assert status == 200, body
