@@ -98,46 +98,41 @@ def test_live_stats_carry_the_sources_the_chart_points_and_the_plain_reference()
     assert v.speedup == pytest.approx(7.0 / 5.0)
 
 
-def test_shares_in_the_gauges_and_the_summary_line(qtbot):
-    counts = {"target": 28, "draft": 41, "conversation": 22, "history": 9}
-    assert shares_text(counts) == "draft 41% · conversation 22% · history 9%"
+def _sources_gauge(qtbot, origins: tuple[str, ...]) -> GaugeStrip:
+    """The gauge strip after one step whose tokens came from ``origins``."""
+    strip = GaugeStrip()
+    qtbot.addWidget(strip)
+    live = LiveStats(modes.for_pair(True, has_draft=True))
+    live.add(_step(0, len(origins), len(origins), len(origins) - 1, 0.5, len(origins), origins))
+    strip.show_values(live.values())
+    return strip
+
+
+@pytest.mark.parametrize("counts, shown, origins, gauge, tip", [
+    ({"target": 28, "draft": 41, "conversation": 22, "history": 9},
+     "draft 41% · conversation 22% · history 9%",
+     ("draft", "history", "history", "target"), "draft 25% · history 50%",
+     "your history: 2 tokens (50%)"),
+    # An EAGLE-3 head's tokens are the head's, by name.
+    ({"target": 6, "head": 3, "conversation": 1}, "conversation 10% · head 30%",
+     ("head", "head", "head", "target"), "head 75%", "a draft head (EAGLE-3): 3 tokens (75%)"),
+])
+def test_shares_in_the_gauges_and_the_summary_line(qtbot, counts, shown, origins, gauge, tip):
+    assert shares_text(counts) == shown
     assert shares_text({"target": 5}) == ""
     assert origin_shares({"target": 1, "lookup": 1}) == [("lookup", 0.5)]  # unknown: its name
 
     s = ReplySummary(mode="hybrid", new_tokens=100, drafted=80, accepted=72,
                      acceptance_rate=0.9, tokens_per_step=3.2, tokens_per_s=40.0, ttft_s=0.1,
                      tokens_by_origin=counts)
-    assert "acceptance 90% · 3.20 tokens/step · draft 41% · conversation 22% · history 9%" \
-        in s.line()
+    assert f"acceptance 90% · 3.20 tokens/step · {shown}" in s.line()
     assert "%" not in ReplySummary(mode="plain", new_tokens=9, tokens_by_origin={"target": 9}
                                    ).line()
 
-    strip = GaugeStrip()
-    qtbot.addWidget(strip)
-    live = LiveStats(modes.for_pair(True, has_draft=True))
-    live.add(_step(0, 4, 4, 3, 0.5, 4, ("draft", "history", "history", "target")))
-    strip.show_values(live.values())
-    assert strip.sources.value.text() == "draft 25% · history 50%"
-    assert strip.sources.bar.counts == {"draft": 1, "history": 2, "target": 1}
-    assert "your history: 2 tokens (50%)" in strip.sources.toolTip()
-
-
-def test_a_draft_heads_tokens_are_named_in_the_gauges_and_the_summary(qtbot):
-    """Tokens an EAGLE-3 head drafted are the head's, by name, in the summary
-    line and the sources gauge (its tooltip says what it is)."""
-    counts = {"target": 6, "head": 3, "conversation": 1}
-    assert shares_text(counts) == "conversation 10% · head 30%"
-    s = ReplySummary(mode="head+suffix", new_tokens=10, drafted=5, accepted=4,
-                     acceptance_rate=0.8, tokens_per_step=2.0, tokens_per_s=4.0, ttft_s=0.1,
-                     tokens_by_origin=counts)
-    assert "conversation 10% · head 30%" in s.line()
-    strip = GaugeStrip()
-    qtbot.addWidget(strip)
-    live = LiveStats(modes.for_pair(True, has_draft=True))
-    live.add(_step(0, 4, 4, 3, 0.5, 4, ("head", "head", "head", "target")))
-    strip.show_values(live.values())
-    assert strip.sources.value.text() == "head 75%"
-    assert "a draft head (EAGLE-3): 3 tokens (75%)" in strip.sources.toolTip()
+    strip = _sources_gauge(qtbot, origins)
+    assert strip.sources.value.text() == gauge
+    assert strip.sources.bar.counts == dict(Counter(origins))
+    assert tip in strip.sources.toolTip()
 
 
 def test_charts_redraw_a_few_times_a_second_however_often_steps_come(qtbot):
