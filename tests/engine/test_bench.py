@@ -186,7 +186,8 @@ def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
     assert "where the tokens came from" in p.stdout
     spec = rep["modes"]["spec"]
     assert spec["drafted_by"]["suffix"]["by_key"] and spec["drafted_by"]["draft"]["drafted"] > 0
-    assert sum(spec["hybrid_choices"].values()) > 0 and "chained" in spec["hybrid_choices"]
+    choices = spec["hybrid_choices"]  # steps with a suffix match: whom the hybrid asked
+    assert set(choices) == {"suffix", "model", "chained"} and choices["suffix"] > 0
     bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
                  str(prompts), "--ids", "m1", "nope")
     assert bad.returncode == 1 and "has no prompt nope" in bad.stderr

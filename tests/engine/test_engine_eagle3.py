@@ -194,6 +194,12 @@ def test_a_rope_scaling_mlx_lm_cannot_build_is_refused_in_words(tiny_dir, tiny_t
     with pytest.raises(EngineError, match="type \"llama3\", which mlx-lm cannot build "
                                           "\\(it lacks 'factor'\\)"):
         Engine().load(tiny_target, folder)
+    # Built, but failing once applied: dynamic scaling with no length to scale from.
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    del config["max_position_embeddings"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError, match='type "dynamic", which mlx-lm cannot build'):
+        Engine().load(tiny_target, folder)
 
 
 def test_a_head_whose_map_points_past_the_targets_vocabulary_is_refused_in_words(

@@ -8,10 +8,13 @@ import pytest
 from specchat.engine import drafter_kinds
 from specchat.engine.draft_policy import CostModel, DraftPolicy
 from specchat.engine.drafters import Proposal
-from specchat.engine.events import DraftSettings, GenerateRequest
+from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
+from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.session import Engine
-from tinymodels import build_eagle3
+from specchat.engine.suffix import SuffixDrafter, stats_key
+from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
+from tinymodels import add_mtp, build_arch, build_eagle3
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
 
@@ -61,24 +64,70 @@ def test_drafting_on_past_given_tokens_is_drafting_on_past_its_own(engine):
     assert after.forwards == len(after.tokens) + 1  # the given token's forward too
 
 
-def test_a_reply_that_always_chains_the_head_after_the_suffix_is_plain_decoding(
-        engine, monkeypatch):
+@pytest.fixture(scope="module")
+def mtp_engine(tiny_dir, tiny_tokenizer):
+    e = Engine()
+    assert e.load(add_mtp(build_arch(tiny_dir / "qwen3_5-mtp-chain", tiny_tokenizer, "qwen3_5",
+                                     seed=8))).mtp
+    return e
+
+
+def _always_chain(monkeypatch, kind: str, reply: tuple[int, ...] = ()) -> None:
     """Every step with a suffix match chains the head after it, up to 3
-    drafts (the tiny head's cost would price it out, and its blocks would
-    have no room after a long match): the reply is plain
-    decoding's, and the head's chained drafts are counted under their own
-    key, accepted or not."""
-    plain = _gen(engine, "plain").token_ids
-    after = drafter_kinds.after_key("eagle3")
+    drafts (a tiny head's cost would price it out, and its own cap leave it
+    no room after a long match); and after every verify the head's cache
+    holds its committed rows only, whatever it read past them. With
+    ``reply`` (greedy's), the suffix drafter proposes its next two tokens
+    at every step, as a long copy would: a random target repeats nothing."""
+    after = drafter_kinds.after_key(kind)
+    if reply:
+        def copy(self, context, ctl):
+            done = len(context) - len(PROMPT)
+            tokens = list(reply[done:done + 2])
+            return Proposal(tokens=tokens, source="suffix", key=stats_key("conversation", 16),
+                            confidences=[0.9] * len(tokens), origins=["conversation"] * len(tokens))
+
+        monkeypatch.setattr(SuffixDrafter, "propose", copy)
     cap = DraftPolicy.cap
     monkeypatch.setattr(HybridDrafter, "choose", lambda self, policy, s: ("chained", 3))
-    monkeypatch.setattr(DraftPolicy, "cap", lambda self, kind, key=None:
-                        (3 if key == after else 24) if kind == "eagle3" else cap(self, kind, key))
-    r = _gen(engine, "hybrid")
+    monkeypatch.setattr(DraftPolicy, "cap", lambda self, k, key=None:
+                        (3 if key == after else 24) if k == kind else cap(self, k, key))
+    kept = HeadDrafter.kept
+
+    def check(self, length):
+        kept(self, length)
+        assert all(c.offset == self.rows <= max(0, length - 1) for c in self.cache)
+
+    monkeypatch.setattr(HeadDrafter, "kept", check)
+
+
+@pytest.mark.parametrize("kind, mode", [("eagle3", "hybrid"), ("mtp", "mtp+suffix")])
+def test_a_reply_that_always_chains_the_head_after_the_suffix_is_plain_decoding(
+        request, monkeypatch, kind, mode):
+    """An EAGLE-3 head and the target's own MTP head alike: the reply is
+    plain decoding's, and the head's chained drafts are counted under their
+    own key, accepted or not."""
+    engine = request.getfixturevalue("engine" if kind == "eagle3" else "mtp_engine")
+    plain = _gen(engine, "plain").token_ids
+    _always_chain(monkeypatch, kind, plain)
+    r = _gen(engine, mode)
     assert r.token_ids == plain
-    chained = r.summary.drafted_by["eagle3"]["by_key"][after]
+    chained = r.summary.drafted_by[kind]["by_key"][drafter_kinds.after_key(kind)]
     assert chained["drafted"] > 0
+    assert r.summary.drafter_stats["hybrid"]["chained"] > 0
     assert r.summary.drafted_by["suffix"]["accepted"] > 0
+
+
+@pytest.mark.slow  # a long chi-square run: CI's slow step
+def test_sampled_replies_that_chain_the_head_follow_the_target(engine, monkeypatch):
+    """At T > 0 a chained block's q is one-hot rows for the suffix's tokens
+    and the head's own rows after them: rejection sampling stays exact."""
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    joint = exact_joint(engine.target.model, sampling, PROMPT, 4)
+    _always_chain(monkeypatch, "eagle3")
+    counts, drafted, _, _ = sample_counts(engine, PROMPT, "hybrid", None, sampling, 4, 1500)
+    assert drafted > 1500
+    assert chi_square_p(counts, joint) > ALPHA
 
 
 def test_the_hybrid_prices_a_chained_head_by_its_own_acceptance_after_a_suffix():

@@ -63,7 +63,8 @@ def test_specchat_serve_takes_an_installed_head_as_its_draft(home, tiny_dir, tin
     assert r["choices"][0]["message"]["content"] == plain["text"]
     assert r["usage"]["completion_tokens"] == 24 and r["choices"][0]["finish_reason"] == "length"
     spec = r["speculative"]
-    assert spec["mode"] == "hybrid" and spec["accepted"] <= spec["drafted"]
+    assert spec["mode"] == "hybrid" and 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["drafted"] > 0  # the head drafted (the random head is rarely right)
     assert sum(spec.get("tokens_by_origin", {}).values()) == 24
 
 

@@ -225,8 +225,10 @@ class DraftPolicy:
         # at all; how far to draft is the early stop's call, token by token.
         return spec.cap if spec.calibrated else k
 
-    def keep_going(self, confidences: list[float]) -> bool:
-        """After drafting len(confidences) tokens, draft one more?
+    def keep_going(self, confidences: list[float], survive: float = 1.0) -> bool:
+        """After drafting len(confidences) tokens, draft one more? (``survive``:
+        the chance that what the block holds before them is accepted: a
+        suffix draft's tokens, when this drafter chains after them.)
 
         The next token is accepted only if every token so far is; its own
         chance is estimated by the last token's calibrated confidence (a
@@ -236,7 +238,6 @@ class DraftPolicy:
         """
         if self.fixed_k is not None:
             return True
-        survive = 1.0
         for c in confidences:
             survive *= self.calibration(c)
         worth = survive * self.calibration(confidences[-1]) * self.rate

@@ -109,8 +109,8 @@ def make_rope(c: HeadConfig) -> nn.Module:
 def check_rope(c: HeadConfig, name: str) -> None:
     """Refuse, in words, a rope scaling mlx-lm cannot build: drafting with
     other frequencies than the head was trained with would draft noise."""
-    try:
-        make_rope(c)
+    try:  # built and applied once: some scalings fail only when applied
+        mx.eval(make_rope(c)(mx.zeros((1, 1, 2, c.head_dim)), offset=1))
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         scaling = c.rope_scaling if isinstance(c.rope_scaling, dict) else {}
         kind = scaling.get("type") or scaling.get("rope_type")
@@ -264,7 +264,6 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
     vocab = int(inner.embed_tokens.weight.shape[0])
     fit(c, int(inner.embed_tokens.weight.shape[1]), len(inner.layers), vocab, folder.name,
         target_name)
-    check_rope(c, folder.name)
     weights: dict[str, mx.array] = {}
     for f in weight_files(folder) or sorted(folder.glob("*.safetensors")):
         for k, v in mx.load(str(f)).items():
@@ -272,6 +271,7 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
             if name is not None:
                 weights[name] = v.astype(mx.int32) if name == "d2t" else v
     c = head_dim_of_weights(c, weights, folder.name)
+    check_rope(c, folder.name)
     t2d = weights.pop("t2d", None)
     if c.draft_vocab_size == c.vocab_size and "d2t" not in weights:
         weights["d2t"] = mx.zeros((c.draft_vocab_size,), dtype=mx.int32)

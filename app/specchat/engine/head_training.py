@@ -516,9 +516,10 @@ class _Trainer:
                 progress("training", loss)
         stopped = cancelled is not None and cancelled.is_set()
         if st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
+            took = f" (labelling {st.tokens:,} tokens took it)" if st.tokens else ""
             why = ("cancelled before the first update" if stopped else
-                   f"the {self.plan.minutes:g}-minute budget ended before the first update "
-                   f"(labelling {st.tokens:,} tokens took it); give it more minutes")
+                   f"the {self.plan.minutes:g}-minute budget ended before the first "
+                   f"update{took}; give it more minutes")
             progress("done", message=f"{why}; nothing was saved")
             return st
         acc = self._measure()

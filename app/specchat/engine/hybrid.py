@@ -114,14 +114,20 @@ class HybridDrafter(Drafter):
                 choice = "suffix"
         if choice != "model":
             self._overruled[s.key] = 0
-        self.choices[choice] += 1
         if choice == "suffix":
+            self.choices["suffix"] += 1
             return s
         if choice == "model":
+            self.choices["model"] += 1
             return self.model.propose(context, ctl)
-        room = ctl.cap(self.model.name) - s.k
+        # The other drafter drafts on only while the whole block, the suffix's
+        # tokens first, is worth it: its own confidences start from the
+        # chance that all S survive.
+        survive = policy.stats(SUFFIX.name, s.key).accept ** s.k
         m = self.model.propose_after(context, s.tokens, replace(
-            ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), room, k_model)))
+            ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), k_model),
+            keep_going=lambda confs: policy.keep_going(confs, survive)))
+        self.choices["chained" if m.tokens else "suffix"] += 1
         return chain(s, m, ctl.vocab, ctl.sampling.greedy)
 
     def choose(self, policy: DraftPolicy, s: Proposal) -> tuple[str, int]:
@@ -138,6 +144,8 @@ class HybridDrafter(Drafter):
         # Expected accepted drafts: expected tokens less the target's own.
         e_s = expected_tokens(a_s, s.k) - 1.0
         e_m = expected_tokens(a_m, k_m) - 1.0
+        # Chained, the block is at most the other drafter's longest.
+        room = self.kind.cap - s.k
         if self.kind.reads_target:
             # A head reads the suffix's tokens one forward each, from its own
             # output, and drafts on at the acceptance of its chained drafts.
@@ -146,6 +154,7 @@ class HybridDrafter(Drafter):
         else:
             # A draft model reads them in its first forward, as a longer one.
             a_c, k_c, read = a_m, k_m, c * cost.slope * s.k
+        k_c = min(k_c, room)
         e_c = expected_tokens(a_c, k_c) - 1.0
         rates = {
             "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
@@ -153,8 +162,8 @@ class HybridDrafter(Drafter):
             "chained": (e_s + a_s ** s.k * e_c + 1.0)
             / (k_c * c + read + cost.verify(s.k + k_c + 1)),
         }
-        if c <= 0:
-            rates.pop("chained")  # no draft cost known: never chain blindly
+        if c <= 0 or k_c < 1:
+            rates.pop("chained")  # no draft cost known (never chain blindly), or no room
         best = max(rates, key=lambda r: rates[r])
         return best, (k_c if best == "chained" else k_m)
 
