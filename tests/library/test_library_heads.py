@@ -77,3 +77,47 @@ def test_a_heads_vocabulary_map_is_checked_before_it_loads(lib_home, tiny_dir, t
     good = compatibility.check(str(tiny_target), str(build_eagle3(tiny_dir / "map-eagle3",
                                                                   tiny_target)))
     assert good.compatible, good.reasons
+
+
+def test_a_trained_heads_checkpoint_is_not_counted_in_its_size(lib_home, tiny_dir,
+                                                                tiny_target):
+    """A head trained here keeps its optimizer's state beside its weights
+    (for resuming): the library counts only the head, in bytes and
+    parameters, as the model manager and the pair picker show it."""
+    import mlx.core as mx
+    from specchat.library import trained_heads
+
+    folder = build_eagle3(tiny_dir / "checkpoint-eagle3", tiny_target)
+    alone = trained_heads.list_trained(folder, str(tiny_target))
+    weights = mx.load(str(folder / "model.safetensors"))
+    mx.save_safetensors(str(folder / "optimizer.safetensors"),
+                        {f"{k}.{m}": v for k, v in weights.items() for m in ("m", "v")})
+    (folder / "specchat-training.json").write_text('{"step": 3}')
+    listed = trained_heads.list_trained(folder, str(tiny_target))
+    assert listed.name == alone.name
+    assert (listed.size_bytes, listed.params) == (alone.size_bytes, alone.params)
+    assert listed.size_bytes < (folder / "optimizer.safetensors").stat().st_size
+    assert index.get(listed.name).size_bytes == alone.size_bytes
+
+
+def test_a_head_chosen_as_the_target_is_refused_in_words(lib_home, tiny_dir, tiny_target):
+    """A head has no tokenizer of its own: chosen as the target, it is said
+    to be a head for its target, to be used as the draft, wherever the
+    target is checked (the command line before loading, the pair check)."""
+    folder = build_eagle3(tiny_dir / "as-target-eagle3", tiny_target, layout="speculators")
+    config = json.loads((folder / "config.json").read_text())
+    config["speculators_config"] = {"verifier": {"name_or_path": "target-llama"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    said = (f"as-target-eagle3 is an EAGLE-3 draft head made for target-llama: a head drafts "
+            f"for a target and cannot be one. Use it as the draft (--draft {folder} on the "
+            "command line, the Draft list in the window), with target-llama as the target")
+    for extra in (["--plain"], ["--draft", str(tiny_target)]):
+        run = _cli("generate", "--target", str(folder), *extra, "--prompt", "Hello",
+                   "--max-tokens", "4")
+        assert run.returncode == 1 and "tokenizer" not in run.stderr
+        assert run.stderr.strip() == f"specchat: error: {said}"
+    verdict = compatibility.check(str(folder), str(tiny_target))
+    assert not verdict.compatible and verdict.reasons == [said]
+    unnamed = build_eagle3(tiny_dir / "as-target-unnamed", tiny_target)
+    run = _cli("generate", "--target", str(unnamed), "--plain", "--prompt", "Hello")
+    assert run.stderr.strip().endswith("with the target it was made for")

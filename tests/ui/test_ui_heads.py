@@ -156,3 +156,28 @@ def test_a_head_fits_a_target_not_downloaded_by_what_it_records(home, tiny_dir, 
     assert other.compatible is None and other.reasons[0].endswith("made for my-target")
     fits = library_view.head_fits(target, ((str(folder), "my-target"),))
     assert fits.name == "smollm2-135m" and fits.verdicts[str(folder)] == other
+
+
+def test_the_manager_points_a_heads_arrow_only_at_a_listed_target(qtbot, home, tiny_dir,
+                                                                  tiny_target):
+    """A head is shown under its target's row ("↳"); a head whose target
+    is not in the library (trained for a target loaded from a folder) has
+    no row to point at: no arrow, and its source says its target is not
+    in the library."""
+    from specchat.ui.model_manager import ModelManager
+
+    importing.import_path(tiny_target, name="my-target")
+    importing.import_path(_head_for(tiny_dir / "manager-eagle3", tiny_target, "my-target"),
+                          name="my-head")
+    importing.import_path(_head_for(tiny_dir / "manager-eagle3-orphan", tiny_target,
+                                    "target-on-a-path"), name="orphan-head")
+    dlg = ModelManager()
+    qtbot.addWidget(dlg)
+    rows = [(dlg.installed.item(i, 0).text(), dlg.installed.item(i, 1).text())
+            for i in range(dlg.installed.rowCount())]
+    names = [name for name, _ in rows]
+    assert names.index("↳ my-head") == names.index("my-target") + 1
+    assert "orphan-head" in names and "↳ orphan-head" not in names
+    source = dict(rows)["orphan-head"]
+    assert source.endswith("(EAGLE-3 head for target-on-a-path, which is not in the library)")
+    assert dict(rows)["↳ my-head"].endswith("(EAGLE-3 head for my-target)")

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from specchat.engine.events import TrainProgress
 from specchat.library import trained_heads
 from specchat.ui import head_training, library_view
 from ui_support import load, wait_until
@@ -61,9 +62,17 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     window.composer.send_button.click()  # refused in words, not queued behind the training
     wait_until(lambda: "Training a draft head is running" in window.error_banner.label.text())
     wait_until(lambda: _updates(row.detail.text()) > 0, timeout=120_000)
+    # The untrained head's held-out acceptance stays on the line while
+    # later labelling and training reports come in.
+    assert "held-out acceptance by position" in row.detail.text()
+    assert row.cancel_button.isEnabled() and not row.cancel_button.isHidden()
     row.cancel_button.click()
     wait_until(first.done, timeout=120_000)
     assert "Stopped; train again to go on." in row.detail.text()
+    # Stopped, not finished: the bar stays where training stopped (never
+    # full), and there is nothing left to cancel.
+    assert row.bar.maximum() == 1000 and row.bar.value() < row.bar.maximum()
+    assert not row.bar.isHidden() and row.cancel_button.isHidden()
     saved = json.loads((out / "specchat-training.json").read_text())
     assert saved["step"] > 0 and (out / "model.safetensors").is_file()
     assert window.session.engine.held_by is None
@@ -76,9 +85,46 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     record = json.loads((out / "specchat-training.json").read_text())
     assert record["step"] == saved["step"] + 10  # went on from the checkpoint
     assert row2.bar.value() > 0 and "held-out acceptance by position" in row2.detail.text()
+    assert row2.bar.value() == row2.bar.maximum()  # a finished run's bar is full
+    assert row2.cancel_button.isHidden() and not row.cancel_button.isEnabled()
+    assert dlg.train_button.text() == "Resume training…" and dlg.train_button.isEnabled()
 
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
     listed = [m for m in library_view.installed_models() if Path(m.path) == out.resolve()]
     assert len(listed) == 1 and listed[0].head
     assert library_view.source_text(listed[0]).endswith(f"(EAGLE-3 head for {tiny_target.name})")
+    # Its target was loaded from a folder, not listed: no arrow pointing at
+    # a row that is not there, and the head's source says so.
+    names = [dlg.installed.item(i, 0).text() for i in range(dlg.installed.rowCount())]
+    i = names.index(listed[0].name)
+    assert dlg.installed.item(i, 1).text().endswith(
+        f"(EAGLE-3 head for {tiny_target.name}, which is not in the library)")
+    # Only the head's weights count, not the optimizer's checkpoint beside it.
+    assert (out / "optimizer.safetensors").is_file()
+    assert listed[0].size_bytes < (out / "model.safetensors").stat().st_size + 64_000
+
+
+def _progress(stage, step, accept=(), message="", elapsed=60.0):
+    return TrainProgress(stage, step, 1000 + step, elapsed, 600.0, 1.5, accept, message=message)
+
+
+def test_the_progress_line_keeps_the_last_held_out_acceptance():
+    """Only some reports carry a held-out measurement: the line keeps the
+    last one (and the update it was measured at) until a newer one comes."""
+    line = head_training.ProgressLine()
+    first = line.update(_progress("measuring", 0, elapsed=0.0, message="3 of 8 pieces"))
+    assert first.startswith("labelling the held-out pieces · 1,000 tokens labelled")
+    assert "acceptance" not in first and first.endswith("3 of 8 pieces")
+    assert "acceptance" not in line.update(_progress("training", 0))
+    assert line.update(_progress("training", 0, (0.05, 0.01), "the untrained head, held out")
+                       ).endswith("held-out acceptance by position 5% 1% · the untrained head, "
+                                  "held out")
+    text = line.update(_progress("labelling", 40))
+    assert "40 updates" in text and "held-out acceptance by position 5% 1% (at update 0)" in text
+    assert "untrained" not in text
+    text = line.update(_progress("checkpoint", 90, (0.4, 0.2)))
+    assert text.startswith("checkpoint saved · ") and text.endswith("position 40% 20%")
+    assert line.update(_progress("training", 95)).endswith("position 40% 20% (at update 90)")
+    assert line.accept_text() == "40% 20%"
+    assert line.update(_progress("some_new_stage", 95)).startswith("some new stage · ")

@@ -228,6 +228,10 @@ class LoadProgress:
 
 
 TRAINING_STATE = "specchat-training.json"  # beside a head being trained: where a run resumes
+TRAINING_OPTIMIZER = "optimizer.safetensors"  # beside it: the optimizer's state, to resume
+# A training checkpoint's files beside a head's own: for resuming, not part
+# of the head (its size and parameters leave them out: library/facts.py).
+CHECKPOINT_FILES = (TRAINING_STATE, TRAINING_OPTIMIZER)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,27 @@ def is_head(config: dict) -> bool:
             or config.get("model_type") == "eagle3")
 
 
+def not_a_target(folder: str | os.PathLike, made_for: str = "") -> str:
+    """Why a draft head's folder cannot be loaded as a target, in words: the
+    one message wherever a target is checked (validate_folder, before the
+    engine loads one, and the library's pair check). ``made_for``: the
+    model its config says it drafts for ("" when it does not say)."""
+    return (f"{model_name(folder)} is an EAGLE-3 draft head"
+            + (f" made for {made_for}" if made_for else "")
+            + ": a head drafts for a target and cannot be one. Use it as the draft "
+              f"(--draft {folder} on the command line, the Draft list in the window), "
+            + (f"with {made_for} as the target" if made_for
+               else "with the target it was made for"))
+
+
+def _made_for(config: dict) -> str:
+    """The model a head's config says it drafts for, or ""."""
+    try:
+        return head_facts(config)["for"]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ""
+
+
 def head_facts(config: dict) -> dict:
     """What a head's config says it needs of a target, for the check that
     it fits one before anything loads: the hidden width it reads, the
@@ -191,6 +212,8 @@ def validate_folder(folder: Path, error: type[EngineError] = EngineError) -> dic
     if not folder.is_dir():
         raise error(f"Not a model folder: {folder}")
     config = read_config(folder, error)
+    if is_head(config):  # no tokenizer of its own: it cannot be loaded as a model
+        raise error(not_a_target(folder, _made_for(config)))
     if not weight_files(folder):
         pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
         if pickled:

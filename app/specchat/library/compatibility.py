@@ -174,6 +174,9 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
                         f"({params_text(d.params)} vs {params_text(t.params)} parameters)")
     if t.facts is not None and d.facts is not None and not problems:
         good.append("both caches can be rewound after rejected draft tokens")
+    if t.facts is not None and t.facts.head is not None:  # a head chosen as the target:
+        # that is the one thing to say (the engine refuses to load it the same way)
+        problems = [folders.not_a_target(t.path or t.ref, t.facts.head.get("for") or "")]
     est = memory.estimate(t, d, context_tokens) if t.params else None
     return CompatReport(compatible=not problems, reasons=problems or good, target=t, draft=d,
                         memory=est, notes=notes)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specchat.engine import folders
 from specchat.engine.compat import facts_from_tokenizer_json
+from specchat.engine.events import CHECKPOINT_FILES
 from specchat.library.checks import Tensor, check_folder, read_safetensors, text_config
 from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
@@ -172,13 +173,14 @@ def count_params(config: dict, tensors: dict[str, Tensor]) -> tuple[int, str | N
     return total, label
 
 
-def folder_size(folder: Path) -> int:
+def folder_size(folder: Path, leave_out: tuple[str, ...] = ()) -> int:
     """Bytes of the files in a model folder, following the Hub snapshot's
-    symlinks to the blobs they name."""
+    symlinks to the blobs they name; files named in ``leave_out`` are not
+    the model's (a head's training checkpoint)."""
     total = 0
     for entry in folder.iterdir():
         try:
-            if entry.is_file():
+            if entry.name not in leave_out and entry.is_file():
                 total += entry.stat().st_size
         except OSError:
             continue
@@ -245,9 +247,12 @@ HEAD_TENSORS = ("fc.weight", "lm_head.weight")  # besides its layer's (layers.0.
 def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFacts:
     """The facts of an EAGLE-3 draft head's folder (no tokenizer of its own:
     it drafts with the target's), after checking its safetensors files are
-    whole and hold what a head is made of."""
+    whole and hold what a head is made of. A head trained here keeps its
+    training checkpoint beside it (events.CHECKPOINT_FILES: the optimizer's
+    state, as big as the head twice over): for resuming, not the head, so
+    neither its size nor its parameters count it."""
     shown = shown or folder
-    files = sorted(folder.glob("*.safetensors"))
+    files = [f for f in sorted(folder.glob("*.safetensors")) if f.name not in CHECKPOINT_FILES]
     if not files:
         pickled = [p.name for p in folder.glob("*.bin")]
         raise LibraryError(f"{shown} has no safetensors weights"
@@ -265,7 +270,8 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
     except (KeyError, TypeError, ValueError) as exc:
         raise LibraryError(f"{shown}/config.json is not an EAGLE-3 head's config ({exc})") from exc
     params, label = count_params(config, tensors)
-    return ModelFacts(size_bytes=folder_size(folder), params=params or None, quantization=label,
+    return ModelFacts(size_bytes=folder_size(folder, CHECKPOINT_FILES), params=params or None,
+                      quantization=label,
                       model_type="eagle3", vocab_size=head["vocab"], attention="full", mtp=False,
                       hidden_size=head["reads_width"], head=head)
 

@@ -23,16 +23,56 @@ HOLDER = "Training a draft head"
 MAX_CHARS = 4_000_000  # text read from files, at most (as the command line's default)
 
 
-def progress_text(p: TrainProgress) -> str:
-    """What the row under the progress bar says."""
-    parts = [f"{p.tokens:,} tokens labelled", f"{p.step:,} updates",
-             f"{p.elapsed_s / 60:.1f} of {p.budget_s / 60:.0f} min"]
-    if p.accept:
+STAGES = {  # what a stage says on the line, before the counts ("" says nothing)
+    "preparing": "preparing",
+    "measuring": "labelling the held-out pieces",
+    "labelling": "",
+    "training": "",
+    "checkpoint": "checkpoint saved",
+    "done": "",
+}
+
+
+def progress_text(p: TrainProgress, measured: tuple[float, ...] = (),
+                  measured_at: int | None = None) -> str:
+    """What the row under the progress bar says. ``measured`` is the last
+    held-out acceptance measured before ``p`` (at update ``measured_at``),
+    shown while ``p`` brings none of its own (ProgressLine keeps it)."""
+    stage = STAGES.get(p.stage, p.stage.replace("_", " "))
+    parts = [stage] if stage else []
+    parts += [f"{p.tokens:,} tokens labelled", f"{p.step:,} updates",
+              f"{p.elapsed_s / 60:.1f} of {p.budget_s / 60:.0f} min"]
+    accept, at = (p.accept, p.step) if p.accept else (measured, measured_at)
+    if accept:
         parts.append("held-out acceptance by position "
-                     + " ".join(f"{a:.0%}" for a in p.accept))
+                     + " ".join(f"{a:.0%}" for a in accept)
+                     + (f" (at update {at:,})" if at is not None and at != p.step else ""))
     if p.message:
         parts.append(p.message)
     return " · ".join(parts)
+
+
+class ProgressLine:
+    """The progress line of one run: each event's counts, with the last
+    held-out acceptance measured (only "checkpoint" and "done" events, and
+    the untrained head's first one, carry it) kept on the line until a
+    newer measurement replaces it."""
+
+    def __init__(self):
+        self.accept: tuple[float, ...] = ()
+        self.at: int | None = None  # the update it was measured at
+        self.last: TrainProgress | None = None
+
+    def update(self, p: TrainProgress) -> str:
+        text = progress_text(p, self.accept, self.at)
+        if p.accept:
+            self.accept, self.at = tuple(p.accept), p.step
+        self.last = p
+        return text
+
+    def accept_text(self) -> str:
+        """The last measurement, "40% 21%", or "" before the first."""
+        return " ".join(f"{a:.0%}" for a in self.accept)
 
 
 class HeadTraining:

@@ -91,11 +91,24 @@ def heads_under_targets(models: list[InstalledModel]) -> list[InstalledModel]:
     return out + [h for h in heads if h not in out]
 
 
-def source_text(m: InstalledModel) -> str:
-    """Where a model came from, and for a draft head which model it drafts for."""
+def nested_heads(models: list[InstalledModel], others: list[str] = ()) -> list[InstalledModel]:
+    """The draft heads whose target is listed with them (one of ``models``,
+    or named in ``others``: the built-in models shown beside them), which
+    heads_under_targets puts under it; the rest have no target row."""
+    return [h for h in models if h.head and (
+        any(not m.head and _made_for(h, m) for m in models)
+        or (h.head.get("for") or None) in others)]
+
+
+def source_text(m: InstalledModel, listed: bool = True) -> str:
+    """Where a model came from, and for a draft head which model it drafts
+    for; ``listed=False``: that model is not in the library (a head trained
+    for a target loaded from a folder), said so, since no row is its."""
     if not m.head:
         return m.source
-    return f"{m.source} (EAGLE-3 head for {m.head.get('for') or 'its target'})"
+    made_for = m.head.get("for") or "its target"
+    return (f"{m.source} (EAGLE-3 head for {made_for}"
+            + ("" if listed else ", which is not in the library") + ")")
 
 
 def built_in_models() -> list[PreparedModel]:

@@ -75,19 +75,32 @@ class TaskRow(QWidget):
         if message:
             self.detail.setText(message)
 
-    def finish(self, message: str) -> None:
-        self.bar.setRange(0, 1)
-        self.bar.setValue(1)
+    def _ended(self, message: str) -> None:
+        """Whatever the end, there is nothing left to cancel: no button."""
         self.detail.setText(message)
         self.cancel_button.setEnabled(False)
+        self.cancel_button.hide()
+
+    def finish(self, message: str) -> None:
+        """A task that ran to its end: a full bar."""
+        self.bar.setRange(0, 1)
+        self.bar.setValue(1)
+        self._ended(message)
+
+    def stop(self, message: str) -> None:
+        """A task stopped part-way that kept what it did (a training run
+        cancelled with its checkpoint saved): the bar stays where it
+        stopped, never full, since a full one reads as done."""
+        if self.bar.maximum() == 0:  # never measured: a busy bar would read as still going
+            self.bar.hide()
+        self._ended(message)
 
     def fail(self, message: str) -> None:
         """A failed or cancelled task: its message and no bar, since a full
         one reads as done and a part-full one as still going."""
         self.failed = True
         self.bar.hide()
-        self.detail.setText(message)
-        self.cancel_button.setEnabled(False)
+        self._ended(message)
 
 
 def _table(headers: list[str]) -> QTableWidget:
@@ -171,10 +184,16 @@ class ModelManager(QDialog):
             rows += [b, *mine]
         rows += [m for m in models if m not in rows]
         self._installed_rows = rows
+        # A head's arrow points at its target's row above it; a head whose
+        # target is not listed (loaded from a folder) has no arrow, and its
+        # source says which model it drafts for.
+        nested = library_view.nested_heads(models, [b.model.name for b in built]
+                                           + [b.model.ref for b in built])
         _fill(self.installed, [
             (b.model.display_name, f"{b.model.ref} (built in)", size_text(b.size_bytes),
              b.model.params) if b in built else
-            (("↳ " if b.head else "") + b.name, library_view.source_text(b),
+            (("↳ " if b in nested else "") + b.name,
+             library_view.source_text(b, listed=not b.head or b in nested),
              size_text(b.size_bytes), params_text(b.params) if b.params else "")
             for b in rows])
         self._catalog_rows = library_view.catalog_models()
@@ -286,12 +305,11 @@ class ModelManager(QDialog):
         return asyncio.ensure_future(self._train(minutes, max_steps, row))
 
     async def _train(self, minutes: float, max_steps: int | None, row: TaskRow) -> None:
-        last = []
+        line = head_training.ProgressLine()  # keeps the last held-out measurement shown
 
         def progress(p) -> None:
-            last[:] = [p]
             row.fraction(min(1.0, p.elapsed_s / p.budget_s) if p.budget_s else None,
-                         head_training.progress_text(p))
+                         line.update(p))
 
         try:
             head = await self.trainer.run(minutes, progress, max_steps)
@@ -302,10 +320,13 @@ class ModelManager(QDialog):
                 row.fail("Cancelled; nothing was saved.")
                 self.refresh()
                 return
-            accept = " ".join(f"{a:.0%}" for a in last[0].accept) if last else ""
-            row.finish(("Stopped; train again to go on. " if row.cancelled.is_set() else "")
-                       + f"{head.name} is listed under its target"
-                       + (f"; held-out acceptance by position {accept}." if accept else "."))
+            accept = line.accept_text()
+            said = (f"{head.name} is listed under its target"
+                    + (f"; held-out acceptance by position {accept}." if accept else "."))
+            if row.cancelled.is_set():
+                row.stop("Stopped; train again to go on. " + said)
+            else:
+                row.finish(said)
             self.modelsChanged.emit()
         self.refresh()
 
