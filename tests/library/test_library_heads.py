@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import mlx.core as mx
 import pytest
 from specchat.library import compatibility, importing, index, refs
 from tinymodels import build_eagle3
@@ -77,6 +78,17 @@ def test_a_heads_vocabulary_map_is_checked_before_it_loads(lib_home, tiny_dir, t
     good = compatibility.check(str(tiny_target), str(build_eagle3(tiny_dir / "map-eagle3",
                                                                   tiny_target)))
     assert good.compatible, good.reasons
+    # A head over the whole vocabulary ships no d2t: its t2d is checked all
+    # the same, as the engine checks it; a checkpoint's file beside it is not read.
+    whole = build_eagle3(tiny_dir / "map-whole-eagle3", tiny_target, draft_vocab=400,
+                         wrap=False)
+    weights = dict(mx.load(str(whole / "model.safetensors")))
+    del weights["d2t"]
+    mx.save_safetensors(str(whole / "model.safetensors"), weights)
+    mx.save_safetensors(str(whole / "optimizer.safetensors"), {"d2t": mx.array([10_000])})
+    bad = compatibility.check(str(tiny_target), str(whole))
+    assert not bad.compatible
+    assert "its t2d marks 200 target ids past target-llama's 400 (up to 798)" in bad.reasons[0]
 
 
 def test_a_trained_heads_checkpoint_is_not_counted_in_its_size(lib_home, tiny_dir,

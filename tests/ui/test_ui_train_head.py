@@ -53,6 +53,13 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     assert not (out / "model.safetensors").exists()
     assert window.session.engine.held_by is None and dlg.train_button.isEnabled()
 
+    no_time = dlg.train_head(0)  # a budget that ends before the first update: said, not "Cancelled"
+    wait_until(no_time.done, timeout=120_000)
+    assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == (
+        "The 0-minute budget ended before the first update; give it more minutes; "
+        "nothing was saved.")
+    assert not (out / "model.safetensors").exists()
+
     first = dlg.train_head(5)  # five minutes: it is cancelled long before
     row = dlg.tasks.itemAt(dlg.tasks.count() - 1).widget()
     wait_until(lambda: window.session.engine.held_by == head_training.HOLDER)

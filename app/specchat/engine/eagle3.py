@@ -35,7 +35,7 @@ from specchat.engine import compute
 from specchat.engine.draft_model import DraftHead
 from specchat.engine.drafter_kinds import EAGLE3
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import read_config, vocab_map_problems, weight_files
+from specchat.engine.folders import head_weight_files, read_config, vocab_map_problems
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
 
@@ -265,7 +265,7 @@ def load_head(folder: Path, target, policy, target_name: str) -> Eagle3Head:
     fit(c, int(inner.embed_tokens.weight.shape[1]), len(inner.layers), vocab, folder.name,
         target_name)
     weights: dict[str, mx.array] = {}
-    for f in weight_files(folder) or sorted(folder.glob("*.safetensors")):
+    for f in head_weight_files(folder):
         for k, v in mx.load(str(f)).items():
             name = _rename(k)
             if name is not None:

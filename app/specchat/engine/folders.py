@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
+from specchat.engine.events import CHECKPOINT_FILES
 from specchat.home import home
 
 HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
@@ -55,6 +56,13 @@ def model_name(folder: str | os.PathLike) -> str:
 def weight_files(folder: Path) -> list[Path]:
     """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
     return sorted(folder.glob("model*.safetensors"))
+
+
+def head_weight_files(folder: Path) -> list[Path]:
+    """The files a draft head's weights (and its d2t, t2d) are read from:
+    a model's, or else any safetensors file but a training checkpoint's."""
+    return weight_files(folder) or [p for p in sorted(folder.glob("*.safetensors"))
+                                    if p.name not in CHECKPOINT_FILES]
 
 
 HEADER_MAX = 100_000_000  # bytes of a safetensors header (its JSON) read at most

@@ -126,7 +126,7 @@ def read_head_map(folder: Path) -> tuple[list[int] | None, list[int] | None]:
     read from its safetensors files without MLX: a few hundred kilobytes
     at the offsets their headers give (read_safetensors checks them first)."""
     found: dict[str, list[int]] = {}
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in folders.head_weight_files(folder):
         tensors = read_safetensors(path)
         wanted = [tensors[n] for n in ("d2t", "t2d") if n in tensors]
         if not wanted:

@@ -147,10 +147,10 @@ def _map_problems(d: ModelSide, head: dict, vocab: int, target: str) -> list[str
         return []
     d2t, t2d = read_head_map(Path(d.path))
     if d2t is None:
-        if head["draft_vocab"] == head["vocab"]:
-            return []  # the whole vocabulary, in the target's order
-        return [f"it drafts over {head['draft_vocab']:,} ids but ships no d2t to map them "
-                f"into {target}'s {vocab:,}"]
+        if head["draft_vocab"] != head["vocab"]:
+            return [f"it drafts over {head['draft_vocab']:,} ids but ships no d2t to map them "
+                    f"into {target}'s {vocab:,}"]
+        d2t = [0] * head["draft_vocab"]  # the whole vocabulary, in order (as the engine reads it)
     return folders.vocab_map_problems(d2t, t2d, head["draft_vocab"], vocab, target)
 
 

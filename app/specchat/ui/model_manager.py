@@ -316,8 +316,10 @@ class ModelManager(QDialog):
         except Exception as exc:  # noqa: BLE001 - EngineError/LibraryError text is for people
             row.fail(str(exc))
         else:
-            if head is None:  # cancelled before it learnt anything
-                row.fail("Cancelled; nothing was saved.")
+            if head is None:  # nothing learnt: cancelled, or the budget ran out first
+                done = line.last.message if line.last is not None else ""
+                row.fail("Cancelled; nothing was saved." if row.cancelled.is_set() or not done
+                         else done[0].upper() + done[1:] + ".")
                 self.refresh()
                 return
             accept = line.accept_text()
