@@ -61,7 +61,9 @@ class PairController(QObject):
         self.checking: asyncio.Future | None = None  # the verdict being worked out
         self._asked = 0  # counts checks: a late answer for an older pair is dropped
         self._measured: dict[str, dict[str, rec.DraftResult]] = {}  # target -> draft -> result
-        self._heads: dict[str, library_view.HeadFits] = {}  # target -> its heads' verdicts
+        # (target, its heads) -> their verdicts; what has been asked since the choices were read
+        self._heads: dict[tuple, library_view.HeadFits] = {}
+        self._heads_asked: set[tuple] = set()
         self._poll: asyncio.Future | None = None
         self._closed = False
         self.finder = DraftFinder(engine, conversations, self)
@@ -114,6 +116,7 @@ class PairController(QObject):
 
     def _got_choices(self, choices: list[ModelChoice]) -> None:
         self.choices = choices
+        self._heads_asked.clear()  # a head's files may have changed: asked again when shown
         self.choicesChanged.emit()
 
     def poll_clusters(self) -> asyncio.Future | None:
@@ -163,18 +166,22 @@ class PairController(QObject):
     # -- draft heads -------------------------------------------------------------
     def heads(self, target: str | None) -> HeadFits | None:
         """Which installed draft heads draft for ``target`` (each with its
-        verdict), as last worked out; worked out again now (it reads their
-        configs), and ``headsChanged`` says if it differs."""
+        verdict), as last worked out. Worked out (it reads their files) once
+        per target and set of heads, and again after the choices are read
+        again; ``headsChanged`` says when an answer arrives."""
         heads = tuple((c.ref, c.head_for) for c in self.choices if c.head_for is not None)
         if not target or not heads:
             return None
-        self._off_thread(library_view.head_fits, target, heads,
-                         then=lambda got: self._got_heads(target, got))
-        return self._heads.get(target)
+        key = (target, heads)
+        if key not in self._heads_asked:
+            self._heads_asked.add(key)
+            self._off_thread(library_view.head_fits, target, heads,
+                             then=lambda got: self._got_heads(key, got))
+        return self._heads.get(key)
 
-    def _got_heads(self, target: str, got: HeadFits) -> None:
-        if got != self._heads.get(target):
-            self._heads[target] = got
+    def _got_heads(self, key: tuple, got: HeadFits) -> None:
+        if key in self._heads_asked and got != self._heads.get(key):  # else: asked before a reread
+            self._heads[key] = got
             self.headsChanged.emit()
 
     def _found(self, outcome: rec.Recommendation) -> None:
