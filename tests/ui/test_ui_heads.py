@@ -6,6 +6,7 @@ loads as the draft and is named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -68,6 +69,13 @@ def test_a_head_is_listed_under_its_target(home, tiny_dir, tiny_target, tiny_dra
     order = library_view.heads_under_targets([listed, other, target])
     assert [m.name for m in order] == ["another", "my-target", "my-head"]
     assert library_view.source_text(listed).endswith("(EAGLE-3 head for my-target)")
+    # A head that names its target's Hub repository finds it under any
+    # revision of it, as the pair picker does (one rule for both).
+    pulled = dataclasses.replace(target, name="pulled", source="hf:test-org/tiny@0123abc")
+    by_repo = dataclasses.replace(listed, head={**listed.head, "for": "test-org/tiny"})
+    assert [m.name for m in library_view.heads_under_targets([by_repo, other, pulled])] == [
+        "another", "pulled", "my-head"]
+    assert library_view.nested_heads([by_repo, other, pulled]) == [by_repo]
 
 
 def _head_for(folder, target, made_for, **kw):

@@ -252,7 +252,7 @@ def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFac
     state, as big as the head twice over): for resuming, not the head, so
     neither its size nor its parameters count it."""
     shown = shown or folder
-    files = [f for f in sorted(folder.glob("*.safetensors")) if f.name not in CHECKPOINT_FILES]
+    files = folders.head_weight_files(folder)
     if not files:
         pickled = [p.name for p in folder.glob("*.bin")]
         raise LibraryError(f"{shown} has no safetensors weights"

@@ -71,11 +71,17 @@ def installed_models() -> list[InstalledModel]:
     return _or_empty(lambda: list(index.list_installed()))
 
 
+def _install_names(m: InstalledModel) -> set[str]:
+    """Every name a head's record may give an installed model by: its name,
+    where it came from (with and without the revision) and its folder."""
+    source = m.source.removeprefix("hf:")
+    return {m.name, source, source.split("@", 1)[0], m.path or ""} - {""}
+
+
 def _made_for(head: InstalledModel, model: InstalledModel) -> bool:
     """Whether an EAGLE-3 head names ``model`` as the one it drafts for."""
     made_for = (head.head or {}).get("for") or ""
-    return bool(made_for) and made_for in (model.name, model.source.removeprefix("hf:"),
-                                           model.path)
+    return bool(made_for) and made_for in _install_names(model)
 
 
 def heads_under_targets(models: list[InstalledModel]) -> list[InstalledModel]:
@@ -195,11 +201,12 @@ def _names(side: compatibility.ModelSide) -> set[str]:
                   side.catalog.repo or ""}
     for m in installed_models():  # an installed target: by where it came from too
         if m.name == side.ref:
-            names |= {m.name, m.source.removeprefix("hf:").split("@", 1)[0]}
+            names |= _install_names(m)
     return names - {""}
 
 
-def head_verdict(target: str, head: str, made_for: str = "") -> Verdict:
+def head_verdict(target: str, head: str, made_for: str = "",
+                 names: set[str] | None = None) -> Verdict:
     """Whether the draft head ``head`` drafts for ``target``: the
     compatibility check (the hidden states it reads, the ids it maps into),
     as the engine checks at load. While the target's files are not here to
@@ -211,7 +218,7 @@ def head_verdict(target: str, head: str, made_for: str = "") -> Verdict:
         return Verdict(None, (f"Checked when the pair loads ({exc}).",))
     if not report.compatible or report.target.on_disk:
         return _verdict(report)
-    if made_for and made_for in _names(report.target):
+    if made_for and made_for in (names if names is not None else _names(report.target)):
         return Verdict(True, (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",
                               *report.notes))
     # Another name may still be this model (a conversion, a quantized copy):
@@ -224,10 +231,11 @@ def head_fits(target: str, heads: tuple[tuple[str, str], ...]) -> HeadFits:
     """``head_verdict`` for each (head, what it records it was made for),
     for the picker's draft list. Reads config files: off the GUI thread."""
     try:
-        name = compatibility.describe(target, allow_work=False).name
+        side = compatibility.describe(target, allow_work=False)
+        name, names = side.name, _names(side)  # the index is read once, not once a head
     except Exception:  # noqa: BLE001 - named as typed
-        name = target
-    return HeadFits(target, name, {ref: head_verdict(target, ref, made_for)
+        name, names = target, None
+    return HeadFits(target, name, {ref: head_verdict(target, ref, made_for, names)
                                    for ref, made_for in heads})
 
 

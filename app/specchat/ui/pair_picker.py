@@ -463,9 +463,7 @@ class PairPicker(QFrame):
         """Each draft head in the list: for the chosen target when it fits
         it, else greyed out as for another model, with the check's reasons
         in its tooltip (the controller works them out off this thread)."""
-        fits = self.pairs.heads(target)
-        if fits is not None and fits.target != target:
-            fits = None
+        fits = self.pairs.heads(target)  # the answer for this target, or None yet
         box = self.draft
         for i in range(box.count()):
             source = box.itemData(i, HEAD_ROLE)
