@@ -13,6 +13,7 @@ import sys
 import mlx.core as mx
 import pytest
 from specchat.library import compatibility, importing, index, refs
+from specchat.library.errors import LibraryError
 from tinymodels import build_eagle3
 
 
@@ -89,6 +90,14 @@ def test_a_heads_vocabulary_map_is_checked_before_it_loads(lib_home, tiny_dir, t
     bad = compatibility.check(str(tiny_target), str(whole))
     assert not bad.compatible
     assert "its t2d marks 200 target ids past target-llama's 400 (up to 798)" in bad.reasons[0]
+    # A map larger than any vocabulary is refused before it is read into memory.
+    huge = build_eagle3(tiny_dir / "map-huge-eagle3", tiny_target)
+    weights = dict(mx.load(str(huge / "model.safetensors")))
+    weights["t2d"] = mx.zeros(((1 << 22) + 1,), dtype=mx.bool_)
+    mx.save_safetensors(str(huge / "model.safetensors"), weights)
+    with pytest.raises(LibraryError, match=r"the head's t2d holds 4,194,305 ids, more than any "
+                                           r"vocabulary \(4,194,304 at most\)"):
+        compatibility.check(str(tiny_target), str(huge))
 
 
 def test_a_trained_heads_checkpoint_is_not_counted_in_its_size(lib_home, tiny_dir,

@@ -115,6 +115,10 @@ def read_safetensors(path: Path, shown: Path | None = None) -> dict[str, Tensor]
     return tensors
 
 
+# A head's d2t has one entry per draft id and its t2d one per target id:
+# the largest vocabularies are a few hundred thousand ids. A map past this
+# is refused before it is read into a list (a file may claim any size).
+MAP_MAX_IDS = 1 << 22
 # The integer dtypes a head's vocabulary map comes in, as struct formats
 # (little-endian, as safetensors stores them).
 _MAP_FORMATS = {"BOOL": "B", "U8": "B", "I8": "b", "I16": "h", "U16": "H", "I32": "i",
@@ -138,6 +142,10 @@ def read_head_map(folder: Path) -> tuple[list[int] | None, list[int] | None]:
                 if fmt is None:
                     raise LibraryError(f"{path}: the head's {t.name} is of dtype {t.dtype}, "
                                        "not whole numbers")
+                ids = (t.end - t.start) // struct.calcsize(fmt)
+                if ids > MAP_MAX_IDS:
+                    raise LibraryError(f"{path}: the head's {t.name} holds {ids:,} ids, more "
+                                       f"than any vocabulary ({MAP_MAX_IDS:,} at most)")
                 f.seek(data_at + t.start)
                 raw = f.read(t.end - t.start)
                 found[t.name] = list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}",
