@@ -100,7 +100,10 @@ def test_a_page_of_another_origin_is_refused(quiet, tiny_target):
     for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
         status, headers, text = call(port, "POST", "/chat/completions", body, {"Origin": origin})
         assert status == 200 and json.loads(text)["usage"]["completion_tokens"] <= 2
-        assert "access-control-allow-origin" not in headers  # same origin: no CORS needed
+        # CORS only for the request's own origin (the Host is 127.0.0.1),
+        # where a browser does not need it; none for another loopback name.
+        assert headers.get("access-control-allow-origin") == (
+            origin if "127.0.0.1" in origin else None)
 
 
 @pytest.mark.parametrize("ctype", [None, "text/plain", "text/plain;charset=UTF-8",
@@ -143,6 +146,33 @@ def test_cors_is_off_unless_origins_are_listed(live):
     status, headers, text = preflight(server.port, "http://app.example:5173")
     assert status == 403 and error(text)["code"] == "origin_not_allowed"
     assert not any(h.startswith("access-control-") for h in headers)
+
+
+def test_a_preflight_from_the_request_s_own_origin_is_answered(quiet, tiny_target):
+    """A page's request to its own origin needs no CORS, and browsers send
+    no preflight for it; one that comes all the same (a client that asks
+    before every request, a tool checking the server) is answered as a
+    listed origin's is, not refused with a 400. Another loopback origin of
+    the same port (a page of ``localhost`` calling ``127.0.0.1``) is not
+    the request's own: still no CORS for it."""
+    server, recorder, before = quiet
+    port = server.port
+    for host in ("127.0.0.1", "localhost", "LocalHost"):
+        origin = f"http://{host.lower()}:{port}"
+        status, headers, text = call(port, "OPTIONS", "/chat/completions", headers={
+            "Host": f"{host}:{port}", "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert status == 200, (host, text)
+        assert headers["access-control-allow-origin"] == origin
+        assert "POST" in headers["access-control-allow-methods"].split(", ")
+        assert headers["access-control-allow-headers"] == "authorization,content-type"
+        assert "access-control-allow-credentials" not in headers
+    assert len(recorder.seen) == before  # a preflight runs nothing
+    status, headers, _ = preflight(port, f"http://localhost:{port}")  # Host: 127.0.0.1
+    assert status != 200 and "access-control-allow-origin" not in headers
+    status, headers, text = call(port, "POST", "/chat/completions", chat_body(tiny_target.name),
+                                 {"Origin": f"http://127.0.0.1:{port}"})
+    assert status == 200, text
 
 
 def test_listed_origins_get_cors_and_others_none(tiny_client, tiny_target):
