@@ -337,6 +337,17 @@ def test_every_list_a_request_carries_is_bounded(quiet, tiny_target):
     assert len(recorder.seen) == before
 
 
+def test_a_long_model_name_is_not_sent_back(quiet):
+    """The one free string the server repeats in an answer is shortened:
+    a megabyte of model name is a 404 of a line, not of a megabyte."""
+    server, recorder, before = quiet
+    body = json.dumps({"model": "m" * 1_000_000, "prompt": PROMPT}).encode()
+    status, _, text = call(server.port, "POST", "/completions", body)
+    assert status == 404 and len(text) < 400, text[:200]
+    assert error(text)["message"].startswith(f"The model '{'m' * 37}...' does not exist here")
+    assert len(recorder.seen) == before
+
+
 def test_lists_at_their_bounds_are_served(api, tiny_target):
     """The same lists at their bounds are answered: the most stop strings
     (as long as they may be together), parts and tools (ignored). (As many
