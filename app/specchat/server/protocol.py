@@ -330,7 +330,9 @@ class Chunks:
         self.req = req
         self.model = model
         self.created = int(time.time())
-        self.sent = ""  # the text streamed so far
+        # The text streamed so far, in its pieces: joined once, at the end
+        # (adding each piece to one string copied all of it every step).
+        self._sent: list[str] = []
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
@@ -351,7 +353,7 @@ class Chunks:
     def text(self, text: str) -> list[dict]:
         if not text:
             return []
-        self.sent += text
+        self._sent.append(text)
         return [self._chunk(self._choice(text, None))]
 
     def end(self, result: GenerationResult) -> list[dict]:
@@ -359,8 +361,9 @@ class Chunks:
         ``speculative`` extension, and the usage chunk if it was asked for."""
         s = result.summary
         out = []
-        if result.text.startswith(self.sent) and len(result.text) > len(self.sent):
-            out += self.text(result.text[len(self.sent):])
+        sent = "".join(self._sent)
+        if result.text.startswith(sent) and len(result.text) > len(sent):
+            out += self.text(result.text[len(sent):])
         out.append(self._chunk(self._choice(None, finish_reason(s)),
                                speculative=speculative(s)))
         if self.req.include_usage:
