@@ -251,8 +251,8 @@ CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", 
 # checked by the engine for every caller alike (request_check.py); the
 # parts and tools the API alone reads (protocol.py). The CLI's --stop is
 # held to the stop strings' bounds below.
-ENGINE = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
-          "tools", "bytes of tools"}
+SIZES = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
+         "tools", "bytes of tools"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 
@@ -274,7 +274,7 @@ def test_every_value_of_the_table_is_either_shared_or_the_cli_s_own():
 
     typed = _generate_types()
     assert {name: typed[name] for name in SHARED} == {n: o for n, (o, _) in SHARED.items()}
-    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY | ENGINE
+    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY | SIZES
 
 
 def _bad(name: str) -> list:

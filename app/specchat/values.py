@@ -87,10 +87,10 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     # is some 250,000 tokens of English prose or code; a prompt sent as
     # token ids is bounded by the same number of ids.
     Limit("prompt", int, 0, 1_000_000, "in one request"),
-    # OpenAI takes 4 stop strings; clients that list a model's end markers
-    # send a dozen. Matching costs the same per token however many there
-    # are (engine/stops.py); their characters are what the automaton is
-    # built from, once per request, and bound the text held back.
+    # OpenAI takes 4 stop strings; 64 leaves room for clients that list
+    # many. Matching costs the same per token however many there are
+    # (engine/stops.py); their characters are what its automaton is built
+    # from, once per request, and bound the text held back.
     Limit("stop strings", int, 0, 64, "in one request"),
     Limit("characters of stop strings", int, 0, 4096, "in one request"),
     # Each message is a turn of the chat template's loop; a long chat has

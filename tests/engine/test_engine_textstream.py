@@ -161,8 +161,8 @@ def _per_token(tok, ids: list[int], stops: list[str]) -> float:
 def test_a_token_costs_the_same_however_many_stop_strings(tok):
     """The most stop strings a request may have, each as long as their
     bound on characters allows and none ever completing, cost a token
-    about what one stop string costs (checking each stop string on its own
-    cost some 60 times as much at this bound)."""
+    about what one stop string costs (checking each stop string on its own,
+    64 cost 6 times what one did: 73 us a token against 11 us)."""
     count = int(values.LIMITS["stop strings"].high)
     length = int(values.LIMITS["characters of stop strings"].high) // count
     text = "ab " * 700

@@ -45,8 +45,8 @@ def checked(request: GenerateRequest) -> GenerateRequest:
         raise EngineError(f"auto_off must be true or false; got {d.auto_off!r}")
     draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance,
                           auto_off=d.auto_off)
-    # Every size before what it sizes is used: the count of a list before
-    # its items are read; the prompt in UTF-8 bytes (a bound on its tokens)
+    # Each size before what it sizes is used: a list's count before its
+    # items are read; the prompt in UTF-8 bytes (a bound on its tokens)
     # before the template and the tokenizer, which would hold the engine
     # thread for seconds, only to find it longer than the model reads.
     values.size("messages", len(request.messages))

@@ -2,8 +2,8 @@
 
 Checking each stop string on its own at every token (``text.find(s)`` and
 a tail comparison per stop string) costs in proportion to how many there
-are: a request with thousands of them held the one engine thread for
-minutes. The automaton is built once per request from all of them (linear
+are: a request with 400,000 of them held the one engine thread for 79 s
+(issue 47). The automaton is built once per request from all of them (linear
 in their total length, which ``specchat.values`` bounds) and then reads
 each new character once, whatever their number:
 

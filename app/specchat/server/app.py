@@ -8,8 +8,9 @@ SpecChat checks against, rather than by a second set of pydantic rules.
 
 Before a request reaches the endpoints, ``guard.LocalOnly`` refuses a
 foreign Host or Origin, and Starlette's CORS middleware answers the origins
-the user listed (none by default) and a request's own (``guard.Cors``). A client that goes away while sending
-its body is one quiet log line, not an error.
+the user listed (none by default) and a request's own (``guard.Cors``). A
+client that goes away while sending its body is one quiet log line, not an
+error.
 
 A request is read (``body.read_json``: JSON only, bounded in size, time
 and nesting), checked, and run as a task

@@ -153,6 +153,9 @@ class Cors(CORSMiddleware):
     the answer a listed origin's gets rather than a 400."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
         server = scope.get("server") or (None, None)
         token = _REQUEST.set((Headers(scope=scope).get("host", ""), server[1]))
         try:
