@@ -246,9 +246,13 @@ SHARED = {
 # prompt is a message like any other; the cluster port is cluster create's, the
 # port the Local server setting's (store/settings.py).
 CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", "port"}
-# Checked by the engine for every caller alike, on what a request carries:
-# the prompt's length in characters (request_check.py).
-ENGINE = {"prompt"}
+# Bounds on what one request carries (``values.size``, ``prompt_size``),
+# not values typed: the prompt's size and the stop strings and messages,
+# checked by the engine for every caller alike (request_check.py); the
+# parts and tools the API alone reads (protocol.py). The CLI's --stop is
+# held to the stop strings' bounds below.
+SIZES = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
+         "tools", "bytes of tools"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 
@@ -270,7 +274,7 @@ def test_every_value_of_the_table_is_either_shared_or_the_cli_s_own():
 
     typed = _generate_types()
     assert {name: typed[name] for name in SHARED} == {n: o for n, (o, _) in SHARED.items()}
-    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY | ENGINE
+    assert set(typed) | set(values.LIMITS) == set(SHARED) | CLI_ONLY | SIZES
 
 
 def _bad(name: str) -> list:
@@ -356,3 +360,24 @@ def test_the_cli_and_the_api_take_the_same_values():
         assert proc.returncode == 1, (pick, proc.stderr)  # past the options, to the model
         lines = error_lines(proc)
         assert len(lines) == 1 and "Model file or folder not found" in lines[0], (pick, lines)
+
+
+@pytest.mark.parametrize("stops,words", [
+    (["x"] * 65, "too many stop strings: 65; at most 64 in one request"),
+    (["x" * 4000, "y" * 97], "too many characters of stop strings: 4,097; at most 4,096 in "
+                             "one request"),
+])
+def test_the_cli_and_the_api_bound_stop_strings_in_the_same_words(stops, words):
+    """Their count and total length, as a usage error before any model
+    loads, in the API's words; at the bounds they pass."""
+    from specchat.server.errors import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        _api({"stop": stops})
+    assert refused.value.param == "stop" and refused.value.message == words
+    proc = _cli([("--stop", s) for s in stops])
+    assert proc.returncode == 2, proc.stderr
+    assert error_lines(proc) == [f"specchat generate: error: argument --stop: {words} "
+                                 "(see specchat generate --help)"]
+    proc = _cli([("--stop", "x" * 64)] * 64)
+    assert proc.returncode == 1 and "Model file or folder not found" in error_lines(proc)[0]

@@ -164,11 +164,44 @@ def test_a_bad_origin_is_one_line(typed):
     assert "\n" not in message
 
 
-def test_a_prompt_is_bounded_in_characters():
+def test_a_prompt_is_bounded_in_utf8_bytes():
+    """Bytes, not characters: a token covers at least one byte, so the
+    bound holds for the tokens whatever the script."""
     bound = int(values.LIMITS["prompt"].high)
     assert bound == 1_000_000
-    values.prompt_size(bound)
+    values.prompt_size(values.utf8_size(["é" * (bound // 2)]))
+    values.prompt_tokens(bound)
     with pytest.raises(values.BadValue) as caught:
-        values.prompt_size(bound + 1)
-    assert str(caught.value) == ("the prompt is 1,000,001 characters, more than SpecChat reads "
+        values.prompt_size(values.utf8_size(["🙂" * 999_000]))
+    assert str(caught.value) == ("the prompt is 3,996,000 bytes of UTF-8 text, more than "
+                                 "SpecChat reads at once (1,000,000 bytes, at most as many "
+                                 "tokens); shorten it")
+    with pytest.raises(values.BadValue) as caught:
+        values.prompt_tokens(bound + 1)
+    assert str(caught.value) == ("the prompt is 1,000,001 tokens, more than SpecChat reads "
                                  "at once (1,000,000); shorten it")
+
+
+@pytest.mark.parametrize("name,bound,where", [
+    ("stop strings", 64, "in one request"),
+    ("characters of stop strings", 4096, "in one request"),
+    ("messages", 10_000, "in one request"),
+    ("content parts", 1_000, "in one message"),
+    ("tools", 128, "in one request"),
+    ("bytes of tools", 1_000_000, "in one request, as UTF-8 JSON"),
+])
+def test_every_list_a_request_carries_has_a_bound(name, bound, where):
+    values.size(name, bound)
+    with pytest.raises(values.BadValue) as caught:
+        values.size(name, bound + 1)
+    assert str(caught.value) == f"too many {name}: {bound + 1:,}; at most {bound:,} {where}"
+
+
+def test_stop_strings_are_bounded_in_count_before_they_are_read():
+    assert values.stop_strings(["x" * 64] * 64) == ("x" * 64,) * 64
+    with pytest.raises(values.BadValue, match="too many stop strings: 400,000; at most 64"):
+        values.stop_strings([object()] * 400_000)  # not one of them is looked at
+    with pytest.raises(values.BadValue, match="too many characters of stop strings: 4,097"):
+        values.stop_strings(["x" * 4096, "y"])
+    with pytest.raises(values.BadValue, match="a stop string must not be empty"):
+        values.stop_strings(["ok", ""])

@@ -119,7 +119,7 @@ def _add_pair(p: argparse.ArgumentParser, target_help: str, lookup_help: str,
     mode.add_argument("--draft", type=_model_ref, help="draft model sharing the target's "
                       "tokenizer, or mtp: the target's own MTP head")
     mode.add_argument("--lookup", action="store_true", help=lookup_help)
-    p.set_defaults(subparser=p)  # for _refuse_contradictions' usage errors
+    p.set_defaults(subparser=p)  # for the usage errors of the checks after parsing
     return mode
 
 
@@ -296,6 +296,18 @@ def _refuse_contradictions(args) -> None:
         args.subparser.error("argument --lookup: not allowed with argument --plain")
 
 
+def _refuse_past_bounds(args) -> None:
+    """What one request may carry, bounded as the engine and the API bound
+    it (``values.stop_strings``: their count and total length), refused as
+    a usage error before any model loads. Each stop string on its own is
+    checked by its option's type."""
+    if args.command == "generate":
+        try:
+            values.stop_strings(args.stop)
+        except values.BadValue as exc:
+            args.subparser.error(f"argument --stop: {exc}")
+
+
 def _failed(exc: BaseException) -> int:
     """The one line for an error, exit status 1: a SpecChatError's own
     words, anything else named as what it is."""
@@ -324,6 +336,7 @@ def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _refuse_contradictions(args)
+    _refuse_past_bounds(args)
     try:
         if args.command == "generate":
             return cmd_generate(args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from specchat.errors import SpecChatError
@@ -71,12 +72,36 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("cluster port", int, 1, 65535, "a cluster's first port"),
     # The local API's port; 0 lets the system pick a free one (the window shows which).
     Limit("port", int, 0, 65535, "0 = any free port"),
-    # Counted before the chat template and the tokenizer see the text: a
-    # tokenizer takes about 2 s per million characters, on the one engine
-    # thread every other request waits for. A million characters is some
-    # 250,000 tokens of prose or code, past the context of the models
-    # SpecChat runs on a laptop.
-    Limit("prompt", int, 0, 1_000_000, "characters"),
+    # What one request may carry (``size``), counted before any of it is
+    # used: every item costs the one engine thread time that every other
+    # request waits for, so each list and its total length is bounded, not
+    # only the body's bytes. The API refuses past a bound with a 400 naming
+    # the field, the CLI as a usage error, the engine's request check for
+    # every caller alike.
+    #
+    # The prompt, in UTF-8 bytes, counted before the chat template and the
+    # tokenizer see it: a token of a byte-level BPE (or byte-fallback)
+    # tokenizer covers at least one byte, so this bounds the tokens too,
+    # whatever the script (characters did not: an emoji is 4 bytes and up
+    # to 4 tokens). Tokenizing takes about 2 s a megabyte. A million bytes
+    # is some 250,000 tokens of English prose or code; a prompt sent as
+    # token ids is bounded by the same number of ids.
+    Limit("prompt", int, 0, 1_000_000, "in one request"),
+    # OpenAI takes 4 stop strings; 64 leaves room for clients that list
+    # many. Matching costs the same per token however many there are
+    # (engine/stops.py); their characters are what its automaton is built
+    # from, once per request, and bound the text held back.
+    Limit("stop strings", int, 0, 64, "in one request"),
+    Limit("characters of stop strings", int, 0, 4096, "in one request"),
+    # Each message is a turn of the chat template's loop; a long chat has
+    # hundreds. A message's text parts are joined into one text.
+    Limit("messages", int, 0, 10_000, "in one request"),
+    Limit("content parts", int, 0, 1_000, "in one message"),
+    # Ignored today, rendered into the prompt by the chat template once the
+    # API serves them: OpenAI's own bound on their count, the prompt's on
+    # their JSON.
+    Limit("tools", int, 0, 128, "in one request"),
+    Limit("bytes of tools", int, 0, 1_000_000, "in one request, as UTF-8 JSON"),
 )}
 
 
@@ -207,14 +232,47 @@ def text(name: str, value: object) -> str:
     return value
 
 
-def prompt_size(chars: int) -> None:
-    """``BadValue`` if a prompt of ``chars`` characters (every message
-    together) is longer than the table's bound, checked before it is
-    tokenized."""
+def size(name: str, n: int) -> None:
+    """``BadValue`` if a request carries more than the table's bound for
+    ``name`` (a count, or a length such as ``characters of stop strings``):
+    checked before the items are used, in one line that names the bound."""
+    limit = LIMITS[name]
+    if n > limit.high:
+        raise BadValue(f"too many {name}: {n:,}; at most {int(limit.high):,} {limit.hint}")
+
+
+def utf8_size(texts: Iterable[str]) -> int:
+    """The bytes ``texts`` take as UTF-8 (each already checked by ``text``)."""
+    return sum(len(t.encode("utf-8")) for t in texts)
+
+
+def prompt_size(size_bytes: int) -> None:
+    """``BadValue`` if a prompt of ``size_bytes`` UTF-8 bytes (every message
+    together) is past the table's bound, checked before it is tokenized: no
+    token is shorter than a byte, so the bound is one on its tokens too."""
     bound = int(LIMITS["prompt"].high)
-    if chars > bound:
-        raise BadValue(f"the prompt is {chars:,} characters, more than SpecChat reads at once "
+    if size_bytes > bound:
+        raise BadValue(f"the prompt is {size_bytes:,} bytes of UTF-8 text, more than SpecChat "
+                       f"reads at once ({bound:,} bytes, at most as many tokens); shorten it")
+
+
+def prompt_tokens(n: int) -> None:
+    """``BadValue`` if a prompt given as ``n`` token ids is past the bound
+    a text prompt's bytes are held to."""
+    bound = int(LIMITS["prompt"].high)
+    if n > bound:
+        raise BadValue(f"the prompt is {n:,} tokens, more than SpecChat reads at once "
                        f"({bound:,}); shorten it")
+
+
+def stop_strings(stops: Sequence[object]) -> tuple[str, ...]:
+    """``stops`` checked as the engine, the CLI and the API take them: each
+    one text by ``text``'s rule (not empty), their count and their total
+    length within the table's bounds (the count first, before any is read)."""
+    size("stop strings", len(stops))
+    checked = tuple(text("a stop string", s) for s in stops)
+    size("characters of stop strings", sum(map(len, checked)))
+    return checked
 
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")

@@ -6,6 +6,7 @@ itself, in the same words as ``specchat models check``."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import mlx.core as mx
@@ -44,12 +45,28 @@ BAD = {
                               "a stop string is not valid UTF-8"),
     "stop string empty": (replace(BASE, stop_strings=("ok", "")),
                           "a stop string must not be empty"),
-    # Counted in characters before the template and the tokenizer see it
-    # (tokenizing megabytes held the engine for seconds).
+    # Counted in UTF-8 bytes (a bound on its tokens) before the template and
+    # the tokenizer see it (tokenizing megabytes held the engine for seconds).
     "prompt past the bound": (replace(BASE, messages=(Message("system", "x" * 600_000),
                                                       Message("user", "y" * 400_001))),
-                              "the prompt is 1,000,001 characters, more than SpecChat reads "
-                              "at once (1,000,000); shorten it"),
+                              "the prompt is 1,000,001 bytes of UTF-8 text, more than SpecChat "
+                              "reads at once (1,000,000 bytes, at most as many tokens); "
+                              "shorten it"),
+    # Under a million characters, but 4 bytes each (and 3 tokens each of
+    # the tiny tokenizer: 3 million tokens).
+    "prompt of emoji": (replace(BASE, messages=(Message("user", "🙂" * 999_000),)),
+                        "the prompt is 3,996,000 bytes of UTF-8 text"),
+    "prompt ids past the bound": (GenerateRequest(prompt_ids=(5,) * 1_000_001, max_tokens=2),
+                                  "the prompt is 1,000,001 tokens, more than SpecChat reads "
+                                  "at once (1,000,000); shorten it"),
+    # Every list a request carries, one past its bound.
+    "stop strings past the count": (replace(BASE, stop_strings=("x",) * 65),
+                                    "too many stop strings: 65; at most 64 in one request"),
+    "stop strings past the length": (replace(BASE, stop_strings=("x" * 4000, "y" * 97)),
+                                     "too many characters of stop strings: 4,097; at most "
+                                     "4,096 in one request"),
+    "messages past the count": (replace(BASE, messages=(Message("user", "hi"),) * 10_001),
+                                "too many messages: 10,001; at most 10,000 in one request"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }
@@ -73,6 +90,16 @@ def test_a_bad_request_fails_with_its_one_line(client, case):
     message = job.outcome.message
     assert words in message, message
     assert not message.startswith("Internal error") and "\n" not in message
+
+
+def test_a_request_past_a_bound_costs_the_engine_no_tokenizing(client):
+    """Refused in the request check, before the chat template and the
+    tokenizer (which took 3 s for these 999,000 emoji) see any of it."""
+    for case in ("prompt of emoji", "prompt ids past the bound", "messages past the count"):
+        started = time.perf_counter()
+        with pytest.raises(EngineError):
+            client.generate(BAD[case][0]).wait()
+        assert time.perf_counter() - started < 1.0, case
 
 
 @pytest.mark.parametrize("typed", [-1, -(10 ** 30), 10 ** 30, 2 ** 64])

@@ -67,9 +67,36 @@ def test_defaults_follow_openai_and_the_cap():
     ("completion", {"prompt": [1, -2]}, "prompt"),
     ("completion", {"prompt": "x", "echo": True}, "echo"),
     ("completion", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("chat", {"messages": USER, "tools": {"type": "function"}}, "tools"),
+    ("chat", {"messages": USER, "tools": ["f"]}, "tools"),
+    # Each list one past its bound (specchat.values).
+    ("chat", {"messages": USER, "stop": ["x"] * 65}, "stop"),
+    ("chat", {"messages": USER, "stop": ["x" * 4096, "y"]}, "stop"),
+    ("chat", {"messages": USER * 10_001}, "messages"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 1001}]},
+     "messages[0].content"),
+    ("chat", {"messages": USER, "tools": [{}] * 129}, "tools"),
+    ("chat", {"messages": USER, "tools": [{"d": "é" * 500_000}]}, "tools"),
+    ("chat", {"messages": [{"role": "user", "content": "é" * 500_001}]}, "messages"),
+    ("completion", {"prompt": "é" * 500_001}, "prompt"),
+    ("completion", {"prompt": [1] * 1_000_001}, "prompt"),
 ])
 def test_bad_fields_are_refused_by_name(kind, body, param):
     assert refused(kind, body).param == param
+
+
+def test_lists_at_their_bounds_are_taken():
+    """One item or byte less than each refusal above."""
+    req = protocol.parse("chat", {
+        "model": "m", "stop": ["x" * 64] * 64, "tools": [{}] * 128,
+        "messages": USER * 9_999 + [{"role": "user", "content": [
+            {"type": "text", "text": "é"}] * 1000}]})
+    assert len(req.messages) == 10_000 and len(req.stop) == 64
+    protocol.parse("chat", {"model": "m", "messages": USER, "tools": [{"d": "é" * 499_990}]})
+    assert len(protocol.parse("completion", {"model": "m", "prompt": "é" * 500_000}).prompt) \
+        == 500_000
+    assert len(protocol.parse("completion", {"model": "m", "prompt": [1] * 1_000_000})
+               .prompt_ids) == 1_000_000
 
 
 def test_a_model_is_required():
@@ -108,3 +135,20 @@ def test_answers_have_usage_and_the_extension():
         with_origins = summary(tokens_by_origin={"target": 2, "draft": 3})
         assert protocol.speculative(with_origins)["tokens_by_origin"] == {"target": 2,
                                                                           "draft": 3}
+
+
+def test_a_long_stream_costs_the_same_per_step():
+    """A streamed reply's text is kept in its pieces: adding each to one
+    string copied all of it every step, on the server's loop (200,000
+    steps took 17 s, every other connection waiting)."""
+    import time
+
+    req = protocol.parse("completion", {"model": "m", "prompt": "x", "stream": True})
+    chunks = protocol.Chunks(req, "m")
+    started = time.perf_counter()
+    for _ in range(200_000):
+        chunks.text("abcd")
+    assert time.perf_counter() - started < 3
+    result = GenerationResult(text="abcd" * 200_000 + "!", token_ids=(), summary=summary())
+    tail = chunks.end(result)
+    assert tail[0]["choices"][0]["text"] == "!"  # what the steps held back

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -100,7 +101,10 @@ def test_a_page_of_another_origin_is_refused(quiet, tiny_target):
     for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
         status, headers, text = call(port, "POST", "/chat/completions", body, {"Origin": origin})
         assert status == 200 and json.loads(text)["usage"]["completion_tokens"] <= 2
-        assert "access-control-allow-origin" not in headers  # same origin: no CORS needed
+        # CORS only for the request's own origin (the Host is 127.0.0.1),
+        # where a browser does not need it; none for another loopback name.
+        assert headers.get("access-control-allow-origin") == (
+            origin if "127.0.0.1" in origin else None)
 
 
 @pytest.mark.parametrize("ctype", [None, "text/plain", "text/plain;charset=UTF-8",
@@ -143,6 +147,33 @@ def test_cors_is_off_unless_origins_are_listed(live):
     status, headers, text = preflight(server.port, "http://app.example:5173")
     assert status == 403 and error(text)["code"] == "origin_not_allowed"
     assert not any(h.startswith("access-control-") for h in headers)
+
+
+def test_a_preflight_from_the_request_s_own_origin_is_answered(quiet, tiny_target):
+    """A page's request to its own origin needs no CORS, and browsers send
+    no preflight for it; one that comes all the same (a client that asks
+    before every request, a tool checking the server) is answered as a
+    listed origin's is, not refused with a 400. Another loopback origin of
+    the same port (a page of ``localhost`` calling ``127.0.0.1``) is not
+    the request's own: still no CORS for it."""
+    server, recorder, before = quiet
+    port = server.port
+    for host in ("127.0.0.1", "localhost", "LocalHost"):
+        origin = f"http://{host.lower()}:{port}"
+        status, headers, text = call(port, "OPTIONS", "/chat/completions", headers={
+            "Host": f"{host}:{port}", "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert status == 200, (host, text)
+        assert headers["access-control-allow-origin"] == origin
+        assert "POST" in headers["access-control-allow-methods"].split(", ")
+        assert headers["access-control-allow-headers"] == "authorization,content-type"
+        assert "access-control-allow-credentials" not in headers
+    assert len(recorder.seen) == before  # a preflight runs nothing
+    status, headers, _ = preflight(port, f"http://localhost:{port}")  # Host: 127.0.0.1
+    assert status != 200 and "access-control-allow-origin" not in headers
+    status, headers, text = call(port, "POST", "/chat/completions", chat_body(tiny_target.name),
+                                 {"Origin": f"http://127.0.0.1:{port}"})
+    assert status == 200, text
 
 
 def test_listed_origins_get_cors_and_others_none(tiny_client, tiny_target):
@@ -195,38 +226,139 @@ def test_deep_json_is_refused_before_it_is_parsed(quiet, tiny_target):
     assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
     assert len(recorder.seen) == before
     nested: object = 1
-    for _ in range(62):  # 63 levels with the body's own object: under the bound
+    for _ in range(61):  # 63 levels with the tools' list and the body's object: under the bound
         nested = {"a": nested}
     status, _, text = call(server.port, "POST", "/chat/completions",
-                           chat_body(tiny_target.name, "[[[[{{{{ \\\" ]]" * 50, tools=nested))
+                           chat_body(tiny_target.name, "[[[[{{{{ \\\" ]]" * 50, tools=[nested]))
     assert status == 200, text
 
 
 def test_a_prompt_past_the_bound_is_refused_before_it_is_tokenized(quiet, tiny_target):
-    """Characters are counted before the prompt reaches the engine (where
-    tokenizing megabytes held it for seconds while other requests waited)."""
+    """A prompt is counted in UTF-8 bytes before it reaches the engine (a
+    token is at least a byte, so that bounds its tokens too): text,
+    messages, emoji (999,000 of them are under a million characters but
+    were 3 million tokens, seconds of the engine thread) and token ids, all
+    refused at once, none queued."""
     from specchat import values
 
     server, recorder, before = quiet
     bound = int(values.LIMITS["prompt"].high)
     huge = "word " * (bound // 5 + 1)
-    for path, body, param in (
-            ("/completions", json.dumps({"model": tiny_target.name, "prompt": huge,
-                                         "max_tokens": 2}), "prompt"),
-            ("/chat/completions", json.dumps({"model": tiny_target.name, "max_tokens": 2,
-                                              "messages": [
-                                                  {"role": "system", "content": huge[:bound]},
-                                                  {"role": "user", "content": "hi there"}]}),
-             "messages")):
+    emoji = "🙂" * 999_000
+
+    def completion(prompt) -> bytes:
+        return json.dumps({"model": tiny_target.name, "prompt": prompt, "max_tokens": 2},
+                          ensure_ascii=False).encode()
+
+    def chat(*contents: str) -> bytes:
+        return json.dumps({"model": tiny_target.name, "max_tokens": 2, "messages": [
+            {"role": "system", "content": contents[0]},
+            *({"role": "user", "content": c} for c in contents[1:])]}, ensure_ascii=False).encode()
+
+    def in_bytes(n: int) -> str:
+        return (f"the prompt is {n:,} bytes of UTF-8 text, more than SpecChat reads at once "
+                f"({bound:,} bytes, at most as many tokens); shorten it")
+
+    for path, body, param, message in (
+            ("/completions", completion(huge), "prompt", in_bytes(len(huge))),
+            ("/completions", completion(emoji), "prompt", in_bytes(4 * len(emoji))),
+            ("/chat/completions", chat(huge[:bound], "hi there"), "messages",
+             in_bytes(bound + len("hi there"))),
+            ("/chat/completions", chat("", emoji), "messages", in_bytes(4 * len(emoji))),
+            ("/completions", completion([5] * (bound + 1)), "prompt",
+             f"the prompt is {bound + 1:,} tokens, more than SpecChat reads at once "
+             f"({bound:,}); shorten it")):
         started = time.monotonic()
-        status, _, text = call(server.port, "POST", path, body.encode())
+        status, _, text = call(server.port, "POST", path, body)
         e = error(text)
         assert status == 400 and e["param"] == param, text
-        size = len(huge) if param == "prompt" else bound + len("hi there")
-        assert e["message"] == (f"the prompt is {size:,} characters, more than SpecChat "
-                                f"reads at once ({bound:,}); shorten it")
-        assert time.monotonic() - started < 10
+        assert e["message"] == message
+        assert time.monotonic() - started < 5
     assert len(recorder.seen) == before  # never queued for the engine
+
+
+def test_a_prompt_just_within_the_bound_is_tokenized(live, tiny_target):
+    """The bound is on bytes, not characters: 500,000 two-byte characters
+    are within it, so the engine tokenizes them, and then refuses them in
+    tokens against the model's context (the tiny target reads 2,048)."""
+    from specchat import values
+
+    server, recorder = live
+    bound = int(values.LIMITS["prompt"].high)
+    body = json.dumps({"model": tiny_target.name, "prompt": "é" * (bound // 2),
+                       "max_tokens": 2}).encode()
+    status, _, text = call(server.port, "POST", "/completions", body)
+    assert status == 400, text
+    assert re.fullmatch(r"The prompt is [\d,]+ tokens, more than target-llama can read "
+                        r"\(2,048\)\. Start a new conversation or shorten the message\.",
+                        error(text)["message"]), text
+
+
+# Each list a request carries, one item or one character past its bound:
+# (endpoint, body fields, the parameter named, the message).
+_PAST = [
+    ("/chat/completions", {"stop": ["x"] * 65}, "stop",
+     "too many stop strings: 65; at most 64 in one request"),
+    ("/completions", {"stop": ["x"] * 65}, "stop",
+     "too many stop strings: 65; at most 64 in one request"),
+    ("/chat/completions", {"stop": ["x" * 2048, "y" * 2049]}, "stop",
+     "too many characters of stop strings: 4,097; at most 4,096 in one request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 10_001}, "messages",
+     "too many messages: 10,001; at most 10,000 in one request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}] * 1_001}]}, "messages[0].content",
+     "too many content parts: 1,001; at most 1,000 in one message"),
+    ("/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}] * 129},
+     "tools", "too many tools: 129; at most 128 in one request"),
+    ("/chat/completions", {"tools": [{"d": "x" * 999_991}]}, "tools",
+     "too many bytes of tools: 1,000,001; at most 1,000,000 in one request, as UTF-8 JSON"),
+]
+
+
+def test_every_list_a_request_carries_is_bounded(quiet, tiny_target):
+    """Stop strings, messages, a message's parts and tools, each bounded in
+    count and in length (``specchat.values``), refused with a 400 naming
+    the field before the request is queued. The request of issue 47 (400,000
+    stop strings, 79 s of the engine thread) is refused at once."""
+    server, recorder, before = quiet
+    flood = {"stop": [f"s{i}" for i in range(400_000)]}
+    cases = [*_PAST, ("/chat/completions", flood, "stop",
+                      "too many stop strings: 400,000; at most 64 in one request")]
+    for path, fields, param, message in cases:
+        body = json.loads(chat_body(tiny_target.name))
+        if path == "/completions":
+            del body["messages"]
+            body["prompt"] = PROMPT
+        started = time.monotonic()
+        status, _, text = call(server.port, "POST", path, json.dumps({**body, **fields}).encode())
+        assert status == 400, (param, text)
+        assert error(text)["param"] == param and error(text)["message"] == message, text
+        assert time.monotonic() - started < 5
+    assert len(recorder.seen) == before
+
+
+def test_a_long_model_name_is_not_sent_back(quiet):
+    """The one free string the server repeats in an answer is shortened:
+    a megabyte of model name is a 404 of a line, not of a megabyte."""
+    server, recorder, before = quiet
+    body = json.dumps({"model": "m" * 1_000_000, "prompt": PROMPT}).encode()
+    status, _, text = call(server.port, "POST", "/completions", body)
+    assert status == 404 and len(text) < 400, text[:200]
+    assert error(text)["message"].startswith(f"The model '{'m' * 37}...' does not exist here")
+    assert len(recorder.seen) == before
+
+
+def test_lists_at_their_bounds_are_served(api, tiny_target):
+    """The same lists at their bounds are answered: the most stop strings
+    (as long as they may be together), parts and tools (ignored). (As many
+    messages as the bound allows render to more tokens than the tiny
+    target reads: ``test_server_protocol`` takes them.)"""
+    stops = [f"{i:02d}" + "#" * 62 for i in range(64)]
+    r = api.chat.completions.create(
+        model=tiny_target.name, max_tokens=2, temperature=0, stop=stops,
+        tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(128)],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "h"}] * 1_000}])
+    assert r.usage.completion_tokens <= 2 and r.usage.prompt_tokens > 100
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed(live, tiny_target):

@@ -45,19 +45,25 @@ def checked(request: GenerateRequest) -> GenerateRequest:
         raise EngineError(f"auto_off must be true or false; got {d.auto_off!r}")
     draft = DraftSettings(mode=mode.name, k=values.check("K", d.k), acceptance=d.acceptance,
                           auto_off=d.auto_off)
+    # Each size before what it sizes is used: a list's count before its
+    # items are read; the prompt in UTF-8 bytes (a bound on its tokens)
+    # before the template and the tokenizer, which would hold the engine
+    # thread for seconds, only to find it longer than the model reads.
+    values.size("messages", len(request.messages))
     messages = tuple(_message(m) for m in request.messages)
-    # In characters, before the template and the tokenizer: tokenizing
-    # megabytes would hold the engine thread for seconds, only to find the
-    # prompt longer than the model reads.
-    values.prompt_size(sum(len(m.content) for m in messages))
+    values.prompt_size(values.utf8_size(m.content for m in messages))
+    prompt_ids = request.prompt_ids
+    if prompt_ids is not None:
+        values.prompt_tokens(len(prompt_ids))
+        prompt_ids = _ids("prompt token", prompt_ids)
     return replace(
         request,
         messages=messages,
-        prompt_ids=None if request.prompt_ids is None else _ids("prompt token", request.prompt_ids),
+        prompt_ids=prompt_ids,
         max_tokens=values.check("max tokens", request.max_tokens),
         sampling=sampling,
         draft=draft,
-        stop_strings=tuple(values.text("a stop string", t) for t in request.stop_strings),
+        stop_strings=values.stop_strings(request.stop_strings),
         stop_token_ids=_ids("stop token", request.stop_token_ids),
     )
 

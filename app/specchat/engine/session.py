@@ -255,23 +255,29 @@ class Engine:
                    cancelled: threading.Event | None = None) -> list[int]:
         if self.target is None:
             raise EngineError("No model is loaded.")
-        if request.prompt_ids is not None:
-            ids = list(request.prompt_ids)
-            if not ids:
-                raise EngineError("The prompt is empty: write a message first.")
-            rows = self._slot.runner.rows
-            bad = next((t for t in ids if rows is not None and not 0 <= t < rows), None)
-            if bad is not None:
-                raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
-                                  f"vocabulary (ids 0 to {rows - 1}).")
-        else:
+        if request.prompt_ids is None:
             ids = chat.render(self.target.tokenizer, request.messages, cancelled)
+            self._fits(ids)
+            return ids
+        ids = list(request.prompt_ids)
+        if not ids:
+            raise EngineError("The prompt is empty: write a message first.")
+        self._fits(ids)  # before reading every id
+        rows = self._slot.runner.rows
+        bad = next((t for t in ids if rows is not None and not 0 <= t < rows), None)
+        if bad is not None:
+            raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
+                              f"vocabulary (ids 0 to {rows - 1}).")
+        return ids
+
+    def _fits(self, ids: list[int]) -> None:
+        """The prompt's tokens against the target's context (its bytes, a
+        bound on its tokens, were checked before it was tokenized)."""
         limit = self.target.max_context
         if limit is not None and len(ids) + 1 > limit:
             raise EngineError(
                 f"The prompt is {len(ids):,} tokens, more than {self.target.info.name} can "
                 f"read ({limit:,}). Start a new conversation or shorten the message.")
-        return ids
 
     def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
         """The drafter for a mode, and the mode it really runs in: without a

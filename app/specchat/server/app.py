@@ -8,8 +8,9 @@ SpecChat checks against, rather than by a second set of pydantic rules.
 
 Before a request reaches the endpoints, ``guard.LocalOnly`` refuses a
 foreign Host or Origin, and Starlette's CORS middleware answers the origins
-the user listed (none by default). A client that goes away while sending
-its body is one quiet log line, not an error.
+the user listed (none by default) and a request's own (``guard.Cors``). A
+client that goes away while sending its body is one quiet log line, not an
+error.
 
 A request is read (``body.read_json``: JSON only, bounded in size, time
 and nesting), checked, and run as a task
@@ -32,7 +33,6 @@ from collections.abc import Collection
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -41,7 +41,7 @@ from specchat.engine.events import GenerationResult, StepEvent
 from specchat.server import protocol
 from specchat.server.body import MAX_BODY, read_json
 from specchat.server.errors import ApiError
-from specchat.server.guard import LocalOnly
+from specchat.server.guard import Cors, LocalOnly
 from specchat.server.service import ApiService
 
 log = logging.getLogger("specchat.server")
@@ -93,10 +93,11 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the
-            # server's own; any header they ask for (OpenAI's SDKs send their
-            # own), no cookies, and Chrome's private network access for a
-            # listed public site.
-            Middleware(CORSMiddleware, allow_origins=list(cors_origins),
+            # server's own; CORS for those and for a request's own origin,
+            # any header they ask for (OpenAI's SDKs send their own), no
+            # cookies, and Chrome's private network access for a listed
+            # public site.
+            Middleware(Cors, allow_origins=list(cors_origins),
                        allow_methods=["GET", "POST"], allow_headers=["*"],
                        allow_private_network=True)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,

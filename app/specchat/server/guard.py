@@ -18,6 +18,11 @@ this one: any page can send requests to 127.0.0.1, and two kinds matter.
   (``app.py``), a type no page can send to another origin without a
   preflight, which this server answers only for listed origins.
 
+CORS (``Cors``) is Starlette's, for the origins the user listed and for a
+request's own origin: a browser sends no preflight to a page's own origin,
+but one that arrives is answered, not refused (a page calling its own
+origin could read the reply anyway).
+
 Programs that are not browsers send no Origin and a Host of this computer,
 so editors, scripts and the ``openai`` client pass unchanged. When the user
 has the server listen on another address (``--allow-remote``, which needs
@@ -29,9 +34,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Collection
+from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -116,3 +123,45 @@ class LocalOnly:
                                      "allowed; list the origin in the server's allowed origins "
                                      "(--cors-origin) to allow it.", code="origin_not_allowed")
         return None
+
+
+def same_origin(origin: str, host: str, port: int | None) -> bool:
+    """``origin`` is the server's own (``own_origin``) and names the very
+    host and port the request was sent to (its ``Host``): a page calling
+    its own origin, not another loopback name of the same port."""
+    theirs = split_host(host.strip())
+    if not own_origin(origin, port) or theirs is None:
+        return False
+    ours = split_host(origin.partition("://")[2])
+    return ours is not None and _normal(ours) == _normal(theirs)
+
+
+def _normal(parts: tuple[str, int | None]) -> tuple[str, int]:
+    host, port = parts
+    return host.lower(), 80 if port is None else port
+
+
+# The Host and the port of the request the CORS middleware is answering:
+# Starlette asks ``is_allowed_origin`` with the origin alone.
+_REQUEST: ContextVar[tuple[str, int | None]] = ContextVar("specchat_cors_request",
+                                                          default=("", None))
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS middleware, which allows the listed origins, also
+    allowing a request's own origin (``same_origin``): its preflight gets
+    the answer a listed origin's gets rather than a 400."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        server = scope.get("server") or (None, None)
+        token = _REQUEST.set((Headers(scope=scope).get("host", ""), server[1]))
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            _REQUEST.reset(token)
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return super().is_allowed_origin(origin) or same_origin(origin, *_REQUEST.get())

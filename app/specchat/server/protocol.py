@@ -11,10 +11,18 @@ prompts at once) are refused by name rather than ignored, so a client never
 gets less than it asked for without knowing; fields that only shape the
 reply's form (``user``, ``tools`` and the like) are ignored, as OpenAI-style
 local servers do.
+
+Every list a request carries is bounded in count and in total length
+(``specchat.values``: stop strings, messages, a message's content parts,
+the prompt in UTF-8 bytes or token ids; tools too, which are ignored today
+but will be rendered into the prompt), each before its items are read, so
+no request costs the engine thread more than those bounds allow: one past
+a bound never waits for its turn.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -95,20 +103,26 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
                   include_usage=include_usage, max_tokens=_max_tokens(kind, body, cap),
                   sampling=_sampling(body), stop=_stop(body.get("stop")))
     if kind == "chat":
+        _tools(body.get("tools"))
         messages = _messages(body.get("messages"))
-        _bounded(sum(len(m.content) for m in messages), "messages")
+        _bounded(values.utf8_size(m.content for m in messages), "messages")
         return ApiRequest(messages=messages, **fields)
     text, ids = _prompt(body.get("prompt"))
     if text is not None:
-        _bounded(len(text), "prompt")
+        _bounded(values.utf8_size([text]), "prompt")
     return ApiRequest(prompt=text, prompt_ids=ids, **fields)
 
 
-def _bounded(chars: int, param: str) -> None:
-    """The engine's bound on a prompt's characters, checked here too so that
+def _bounded(size_bytes: int, param: str) -> None:
+    """The engine's bound on a prompt's UTF-8 bytes, checked here too so that
     a prompt past it is refused before it waits for its turn (and a text
     completion prompt before the engine tokenizes it)."""
-    _as_400(param, values.prompt_size, chars)
+    _as_400(param, values.prompt_size, size_bytes)
+
+
+def _sized(param: str, name: str, n: int) -> None:
+    """``values.size(name, n)`` as a 400 naming ``param``."""
+    _as_400(param, values.size, name, n)
 
 
 def _as_400(param: str, check, *args):
@@ -191,13 +205,29 @@ def _stop(stop: object) -> tuple[str, ...]:
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list):
         raise bad_value("stop must be a string or a list of strings", "stop")
-    return tuple(_text("a stop string", s, "stop") for s in items)
+    return _as_400("stop", values.stop_strings, items)
+
+
+def _tools(tools: object) -> None:
+    """Tools are ignored (the chat template does not see them yet), but
+    bounded as they will be once it does: their count, and their JSON's
+    UTF-8 bytes, which a template writes into the prompt."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise bad_value("tools must be a list of tool objects", "tools")
+    _sized("tools", "tools", len(tools))
+    if not all(isinstance(t, dict) for t in tools):
+        raise bad_value("tools must be a list of tool objects", "tools")
+    text = json.dumps(tools, ensure_ascii=False, separators=(",", ":"))
+    _sized("tools", "bytes of tools", values.utf8_size([text]))
 
 
 def _messages(messages: object) -> tuple[Message, ...]:
     if not isinstance(messages, list) or not messages:
         raise bad_value("messages must be a non-empty list of {role, content} objects",
                         "messages")
+    _sized("messages", "messages", len(messages))
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -219,6 +249,7 @@ def _content(content: object, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, list):
+        _sized(where, "content parts", len(content))
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
@@ -238,9 +269,10 @@ def _prompt(prompt: object) -> tuple[str | None, tuple[int, ...] | None]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return _text("the prompt", prompt, "prompt"), None
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        return None, tuple(prompt)
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list):
+        _as_400("prompt", values.prompt_tokens, len(prompt))  # before reading them
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return None, tuple(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(
             isinstance(p, str | list) for p in prompt):
         raise bad_value("this server takes one prompt per request", "prompt")
@@ -298,7 +330,9 @@ class Chunks:
         self.req = req
         self.model = model
         self.created = int(time.time())
-        self.sent = ""  # the text streamed so far
+        # The text streamed so far, in its pieces: joined once, at the end
+        # (adding each piece to one string copied all of it every step).
+        self._sent: list[str] = []
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
@@ -319,7 +353,7 @@ class Chunks:
     def text(self, text: str) -> list[dict]:
         if not text:
             return []
-        self.sent += text
+        self._sent.append(text)
         return [self._chunk(self._choice(text, None))]
 
     def end(self, result: GenerationResult) -> list[dict]:
@@ -327,8 +361,9 @@ class Chunks:
         ``speculative`` extension, and the usage chunk if it was asked for."""
         s = result.summary
         out = []
-        if result.text.startswith(self.sent) and len(result.text) > len(self.sent):
-            out += self.text(result.text[len(self.sent):])
+        sent = "".join(self._sent)
+        if result.text.startswith(sent) and len(result.text) > len(sent):
+            out += self.text(result.text[len(sent):])
         out.append(self._chunk(self._choice(None, finish_reason(s)),
                                speculative=speculative(s)))
         if self.req.include_usage:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specchat import values
 from specchat.engine.client import EngineClient
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerationResult, LoadedPair, StepEvent
@@ -142,8 +143,9 @@ class ApiService:
             raise ApiError(503, "No model is loaded yet; try again when SpecChat has "
                                 "loaded one.", code="model_not_loaded")
         if not served.answers_to(name):
-            raise ApiError(404, f"The model {name!r} does not exist here; this server "
-                                f"serves {served.model!r}.", "model", "model_not_found")
+            # The name as sent, shortened: a body can carry megabytes of it.
+            raise ApiError(404, f"The model '{values.shown(name)}' does not exist here; this "
+                                f"server serves {served.model!r}.", "model", "model_not_found")
         return served
 
     async def run(self, req: ApiRequest,
