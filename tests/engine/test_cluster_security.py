@@ -17,12 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from clustertools import Lines, Trap, exchange, free_base, start_rank, stop
 from specchat.engine.distributed import control, handshake, hostfile
 from specchat.engine.distributed.wire import MAX_LINE, Line
 from specchat.engine.errors import EngineError
+
+HERE = Path(__file__).parent
 
 
 def _line(msg: dict) -> bytes:
@@ -364,3 +367,45 @@ def test_a_rank_without_the_secret_on_stdin_refuses_to_start():
         assert proc.stderr.decode() == (
             "specchat: error: The standard input of specchat cluster rank does not hold a "
             "cluster secret (64 hex digits).\n")
+
+
+def test_a_flood_of_strangers_never_keeps_rank_0_out(tiny_target):
+    """Today 33 idle connections locked rank 0 out for as long as the
+    stranger kept reconnecting (32 handshake slots, each held 5 s). Now a
+    stranger keeping 256 connections open (idle, sending a byte a second,
+    stalling after a valid hello, or churning), from several loopback
+    addresses and from rank 0's own, reconnecting whenever one is closed,
+    does not keep the real rank 0 out: each probe answers, and the join
+    gets through, within seconds, every time. The rank says what it
+    dropped in a few lines, not one per connection."""
+    key = secrets.token_bytes(32)
+    base = free_base(4)
+    spec = _spec(tiny_target, base)
+    rank, out = start_rank(1, base + 3, key)
+    flood = subprocess.Popen([sys.executable, str(HERE.parent / "clusterflood.py"),
+                              str(base + 3), "256"], stdout=subprocess.PIPE, text=True)
+    flooded = Lines(flood)
+    try:
+        flooded.wait_for("open 256", timeout=30)
+        time.sleep(1.0)  # long enough for every kind of stranger to be in place
+        for _ in range(10):
+            start = time.monotonic()
+            assert control.probe(spec, key, timeout=2.0) is None, out.text()[-2000:]
+            assert time.monotonic() - start < 4.0
+        start = time.monotonic()
+        peers = control.Peers(spec, key)
+        peers.connect()
+        assert time.monotonic() - start < 5.0
+        out.wait_for("rank 0 joined cluster lab")
+        opened = int(flooded.wait_for("opened", after=len(flooded.lines))[1].split()[1])
+        assert opened > 2 * 256  # the stranger really did reconnect, over and over
+        peers.close()
+        out.wait_for("rank 0 left; exiting", timeout=10)
+        assert rank.wait(10) == 0
+        assert "Traceback" not in out.text()
+        assert len(out.lines) < 100, out.text()[-2000:]
+    finally:
+        flood.kill()
+        flood.wait(10)
+        flood.stdout.close()
+        stop(rank)

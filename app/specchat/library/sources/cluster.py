@@ -43,7 +43,7 @@ class ClusterState:
 
 def states(timeout: float = 0.5) -> list[ClusterState]:
     """Every defined cluster, with whether its ranks answer now. Dials each
-    rank (control.probe: about twice ``timeout`` per rank at worst): call it
+    rank (control.probe: about ``timeout`` per rank at worst): call it
     off the GUI thread. One unreadable cluster is listed with its error."""
     from specchat.engine.distributed import control, hostfile, secret  # optional: not at start-up
 
