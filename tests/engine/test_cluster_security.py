@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from clustertools import Lines, Trap, exchange, free_base, start_rank, stop
-from specchat.engine.distributed import control, handshake, hostfile
+from specchat.engine.distributed import control, handshake, hostfile, wire
 from specchat.engine.distributed.wire import MAX_LINE, Line
 from specchat.engine.errors import EngineError
 
@@ -356,6 +356,26 @@ def test_ssh_gets_the_host_after_a_double_dash_and_the_secret_on_stdin(tmp_path,
                     "specchat cluster rank --rank 1 --listen 10.0.0.2:39103"]
     key = (home / "clusters" / "lab" / "secret").read_text()
     assert (tmp_path / "stdin").read_text() == key
+
+
+def test_a_rank_listens_and_joins_only_on_one_machines_address(tiny_target):
+    """The one host check (hostfile.check_host, on the address as the
+    system reads it) for every host a rank takes: its ``--listen``, and the
+    ring addresses of a join."""
+    for listen, why in (
+            ("0:39103", "0 (which the system reads as 0.0.0.0) is not a host: it means any "
+                        "address of a machine; give each machine's own address."),
+            ("127.1:39103", "'127.1' is read by the system as 127.0.0.1: write 127.0.0.1.")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", "cluster", "rank", "--rank", "1",
+                               "--listen", listen], input=b"", capture_output=True, timeout=60)
+        assert (proc.returncode, proc.stderr.decode()) == (1, f"specchat: error: {why}\n")
+    join = {"cluster": "lab", "rank": 1, "size": 2, "model": str(tiny_target), "layers": None,
+            "ring": [["127.0.0.1:39100"], ["127.0.0.1:39101"]]}
+    assert wire.check({"join": join, "proof": "0" * 64}, ["join"], proof=True).kind == "join"
+    for bad in ("0x0:39101", "0x7f.1:39101", "255.255.255.255:39101", "[::ffff:0.0.0.0]:39101"):
+        join["ring"][1] = [bad]
+        with pytest.raises(wire.ProtocolError, match="^a join message with a bad ring$"):
+            wire.check({"join": join, "proof": "0" * 64}, ["join"], proof=True)
 
 
 def test_a_rank_without_the_secret_on_stdin_refuses_to_start():

@@ -113,6 +113,35 @@ LOCAL2 = ["127.0.0.1", "127.0.0.1"]
     (["127.0.0.1", "::"], 39100, None,
      ":: is not a host: it means any address of a machine; give each machine's own address."),
     (["127.0.0.1", "224.0.0.1"], 39100, None, "224.0.0.1 is a multicast address, not a host."),
+    # Every address as the system's resolver reads it (inet_aton's short,
+    # octal and hex forms; IPv4 inside IPv6), not only as written.
+    *((["127.0.0.1", host], 39100, None,
+       f"{host} (which the system reads as {ip}) is not a host: it means any address of a "
+       "machine; give each machine's own address.")
+      for host, ip in (("0", "0.0.0.0"), ("0x0", "0.0.0.0"), ("00", "0.0.0.0"),
+                       ("0.0", "0.0.0.0"), ("::ffff:0.0.0.0", "0.0.0.0"))),
+    (["127.0.0.1", "0:0:0:0:0:0:0:0"], 39100, None, "0:0:0:0:0:0:0:0 is not a host: it means "
+                                                    "any address of a machine; give each "
+                                                    "machine's own address."),
+    (["127.0.0.1", "0.1.2.3"], 39100, None,
+     "0.1.2.3 is not a host: 0.0.0.0/8 means this network, not one machine."),
+    (["127.0.0.1", "255.255.255.255"], 39100, None,
+     "255.255.255.255 is a broadcast or reserved address, not a host."),
+    (["127.0.0.1", "4294967295"], 39100, None, "4294967295 (which the system reads as "
+                                               "255.255.255.255) is a broadcast or reserved "
+                                               "address, not a host."),
+    (["127.0.0.1", "::ffff:240.0.0.1"], 39100, None, "::ffff:240.0.0.1 (which the system reads "
+                                                     "as 240.0.0.1) is a broadcast or reserved "
+                                                     "address, not a host."),
+    (["127.0.0.1", "0xe0.1"], 39100, None,
+     "0xe0.1 (which the system reads as 224.0.0.1) is a multicast address, not a host."),
+    (["127.0.0.1", "ff02::1"], 39100, None, "ff02::1 is a multicast address, not a host."),
+    *((["127.0.0.1", host], 39100, None, f"'{host}' is read by the system as {ip}: write {ip}.")
+      for host, ip in (("127.1", "127.0.0.1"), ("0177.0.0.1", "127.0.0.1"),
+                       ("0x7f.0.0.1", "127.0.0.1"), ("2130706433", "127.0.0.1"),
+                       ("10.2", "10.0.0.2"), ("::ffff:10.0.0.2", "10.0.0.2"))),
+    *((["127.0.0.1", host], 39100, None, f"'{host}' is not an IP address or a host name.")
+      for host in ("1.2.3.256", "4294967296", "0x", "10.0.0.2.", "host.123")),
     (LOCAL2, 65533, None, "--port 65533 leaves no room for 2 ranks: they use ports 65533 to "
                           "65536, past 65535; pick a port up to 65532."),
     (LOCAL2, 70000, None,
@@ -136,6 +165,14 @@ def test_create_says_what_is_wrong_in_one_line_and_writes_nothing(lib_home, tiny
     for hosts, port, message in (
             ("127.0.0.1,-oProxyCommand=x", "39100",
              "'-oProxyCommand=x' is not an IP address or a host name."),
+            *((f"127.0.0.1,{host}", "39100", f"{host} (which the system reads as 0.0.0.0) is "
+                                             "not a host: it means any address of a machine; "
+                                             "give each machine's own address.")
+              for host in ("::ffff:0.0.0.0", "0", "0x0")),
+            ("127.0.0.1,255.255.255.255", "39100",
+             "255.255.255.255 is a broadcast or reserved address, not a host."),
+            ("127.1,10.0.0.2", "39100", "'127.1' is read by the system as 127.0.0.1: write "
+                                        "127.0.0.1."),
             ("127.0.0.1,10.0.0.2", "65535", "--port 65535 leaves no room for 2 ranks: they use "
                                             "ports 65535 to 65538, past 65535; pick a port up "
                                             "to 65532.")):
@@ -157,6 +194,14 @@ def test_a_hostfile_edited_to_a_bad_host_or_port_is_refused_when_read(lib_home, 
             (lambda d: d["hosts"][1].update(ips=["0.0.0.0"]),
              "0.0.0.0 is not a host: it means any address of a machine; give each machine's own "
              "address."),
+            (lambda d: d["hosts"][1].update(ips=["0x0"]),
+             "0x0 (which the system reads as 0.0.0.0) is not a host: it means any address of a "
+             "machine; give each machine's own address."),
+            (lambda d: d["hosts"][1].update(ssh="user@0"),
+             "0 (which the system reads as 0.0.0.0) is not a host: it means any address of a "
+             "machine; give each machine's own address."),
+            (lambda d: d["hosts"][1].update(ips=["0177.0.0.1"]),
+             "'0177.0.0.1' is read by the system as 127.0.0.1: write 127.0.0.1."),
             (lambda d: d["specchat"].update(control_ports=[39102, 70000]),
              "port 70000 is not from 1 to 65535"),
             (lambda d: d["specchat"].update(layers=[7, -1]),

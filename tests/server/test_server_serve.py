@@ -18,8 +18,15 @@ from specchat.server.listener import KEY_VARIABLE, LocalServer, api_key_from, ch
 
 
 def test_loopback_needs_nothing():
-    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+    """Loopback as the system's resolver reads it, however it is written
+    (values.address): inet_aton's short, octal and hex forms, and IPv4
+    inside IPv6; any other address needs the flag and a key."""
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "127.1", "0x7f.0.0.1",
+                 "0177.0.0.1", "2130706433", "::ffff:127.0.0.1", "[::ffff:127.0.0.1]"):
         check_bind(host, allow_remote=False, api_key=None)
+    for host in ("0", "0x0", "::ffff:0.0.0.0", "0x0a.1", "10.1", "example.com"):
+        with pytest.raises(ServerError, match="Pass --allow-remote and an API key"):
+            check_bind(host, allow_remote=False, api_key=None)
 
 
 @pytest.mark.parametrize("allow,key,words", [
@@ -247,6 +254,24 @@ def test_a_client_gone_mid_body_leaves_no_traceback(tiny_target, tmp_path):
     assert len(gone) <= 2, log
     assert all(line.endswith("a client disconnected before sending its whole request")
                for line in gone), log
+
+
+def test_serve_listens_on_loopback_written_short(tiny_target, tmp_path):
+    """``--host 127.1`` is 127.0.0.1 to the socket: served as loopback
+    (no --allow-remote, the Host check on), not refused as another machine."""
+    from openai import OpenAI
+
+    served = Serving(["--target", str(tiny_target), "--port", "0", "--plain", "--host", "127.1"],
+                     tmp_path)
+    try:
+        assert served.url == f"http://127.1:{served.port}/v1"
+        with OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60) as api:
+            r = api.chat.completions.create(model=tiny_target.name, max_tokens=2,
+                                            messages=[{"role": "user", "content": "Hello"}])
+        assert r.usage.completion_tokens <= 2
+        served.stop()
+    finally:
+        served.kill()
 
 
 @pytest.mark.parametrize("host", ["[::1]", "::1"])

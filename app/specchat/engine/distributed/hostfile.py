@@ -35,31 +35,48 @@ from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import HOSTFILE, NAME, read_config
 
-LOCAL_IPS = {"127.0.0.1", "::1", "localhost"}
 MAX_RANKS = 64
 HIGHEST_PORT = 65535
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
+_NUMBER = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]*")  # a last label no name has (RFC 3696)
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # "this network": no machine's address
+_RESERVED = ipaddress.ip_network("240.0.0.0/4")  # 255.255.255.255 among them
 
 
 def check_host(host: str) -> str:
-    """``host`` if it names one machine: an IP address (not 0.0.0.0 or ::,
-    which mean every address of whichever machine reads them) or a host name
-    (letters, digits, '-' and '.', so never an option to ssh)."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = None
-    if ip is not None:
-        if ip.is_unspecified:
-            raise EngineError(f"{host} is not a host: it means any address of a machine; "
-                              "give each machine's own address.")
-        if ip.is_multicast:
-            raise EngineError(f"{host} is a multicast address, not a host.")
+    """``host`` if it names one machine: an IP address as the system reads
+    it (values.address: not one meaning every address of whichever machine
+    reads it, 0.0.0.0, 0.x.x.x or ::, nor broadcast, reserved or multicast)
+    written as it is read (never ``127.1``, ``0x7f.0.0.1`` or ``0177.0.0.1``,
+    which a person reads otherwise than the resolver), or a host name
+    (letters, digits, '-' and '.', never all digits at the end, so never an
+    option to ssh, nor a number the resolver would read after all). The one
+    check of every host a cluster takes: ``cluster create``'s, the
+    hostfile's, a rank's ``--listen`` and the ring addresses of a join."""
+    ip = values.address(host)
+    if ip is None:
+        if (len(host) > 253 or not _HOSTNAME.fullmatch(host)
+                or _NUMBER.fullmatch(host.rpartition(".")[2])):
+            raise EngineError(f"{host!r} is not an IP address or a host name.")
         return host
-    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
-        raise EngineError(f"{host!r} is not an IP address or a host name.")
+    try:
+        written = ipaddress.ip_address(host)
+    except ValueError:
+        written = None
+    name = host if written == ip else f"{host} (which the system reads as {ip})"
+    if ip.is_unspecified:
+        raise EngineError(f"{name} is not a host: it means any address of a machine; give each "
+                          "machine's own address.")
+    if ip in _THIS_NETWORK:
+        raise EngineError(f"{name} is not a host: 0.0.0.0/8 means this network, not one machine.")
+    if ip.is_multicast:
+        raise EngineError(f"{name} is a multicast address, not a host.")
+    if ip in _RESERVED:
+        raise EngineError(f"{name} is a broadcast or reserved address, not a host.")
+    if written != ip:
+        raise EngineError(f"{host!r} is read by the system as {ip}: write {ip}.")
     return host
 
 
@@ -100,7 +117,7 @@ class Rank:
     @property
     def local(self) -> bool:
         """Whether this rank runs on this machine (started without ssh)."""
-        return self.ip in LOCAL_IPS or self.ssh in LOCAL_IPS
+        return values.is_loopback(self.ip) or values.is_loopback(self.ssh)
 
 
 @dataclass(frozen=True)
