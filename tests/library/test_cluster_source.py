@@ -12,7 +12,7 @@ import time
 import pytest
 from clustertools import Trap
 from specchat.engine import folders
-from specchat.engine.distributed import hostfile
+from specchat.engine.distributed import hostfile, secret
 from specchat.engine.errors import EngineError
 from specchat.errors import SpecChatError
 from specchat.library import compatibility, refs
@@ -255,3 +255,69 @@ def test_a_model_folder_holding_a_hostfile_loads_as_a_model(lib_home, tmp_path, 
         assert trap.calls == []
     assert compatibility.describe(str(folder)).params == compatibility.describe(
         str(tiny_target)).params
+
+
+def _specchat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specchat", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_fifo_in_a_clusters_files_is_refused_in_words_not_waited_on(lib_home, tiny_target):
+    """Every file of a cluster folder is read as specchat/records.py reads
+    files: a FIFO as the secret hung `cluster list`, `cluster start` and
+    `generate --target cluster:NAME` for good; as the hostfile it read as
+    "no cluster named". Now each says what is there, at once, and `cluster
+    create` again makes a new secret in the FIFO's place."""
+    import os
+
+    folder = hostfile.write(clusters_dir() / "lab", hostfile.plan("lab", tiny_target, LOCAL2,
+                                                                  39100))
+    (folder / "secret").unlink()
+    os.mkfifo(folder / "secret", 0o600)
+    why = (f"The cluster in {folder} has no readable secret ({folder / 'secret'}: it is a FIFO "
+           "(named pipe), not a regular file); run `specchat cluster create` for it again.")
+    listed = _specchat("cluster", "list", timeout=30)
+    assert (listed.returncode, listed.stdout) == (0, f"lab: ?, 0 ranks, {why}\n")
+    started = _specchat("cluster", "start", "lab", "--once", timeout=30)
+    assert (started.returncode, started.stderr) == (1, f"specchat: error: {why}\n")
+    generated = _specchat("generate", "--target", "cluster:lab", "--plain", "--prompt", "Hi",
+                          "--max-tokens", "1", timeout=120)
+    assert generated.returncode == 1 and why in generated.stderr, generated.stderr
+    assert "Traceback" not in generated.stderr
+    created = _specchat("cluster", "create", "lab", "--hosts", "127.0.0.1,127.0.0.1",
+                        "--model", str(tiny_target))
+    assert created.returncode == 0, created.stderr
+    assert len(secret.read(folder)) == 32
+
+    (folder / hostfile.HOSTFILE).unlink()
+    os.mkfifo(folder / hostfile.HOSTFILE)
+    why = (f"Cannot read the cluster file {folder / hostfile.HOSTFILE} (it is a FIFO (named "
+           "pipe), not a regular file).")
+    shown = _specchat("cluster", "show", "lab", timeout=30)
+    assert (shown.returncode, shown.stderr) == (1, f"specchat: error: {why} None is defined "
+                                                   "yet.\n")
+    with pytest.raises(LibraryError) as err:
+        refs.resolve("cluster:lab")
+    assert str(err.value) == f"{why} None is defined yet."
+
+
+def test_a_cluster_name_with_path_parts_is_refused_as_a_name(lib_home, tiny_target):
+    """`cluster:../../tmp` suggested `specchat cluster create ../../tmp`;
+    every place that takes a cluster's name refuses one that cannot be a
+    name, in the same words, and suggests nothing."""
+    hostfile.write(clusters_dir() / "lab", hostfile.plan("lab", tiny_target, LOCAL2, 39100))
+    for name, shown in (*((n, repr(n)) for n in ("../../tmp", "a/b", "..", ".hidden", "l\tab")),
+                        ("x" * 65, f"'{'x' * 37}...'")):
+        why = (f"{shown} is not a cluster name: a cluster's name is 1 to 64 letters, digits, "
+               "'.', '_' and '-', starting with a letter or a digit.")
+        with pytest.raises(LibraryError) as err:
+            refs.resolve(f"cluster:{name}")
+        assert str(err.value) == f"{why} Defined: lab.", name
+        assert "create" not in str(err.value)
+    for args in (("show", "../../tmp"), ("rm", "../lab"), ("start", "a/b"),
+                 ("create", "lab\n", "--hosts", "127.0.0.1,127.0.0.1", "--model",
+                  str(tiny_target))):
+        proc = _specchat("cluster", *args)
+        assert proc.returncode == 1 and "is not a cluster name" in proc.stderr, proc.stderr
+        assert "cluster create " not in proc.stderr
+    assert [p.name for p in clusters_dir().iterdir()] == ["lab"]

@@ -94,6 +94,37 @@ def test_serve_takes_no_key_on_the_command_line(capsys, tmp_path):
                    "--help)")
 
 
+def test_a_key_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
+    """A FIFO given as --api-key-file was "no such file" (and read, one
+    would hang the start for good): the command says what is there, and
+    ``api_key_from``, which reads the file, never waits on one. The same
+    argument type takes bench's --prompts."""
+    fifo = tmp_path / "key"
+    os.mkfifo(fifo)
+    for args, path, what in ((["serve", "--api-key-file"], fifo, "a FIFO (named pipe)"),
+                             (["serve", "--api-key-file"], tmp_path, "a folder"),
+                             (["bench", "--target", "t", "--prompts"], fifo, "a FIFO (named pipe)")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args, str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        assert (f" error: argument {args[-1]}: {path} is {what}, not a regular file (see "
+                in proc.stderr.splitlines()[-1]), proc.stderr
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            api_key_from(fifo)
+        except ServerError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "api_key_from waited on a FIFO"
+    assert [str(e) for e in got] == [f"Cannot read the API key file {fifo}: it is a FIFO "
+                                     "(named pipe), not a regular file."]
+
+
 def test_serve_refuses_a_remote_host_in_one_line(home, capsys):
     """Refused before any model loads (the default pair is never touched)."""
     from specchat import cli

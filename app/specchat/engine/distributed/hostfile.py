@@ -30,12 +30,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import values
+from specchat import records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import HOSTFILE, NAME, read_config
 
 MAX_RANKS = 64
+MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
 HIGHEST_PORT = 65535
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -78,6 +79,17 @@ def check_host(host: str) -> str:
     if written != ip:
         raise EngineError(f"{host!r} is read by the system as {ip}: write {ip}.")
     return host
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name a cluster (folders.NAME: a folder's name of
+    ``<home>/clusters``, never a path); else an EngineError in words, so
+    that no message suggests creating a cluster of such a name."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise EngineError(f"'{values.shown(name)}' is not a cluster name: a cluster's name is "
+                          "1 to 64 letters, digits, '.', '_' and '-', starting with a letter "
+                          "or a digit.")
+    return name
 
 
 def check_ssh(target: str) -> str:
@@ -165,8 +177,7 @@ class ClusterSpec:
                           for i, h in enumerate(hosts))
             layers = own.get("layers")
             name, model = _text(own["name"]), _text(own["model"])
-            if not NAME.fullmatch(name):
-                raise ValueError(f"the name {name!r} is not a cluster name")
+            check_name(name)
             spec = cls(name=name, model=model, ranks=ranks,
                        layers=tuple(_count(n) for n in layers) if layers else None,
                        remote_command=_text(own.get("remote_command") or "specchat"))
@@ -195,11 +206,16 @@ def _port(value: object) -> int:
 
 
 def read(folder: str | os.PathLike) -> ClusterSpec:
+    """The cluster in ``folder``, its hostfile read as every file SpecChat
+    reads back (specchat/records.py: a regular file, bounded)."""
     path = Path(folder) / HOSTFILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"Cannot read the cluster file {path} ({exc}).") from None
+        data = records.read_json(path, MAX_HOSTFILE_BYTES)
+    except (OSError, records.BadRecord) as exc:
+        raise EngineError(f"Cannot read the cluster file {path} "
+                          f"({getattr(exc, 'strerror', None) or exc}).") from None
+    if not isinstance(data, dict):
+        raise EngineError(f"{path} is not a SpecChat cluster hostfile (not a JSON object).")
     return ClusterSpec.from_json(data, str(path))
 
 
