@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import clusters_dir
+from specchat.engine.folders import HOSTFILE, clusters_dir
 from specchat.library import refs
 from specchat.library.sources.cluster import defined, states
 from specchat.library.sources.cluster import folder as cluster_folder
@@ -95,7 +96,11 @@ def main(args: argparse.Namespace) -> int:
         _show(*read(args.name), args.json)
         return 0
     if cmd == "rm":
-        folder, _ = read(args.name)
+        # Also a cluster whose hostfile cannot be read (a FIFO in its place):
+        # removing it is how it is mended.
+        folder = clusters_dir() / hostfile.check_name(args.name)
+        if folder.is_symlink() or not os.path.lexists(folder / HOSTFILE):
+            folder = cluster_folder(args.name)  # none of that name: says so
         shutil.rmtree(folder)  # links, the hostfile and the secret: the model stays where it is
         return 0
     if cmd == "start":

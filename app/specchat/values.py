@@ -257,19 +257,22 @@ def address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     where ``0`` and ``0x0`` are 0.0.0.0, and ``127.1``, ``0x7f.0.0.1``,
     ``0177.0.0.1`` and ``2130706433`` are all 127.0.0.1; and an IPv4 address
     inside IPv6 (``::ffff:0.0.0.0``) reaches that IPv4 address, which is the
-    one returned. Asked of the resolver itself (getaddrinfo with
-    AI_NUMERICHOST, which never looks anything up), so the answer is what
-    this system's sockets do."""
+    one returned. What ``ipaddress`` does not read is asked of the resolver
+    itself (getaddrinfo with AI_NUMERICHOST, which never looks anything
+    up), so the answer is what this system's sockets do."""
     text = host.strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     if not text or len(text) > 253 or not text.isascii() or not text.isprintable():
         return None
     try:
-        found = socket.getaddrinfo(text, None, flags=socket.AI_NUMERICHOST)
-        ip = ipaddress.ip_address(found[0][4][0])
-    except (OSError, UnicodeError, ValueError, IndexError):  # a name, or nothing
-        return None
+        ip = ipaddress.ip_address(text)  # as written (an IPv6 zone kept: fe80::1%en0)
+    except ValueError:
+        try:
+            found = socket.getaddrinfo(text, None, flags=socket.AI_NUMERICHOST)
+            ip = ipaddress.ip_address(found[0][4][0])
+        except (OSError, UnicodeError, ValueError, IndexError):  # a name, or nothing
+            return None
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     return mapped if mapped is not None else ip
 

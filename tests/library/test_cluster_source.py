@@ -161,6 +161,12 @@ def test_create_refuses_what_cannot_be_a_cluster(tiny_target, hosts, port, layer
     assert str(err.value) == message
 
 
+def test_a_host_written_as_the_system_reads_it_is_taken():
+    for host in ("10.0.0.2", "127.0.0.2", "::1", "fe80::1%lo", "2001:db8::7", "mac-studio.local",
+                 "deadbeef", "host-7"):
+        assert hostfile.check_host(host) == host
+
+
 def test_create_says_what_is_wrong_in_one_line_and_writes_nothing(lib_home, tiny_target):
     for hosts, port, message in (
             ("127.0.0.1,-oProxyCommand=x", "39100",
@@ -266,8 +272,9 @@ def test_a_fifo_in_a_clusters_files_is_refused_in_words_not_waited_on(lib_home, 
     """Every file of a cluster folder is read as specchat/records.py reads
     files: a FIFO as the secret hung `cluster list`, `cluster start` and
     `generate --target cluster:NAME` for good; as the hostfile it read as
-    "no cluster named". Now each says what is there, at once, and `cluster
-    create` again makes a new secret in the FIFO's place."""
+    "no cluster named". Now each says what is there, at once; `cluster
+    create` again makes a new secret in the FIFO's place, and `cluster rm`
+    removes a cluster whose hostfile is one."""
     import os
 
     folder = hostfile.write(clusters_dir() / "lab", hostfile.plan("lab", tiny_target, LOCAL2,
@@ -299,6 +306,9 @@ def test_a_fifo_in_a_clusters_files_is_refused_in_words_not_waited_on(lib_home, 
     with pytest.raises(LibraryError) as err:
         refs.resolve("cluster:lab")
     assert str(err.value) == f"{why} None is defined yet."
+    removed = _specchat("cluster", "rm", "lab")  # how such a cluster is mended
+    assert removed.returncode == 0, removed.stderr
+    assert not folder.exists()
 
 
 def test_a_cluster_name_with_path_parts_is_refused_as_a_name(lib_home, tiny_target):
