@@ -6,7 +6,9 @@ wherever it was typed ("temperature must be a number from 0 to 5 (0 =
 greedy); got nan") and a stored settings row with a bad field falls back for
 that field only. Environment variables that choose among a few words
 (``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
-This module imports nothing of SpecChat's but ``specchat.errors``, so every
+A host a user types is read here as the system's resolver reads it
+(``address``, ``is_loopback``): the server's ``--host`` and a cluster's
+hosts alike. This module imports nothing of SpecChat's but ``specchat.errors``, so every
 layer may use it.
 """
 
