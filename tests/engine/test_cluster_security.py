@@ -419,6 +419,7 @@ def test_a_flood_of_strangers_never_keeps_rank_0_out(tiny_target):
         out.wait_for("rank 0 joined cluster lab")
         opened = int(flooded.wait_for("opened", after=len(flooded.lines))[1].split()[1])
         assert opened > 2 * 256  # the stranger really did reconnect, over and over
+        out.wait_for(f"to keep at most {control.PENDING} waiting")  # and filled the rank
         peers.close()
         out.wait_for("rank 0 left; exiting", timeout=10)
         assert rank.wait(10) == 0
