@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import stat
 import sys
 from pathlib import Path
 
-from specchat import applog, cluster_cmd, startup, values
+from specchat import applog, cluster_cmd, records, startup, values
 from specchat.engine import modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
@@ -86,15 +87,22 @@ def _model_ref(text: str) -> str:
 
 
 def _readable_file(text: str) -> str:
-    """An argparse ``type`` for an input file: a missing one is a usage
-    error in words, not an OSError from deep in the command."""
+    """An argparse ``type`` for an input file: a missing one, or one that is
+    no regular file (a FIFO would block the command for good), is a usage
+    error in words saying which, not an OSError from deep in the command."""
     path = Path(text)
     try:
         path = path.expanduser()
     except RuntimeError:  # ~someone who has no home folder here: not found either
         pass
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
+        raise argparse.ArgumentTypeError(f"{why}: {text}") from None
+    if not stat.S_ISREG(mode):
+        raise argparse.ArgumentTypeError(f"{text} is {records.file_kind(mode)}, not a regular "
+                                         "file")
     return str(path)
 
 

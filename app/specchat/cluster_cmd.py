@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import NAME, clusters_dir, is_cluster_folder
+from specchat.engine.folders import HOSTFILE, clusters_dir
 from specchat.library import refs
 from specchat.library.sources.cluster import defined, states
+from specchat.library.sources.cluster import folder as cluster_folder
 
 # engine/distributed is optional: imported where a command needs it, never at start-up.
 
@@ -56,21 +58,11 @@ def add_parser(sub, model_ref) -> None:
         sp.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def folder_of(name: str) -> Path:
-    if not NAME.match(name):
-        raise EngineError(f"A cluster name is letters, digits, '.', '_' and '-'; got {name!r}.")
-    return clusters_dir() / name
-
-
 def read(name: str):
     from specchat.engine.distributed import hostfile
 
-    folder = folder_of(name)
-    if not is_cluster_folder(folder):
-        known = ", ".join(defined()) or "none yet"
-        raise EngineError(f"No cluster named {name!r} (defined: {known}); create it with "
-                          "`specchat cluster create`.")
-    return folder, hostfile.read(folder)
+    found = cluster_folder(name)
+    return found, hostfile.read(found)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -78,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
 
     cmd = args.cluster_command
     if cmd == "create":
-        folder = folder_of(args.name)
+        folder = clusters_dir() / hostfile.check_name(args.name)
         model = refs.resolve(args.model)
         try:
             layers = [int(n) for n in args.layers.split(",")] if args.layers else None
@@ -104,7 +96,11 @@ def main(args: argparse.Namespace) -> int:
         _show(*read(args.name), args.json)
         return 0
     if cmd == "rm":
-        folder, _ = read(args.name)
+        # Also a cluster whose hostfile cannot be read (a FIFO in its place):
+        # removing it is how it is mended.
+        folder = clusters_dir() / hostfile.check_name(args.name)
+        if folder.is_symlink() or not os.path.lexists(folder / HOSTFILE):
+            folder = cluster_folder(args.name)  # none of that name: says so
         shutil.rmtree(folder)  # links, the hostfile and the secret: the model stays where it is
         return 0
     if cmd == "start":

@@ -6,15 +6,19 @@ wherever it was typed ("temperature must be a number from 0 to 5 (0 =
 greedy); got nan") and a stored settings row with a bad field falls back for
 that field only. Environment variables that choose among a few words
 (``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
-This module imports nothing of SpecChat's but ``specchat.errors``, so every
+A host a user types is read here as the system's resolver reads it
+(``address``, ``is_loopback``): the server's ``--host`` and a cluster's
+hosts alike. This module imports nothing of SpecChat's but ``specchat.errors``, so every
 layer may use it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -303,6 +307,44 @@ def origin(value: object) -> str:
     if port is None or port == _DEFAULT_PORTS.get(scheme):
         return f"{scheme}://{host}"
     return f"{scheme}://{host}:{port}"
+
+
+def address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address a socket reaches for ``host`` when the system's resolver
+    reads ``host`` as a number (``[...]`` around IPv6 allowed); None for a
+    name, which only DNS or the hosts file can say. The resolver takes more
+    than the dotted quads Python's ``ipaddress`` reads: inet_aton's forms,
+    where ``0`` and ``0x0`` are 0.0.0.0, and ``127.1``, ``0x7f.0.0.1``,
+    ``0177.0.0.1`` and ``2130706433`` are all 127.0.0.1; and an IPv4 address
+    inside IPv6 (``::ffff:0.0.0.0``) reaches that IPv4 address, which is the
+    one returned. What ``ipaddress`` does not read is asked of the resolver
+    itself (getaddrinfo with AI_NUMERICHOST, which never looks anything
+    up), so the answer is what this system's sockets do."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    if not text or len(text) > 253 or not text.isascii() or not text.isprintable():
+        return None
+    try:
+        ip = ipaddress.ip_address(text)  # as written (an IPv6 zone kept: fe80::1%en0)
+    except ValueError:
+        try:
+            found = socket.getaddrinfo(text, None, flags=socket.AI_NUMERICHOST)
+            ip = ipaddress.ip_address(found[0][4][0])
+        except (OSError, UnicodeError, ValueError, IndexError):  # a name, or nothing
+            return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return mapped if mapped is not None else ip
+
+
+def is_loopback(host: str) -> bool:
+    """Only this computer can reach ``host``: ``localhost``, or an address of
+    127.0.0.0/8 or ::1 however it is written (``address``). Any other name
+    may resolve to anything."""
+    if host.strip().lower() == "localhost":
+        return True
+    ip = address(host)
+    return ip is not None and ip.is_loopback
 
 
 def shown(value: object) -> str:

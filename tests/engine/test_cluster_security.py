@@ -17,12 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from clustertools import Lines, Trap, exchange, free_base, start_rank, stop
-from specchat.engine.distributed import control, handshake, hostfile
+from specchat.engine.distributed import control, handshake, hostfile, wire
 from specchat.engine.distributed.wire import MAX_LINE, Line
 from specchat.engine.errors import EngineError
+
+HERE = Path(__file__).parent
 
 
 def _line(msg: dict) -> bytes:
@@ -355,6 +358,26 @@ def test_ssh_gets_the_host_after_a_double_dash_and_the_secret_on_stdin(tmp_path,
     assert (tmp_path / "stdin").read_text() == key
 
 
+def test_a_rank_listens_and_joins_only_on_one_machines_address(tiny_target):
+    """The one host check (hostfile.check_host, on the address as the
+    system reads it) for every host a rank takes: its ``--listen``, and the
+    ring addresses of a join."""
+    for listen, why in (
+            ("0:39103", "0 (which the system reads as 0.0.0.0) is not a host: it means any "
+                        "address of a machine; give each machine's own address."),
+            ("127.1:39103", "'127.1' is read by the system as 127.0.0.1: write 127.0.0.1.")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", "cluster", "rank", "--rank", "1",
+                               "--listen", listen], input=b"", capture_output=True, timeout=60)
+        assert (proc.returncode, proc.stderr.decode()) == (1, f"specchat: error: {why}\n")
+    join = {"cluster": "lab", "rank": 1, "size": 2, "model": str(tiny_target), "layers": None,
+            "ring": [["127.0.0.1:39100"], ["127.0.0.1:39101"]]}
+    assert wire.check({"join": join, "proof": "0" * 64}, ["join"], proof=True).kind == "join"
+    for bad in ("0x0:39101", "0x7f.1:39101", "255.255.255.255:39101", "[::ffff:0.0.0.0]:39101"):
+        join["ring"][1] = [bad]
+        with pytest.raises(wire.ProtocolError, match="^a join message with a bad ring$"):
+            wire.check({"join": join, "proof": "0" * 64}, ["join"], proof=True)
+
+
 def test_a_rank_without_the_secret_on_stdin_refuses_to_start():
     for stdin in (b"", b"not a secret\n"):
         proc = subprocess.run([sys.executable, "-m", "specchat", "cluster", "rank", "--rank", "1",
@@ -364,3 +387,46 @@ def test_a_rank_without_the_secret_on_stdin_refuses_to_start():
         assert proc.stderr.decode() == (
             "specchat: error: The standard input of specchat cluster rank does not hold a "
             "cluster secret (64 hex digits).\n")
+
+
+def test_a_flood_of_strangers_never_keeps_rank_0_out(tiny_target):
+    """Today 33 idle connections locked rank 0 out for as long as the
+    stranger kept reconnecting (32 handshake slots, each held 5 s). Now a
+    stranger keeping 256 connections open (idle, sending a byte a second,
+    stalling after a valid hello, or churning), from several loopback
+    addresses and from rank 0's own, reconnecting whenever one is closed,
+    does not keep the real rank 0 out: each probe answers, and the join
+    gets through, within seconds, every time. The rank says what it
+    dropped in a few lines, not one per connection."""
+    key = secrets.token_bytes(32)
+    base = free_base(4)
+    spec = _spec(tiny_target, base)
+    rank, out = start_rank(1, base + 3, key)
+    flood = subprocess.Popen([sys.executable, str(HERE.parent / "clusterflood.py"),
+                              str(base + 3), "256"], stdout=subprocess.PIPE, text=True)
+    flooded = Lines(flood)
+    try:
+        flooded.wait_for("open 256", timeout=30)
+        time.sleep(1.0)  # long enough for every kind of stranger to be in place
+        for _ in range(10):
+            start = time.monotonic()
+            assert control.probe(spec, key, timeout=2.0) is None, out.text()[-2000:]
+            assert time.monotonic() - start < 4.0
+        start = time.monotonic()
+        peers = control.Peers(spec, key)
+        peers.connect()
+        assert time.monotonic() - start < 5.0
+        out.wait_for("rank 0 joined cluster lab")
+        opened = int(flooded.wait_for("opened", after=len(flooded.lines))[1].split()[1])
+        assert opened > 2 * 256  # the stranger really did reconnect, over and over
+        out.wait_for(f"to keep at most {control.PENDING} waiting")  # and filled the rank
+        peers.close()
+        out.wait_for("rank 0 left; exiting", timeout=10)
+        assert rank.wait(10) == 0
+        assert "Traceback" not in out.text()
+        assert len(out.lines) < 100, out.text()[-2000:]
+    finally:
+        flood.kill()
+        flood.wait(10)
+        flood.stdout.close()
+        stop(rank)

@@ -12,7 +12,7 @@ import time
 import pytest
 from clustertools import Trap
 from specchat.engine import folders
-from specchat.engine.distributed import hostfile
+from specchat.engine.distributed import hostfile, secret
 from specchat.engine.errors import EngineError
 from specchat.errors import SpecChatError
 from specchat.library import compatibility, refs
@@ -113,6 +113,35 @@ LOCAL2 = ["127.0.0.1", "127.0.0.1"]
     (["127.0.0.1", "::"], 39100, None,
      ":: is not a host: it means any address of a machine; give each machine's own address."),
     (["127.0.0.1", "224.0.0.1"], 39100, None, "224.0.0.1 is a multicast address, not a host."),
+    # Every address as the system's resolver reads it (inet_aton's short,
+    # octal and hex forms; IPv4 inside IPv6), not only as written.
+    *((["127.0.0.1", host], 39100, None,
+       f"{host} (which the system reads as {ip}) is not a host: it means any address of a "
+       "machine; give each machine's own address.")
+      for host, ip in (("0", "0.0.0.0"), ("0x0", "0.0.0.0"), ("00", "0.0.0.0"),
+                       ("0.0", "0.0.0.0"), ("::ffff:0.0.0.0", "0.0.0.0"))),
+    (["127.0.0.1", "0:0:0:0:0:0:0:0"], 39100, None, "0:0:0:0:0:0:0:0 is not a host: it means "
+                                                    "any address of a machine; give each "
+                                                    "machine's own address."),
+    (["127.0.0.1", "0.1.2.3"], 39100, None,
+     "0.1.2.3 is not a host: 0.0.0.0/8 means this network, not one machine."),
+    (["127.0.0.1", "255.255.255.255"], 39100, None,
+     "255.255.255.255 is a broadcast or reserved address, not a host."),
+    (["127.0.0.1", "4294967295"], 39100, None, "4294967295 (which the system reads as "
+                                               "255.255.255.255) is a broadcast or reserved "
+                                               "address, not a host."),
+    (["127.0.0.1", "::ffff:240.0.0.1"], 39100, None, "::ffff:240.0.0.1 (which the system reads "
+                                                     "as 240.0.0.1) is a broadcast or reserved "
+                                                     "address, not a host."),
+    (["127.0.0.1", "0xe0.1"], 39100, None,
+     "0xe0.1 (which the system reads as 224.0.0.1) is a multicast address, not a host."),
+    (["127.0.0.1", "ff02::1"], 39100, None, "ff02::1 is a multicast address, not a host."),
+    *((["127.0.0.1", host], 39100, None, f"'{host}' is read by the system as {ip}: write {ip}.")
+      for host, ip in (("127.1", "127.0.0.1"), ("0177.0.0.1", "127.0.0.1"),
+                       ("0x7f.0.0.1", "127.0.0.1"), ("2130706433", "127.0.0.1"),
+                       ("10.2", "10.0.0.2"), ("::ffff:10.0.0.2", "10.0.0.2"))),
+    *((["127.0.0.1", host], 39100, None, f"'{host}' is not an IP address or a host name.")
+      for host in ("1.2.3.256", "4294967296", "0x", "10.0.0.2.", "host.123")),
     (LOCAL2, 65533, None, "--port 65533 leaves no room for 2 ranks: they use ports 65533 to "
                           "65536, past 65535; pick a port up to 65532."),
     (LOCAL2, 70000, None,
@@ -132,10 +161,24 @@ def test_create_refuses_what_cannot_be_a_cluster(tiny_target, hosts, port, layer
     assert str(err.value) == message
 
 
+def test_a_host_written_as_the_system_reads_it_is_taken():
+    for host in ("10.0.0.2", "127.0.0.2", "::1", "fe80::1%lo", "2001:db8::7", "mac-studio.local",
+                 "deadbeef", "host-7"):
+        assert hostfile.check_host(host) == host
+
+
 def test_create_says_what_is_wrong_in_one_line_and_writes_nothing(lib_home, tiny_target):
     for hosts, port, message in (
             ("127.0.0.1,-oProxyCommand=x", "39100",
              "'-oProxyCommand=x' is not an IP address or a host name."),
+            *((f"127.0.0.1,{host}", "39100", f"{host} (which the system reads as 0.0.0.0) is "
+                                             "not a host: it means any address of a machine; "
+                                             "give each machine's own address.")
+              for host in ("::ffff:0.0.0.0", "0", "0x0")),
+            ("127.0.0.1,255.255.255.255", "39100",
+             "255.255.255.255 is a broadcast or reserved address, not a host."),
+            ("127.1,10.0.0.2", "39100", "'127.1' is read by the system as 127.0.0.1: write "
+                                        "127.0.0.1."),
             ("127.0.0.1,10.0.0.2", "65535", "--port 65535 leaves no room for 2 ranks: they use "
                                             "ports 65535 to 65538, past 65535; pick a port up "
                                             "to 65532.")):
@@ -157,6 +200,14 @@ def test_a_hostfile_edited_to_a_bad_host_or_port_is_refused_when_read(lib_home, 
             (lambda d: d["hosts"][1].update(ips=["0.0.0.0"]),
              "0.0.0.0 is not a host: it means any address of a machine; give each machine's own "
              "address."),
+            (lambda d: d["hosts"][1].update(ips=["0x0"]),
+             "0x0 (which the system reads as 0.0.0.0) is not a host: it means any address of a "
+             "machine; give each machine's own address."),
+            (lambda d: d["hosts"][1].update(ssh="user@0"),
+             "0 (which the system reads as 0.0.0.0) is not a host: it means any address of a "
+             "machine; give each machine's own address."),
+            (lambda d: d["hosts"][1].update(ips=["0177.0.0.1"]),
+             "'0177.0.0.1' is read by the system as 127.0.0.1: write 127.0.0.1."),
             (lambda d: d["specchat"].update(control_ports=[39102, 70000]),
              "port 70000 is not from 1 to 65535"),
             (lambda d: d["specchat"].update(layers=[7, -1]),
@@ -210,3 +261,73 @@ def test_a_model_folder_holding_a_hostfile_loads_as_a_model(lib_home, tmp_path, 
         assert trap.calls == []
     assert compatibility.describe(str(folder)).params == compatibility.describe(
         str(tiny_target)).params
+
+
+def _specchat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specchat", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_fifo_in_a_clusters_files_is_refused_in_words_not_waited_on(lib_home, tiny_target):
+    """Every file of a cluster folder is read as specchat/records.py reads
+    files: a FIFO as the secret hung `cluster list`, `cluster start` and
+    `generate --target cluster:NAME` for good; as the hostfile it read as
+    "no cluster named". Now each says what is there, at once; `cluster
+    create` again makes a new secret in the FIFO's place, and `cluster rm`
+    removes a cluster whose hostfile is one."""
+    import os
+
+    folder = hostfile.write(clusters_dir() / "lab", hostfile.plan("lab", tiny_target, LOCAL2,
+                                                                  39100))
+    (folder / "secret").unlink()
+    os.mkfifo(folder / "secret", 0o600)
+    why = (f"The cluster in {folder} has no readable secret ({folder / 'secret'}: it is a FIFO "
+           "(named pipe), not a regular file); run `specchat cluster create` for it again.")
+    listed = _specchat("cluster", "list", timeout=30)
+    assert (listed.returncode, listed.stdout) == (0, f"lab: ?, 0 ranks, {why}\n")
+    started = _specchat("cluster", "start", "lab", "--once", timeout=30)
+    assert (started.returncode, started.stderr) == (1, f"specchat: error: {why}\n")
+    generated = _specchat("generate", "--target", "cluster:lab", "--plain", "--prompt", "Hi",
+                          "--max-tokens", "1", timeout=120)
+    assert generated.returncode == 1 and why in generated.stderr, generated.stderr
+    assert "Traceback" not in generated.stderr
+    created = _specchat("cluster", "create", "lab", "--hosts", "127.0.0.1,127.0.0.1",
+                        "--model", str(tiny_target))
+    assert created.returncode == 0, created.stderr
+    assert len(secret.read(folder)) == 32
+
+    (folder / hostfile.HOSTFILE).unlink()
+    os.mkfifo(folder / hostfile.HOSTFILE)
+    why = (f"Cannot read the cluster file {folder / hostfile.HOSTFILE} (it is a FIFO (named "
+           "pipe), not a regular file).")
+    shown = _specchat("cluster", "show", "lab", timeout=30)
+    assert (shown.returncode, shown.stderr) == (1, f"specchat: error: {why} None is defined "
+                                                   "yet.\n")
+    with pytest.raises(LibraryError) as err:
+        refs.resolve("cluster:lab")
+    assert str(err.value) == f"{why} None is defined yet."
+    removed = _specchat("cluster", "rm", "lab")  # how such a cluster is mended
+    assert removed.returncode == 0, removed.stderr
+    assert not folder.exists()
+
+
+def test_a_cluster_name_with_path_parts_is_refused_as_a_name(lib_home, tiny_target):
+    """`cluster:../../tmp` suggested `specchat cluster create ../../tmp`;
+    every place that takes a cluster's name refuses one that cannot be a
+    name, in the same words, and suggests nothing."""
+    hostfile.write(clusters_dir() / "lab", hostfile.plan("lab", tiny_target, LOCAL2, 39100))
+    for name, shown in (*((n, repr(n)) for n in ("../../tmp", "a/b", "..", ".hidden", "l\tab")),
+                        ("x" * 65, f"'{'x' * 37}...'")):
+        why = (f"{shown} is not a cluster name: a cluster's name is 1 to 64 letters, digits, "
+               "'.', '_' and '-', starting with a letter or a digit.")
+        with pytest.raises(LibraryError) as err:
+            refs.resolve(f"cluster:{name}")
+        assert str(err.value) == f"{why} Defined: lab.", name
+        assert "create" not in str(err.value)
+    for args in (("show", "../../tmp"), ("rm", "../lab"), ("start", "a/b"),
+                 ("create", "lab\n", "--hosts", "127.0.0.1,127.0.0.1", "--model",
+                  str(tiny_target))):
+        proc = _specchat("cluster", *args)
+        assert proc.returncode == 1 and "is not a cluster name" in proc.stderr, proc.stderr
+        assert "cluster create " not in proc.stderr
+    assert [p.name for p in clusters_dir().iterdir()] == ["lab"]

@@ -18,8 +18,15 @@ from specchat.server.listener import KEY_VARIABLE, LocalServer, api_key_from, ch
 
 
 def test_loopback_needs_nothing():
-    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+    """Loopback as the system's resolver reads it, however it is written
+    (values.address): inet_aton's short, octal and hex forms, and IPv4
+    inside IPv6; any other address needs the flag and a key."""
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "127.1", "0x7f.0.0.1",
+                 "0177.0.0.1", "2130706433", "::ffff:127.0.0.1", "[::ffff:127.0.0.1]"):
         check_bind(host, allow_remote=False, api_key=None)
+    for host in ("0", "0x0", "::ffff:0.0.0.0", "0x0a.1", "10.1", "example.com"):
+        with pytest.raises(ServerError, match="Pass --allow-remote and an API key"):
+            check_bind(host, allow_remote=False, api_key=None)
 
 
 @pytest.mark.parametrize("allow,key,words", [
@@ -85,6 +92,37 @@ def test_serve_takes_no_key_on_the_command_line(capsys, tmp_path):
     assert err == ("specchat serve: error: argument --api-key: a key on the command line shows "
                    f"in ps: set {KEY_VARIABLE} or pass --api-key-file FILE (see specchat serve "
                    "--help)")
+
+
+def test_a_key_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
+    """A FIFO given as --api-key-file was "no such file" (and read, one
+    would hang the start for good): the command says what is there, and
+    ``api_key_from``, which reads the file, never waits on one. The same
+    argument type takes bench's --prompts."""
+    fifo = tmp_path / "key"
+    os.mkfifo(fifo)
+    for args, path, what in ((["serve", "--api-key-file"], fifo, "a FIFO (named pipe)"),
+                             (["serve", "--api-key-file"], tmp_path, "a folder"),
+                             (["bench", "--target", "t", "--prompts"], fifo, "a FIFO (named pipe)")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args, str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        assert (f" error: argument {args[-1]}: {path} is {what}, not a regular file (see "
+                in proc.stderr.splitlines()[-1]), proc.stderr
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            api_key_from(fifo)
+        except ServerError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "api_key_from waited on a FIFO"
+    assert [str(e) for e in got] == [f"Cannot read the API key file {fifo}: it is a FIFO "
+                                     "(named pipe), not a regular file."]
 
 
 def test_serve_refuses_a_remote_host_in_one_line(home, capsys):
@@ -249,14 +287,18 @@ def test_a_client_gone_mid_body_leaves_no_traceback(tiny_target, tmp_path):
                for line in gone), log
 
 
-@pytest.mark.parametrize("host", ["[::1]", "::1"])
-def test_serve_listens_on_ipv6_loopback(tiny_target, tmp_path, host):
+@pytest.mark.parametrize("host, shown", [("[::1]", "[::1]"), ("::1", "[::1]"),
+                                         ("127.1", "127.1")])
+def test_serve_listens_on_loopback_however_written(tiny_target, tmp_path, host, shown):
+    """IPv6 loopback, and ``--host 127.1``, which is 127.0.0.1 to a socket:
+    served as loopback (no --allow-remote, the Host check on), not refused
+    as another machine."""
     from openai import OpenAI
 
     served = Serving(["--target", str(tiny_target), "--port", "0", "--plain", "--host", host],
                      tmp_path)
     try:
-        assert served.url == f"http://[::1]:{served.port}/v1"
+        assert served.url == f"http://{shown}:{served.port}/v1"
         with OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60) as api:
             r = api.chat.completions.create(model=tiny_target.name, max_tokens=2,
                                             messages=[{"role": "user", "content": "Hello"}])

@@ -32,7 +32,6 @@ not checked there: the key, which no page knows, is what keeps pages out.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Collection
 from contextvars import ContextVar
 from urllib.parse import urlsplit
@@ -43,16 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specchat.server.errors import ApiError
-
-
-def is_loopback(host: str) -> bool:
-    """Only this computer can reach ``host`` (127.0.0.0/8, ::1, localhost)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
+from specchat.values import is_loopback
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import uvicorn
 
+from specchat import records
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.app import build_app
 from specchat.server.body import MAX_BODY
@@ -38,6 +39,8 @@ from specchat.server.connections import DeadlineH11Protocol
 from specchat.server.errors import ServerError
 from specchat.server.guard import is_loopback
 from specchat.server.service import ApiService
+
+MAX_KEY_FILE_BYTES = 64 * 1024  # an API key is a line; a file far past that is not one
 
 
 def api_key_from(path: Path | None) -> str | None:
@@ -47,10 +50,11 @@ def api_key_from(path: Path | None) -> str | None:
     if path is None:
         key = os.environ.get(KEY_VARIABLE, "").strip()
         return key or None
-    try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+    try:  # as every file SpecChat reads (a FIFO would hang the start), bounded
+        key = records.read_file(path, MAX_KEY_FILE_BYTES).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError, records.BadRecord) as exc:
+        reason = ("not UTF-8 text" if isinstance(exc, UnicodeDecodeError)
+                  else getattr(exc, "strerror", None) or exc)
         raise ServerError(f"Cannot read the API key file {path}: {reason}.") from None
     if not key:
         raise ServerError(f"The API key file {path} is empty.")

@@ -56,11 +56,12 @@ def ask(line: Line, secret: bytes, rank: int, kind: str, body: dict,
         timeout: float) -> Message:
     """Rank 0's side: prove the secret to rank ``rank`` and ask it
     ``kind`` (probe or join); its answer (ready, joined or error).
-    ProtocolError when it does not answer as a SpecChat rank, NotOurs when
-    it is one of another cluster."""
+    ProtocolError when it does not answer as a SpecChat rank (wire.Closed
+    when it closed the connection first), NotOurs when it is one of another
+    cluster."""
     deadline = time.monotonic() + timeout
     ours = secrets.token_hex(32)
-    line.send({"hello": {"nonce": ours}})
+    _send(line, {"hello": {"nonce": ours}})
     challenge = wire.check(line.read_one(timeout), ["challenge"]).body
     if challenge["rank"] != rank:
         raise NotOurs(f"is rank {challenge['rank']} of its cluster, not rank {rank}")
@@ -68,22 +69,49 @@ def ask(line: Line, secret: bytes, rank: int, kind: str, body: dict,
     if not hmac.compare_digest(challenge["proof"], expected):
         raise NotOurs("holds another secret than this cluster's (a rank of another cluster, "
                       "or of this one created again)")
-    line.send({kind: body,
-               "proof": proof(secret, RANK_0, challenge["nonce"], ours, kind, canonical(body))})
+    _send(line, {kind: body,
+                 "proof": proof(secret, RANK_0, challenge["nonce"], ours, kind, canonical(body))})
     return wire.check(line.read_one(max(0.0, deadline - time.monotonic())), ANSWERS)
 
 
-def answer(line: Line, secret: bytes, rank: int, timeout: float) -> Message:
-    """A rank's side: the request (probe or join) of whoever connected,
-    once it has proved the secret; ProtocolError otherwise."""
-    deadline = time.monotonic() + timeout
-    theirs = wire.check(line.read_one(timeout), ["hello"]).body["nonce"]
+def _send(line: Line, message: dict) -> None:
+    """Send as ``ask`` reads: a failure is a ProtocolError, as its reads' are."""
+    try:
+        line.send(message)
+    except ConnectionError as exc:
+        raise wire.Closed(f"the connection failed ({exc.strerror or exc})") from None
+    except OSError as exc:
+        raise ProtocolError(f"the connection failed ({exc.strerror or exc})") from None
+
+
+def challenge(secret: bytes, rank: int, hello: object) -> tuple[dict, tuple[str, str]]:
+    """A rank's first step: rank 0's ``hello`` (ProtocolError when it is
+    not one) gives the challenge to send back, and the two nonces ``verify``
+    needs. Split from ``answer`` so that a rank's one loop over every
+    connection (control.RankChannel) can take each step as its line comes."""
+    theirs = wire.check(hello, ["hello"]).body["nonce"]
     ours = secrets.token_hex(32)
-    line.send({"challenge": {"nonce": ours, "rank": rank,
-                             "proof": proof(secret, RANK, theirs, ours, str(rank))}})
-    request = wire.check(line.read_one(max(0.0, deadline - time.monotonic())),
-                         ["probe", "join"], proof=True)
+    return ({"challenge": {"nonce": ours, "rank": rank,
+                           "proof": proof(secret, RANK, theirs, ours, str(rank))}},
+            (theirs, ours))
+
+
+def verify(secret: bytes, nonces: tuple[str, str], msg: object) -> Message:
+    """A rank's second step: the request (probe or join) in ``msg`` if its
+    proof covers this connection's nonces; ProtocolError otherwise."""
+    theirs, ours = nonces
+    request = wire.check(msg, ["probe", "join"], proof=True)
     expected = proof(secret, RANK_0, ours, theirs, request.kind, canonical(request.body))
     if not hmac.compare_digest(request.proof, expected):
         raise ProtocolError("a request without proof of the cluster's secret")
     return request
+
+
+def answer(line: Line, secret: bytes, rank: int, timeout: float) -> Message:
+    """A rank's side, on one blocking connection: the request (probe or
+    join) of whoever connected, once it has proved the secret;
+    ProtocolError otherwise."""
+    deadline = time.monotonic() + timeout
+    reply, nonces = challenge(secret, rank, line.read_one(timeout))
+    line.send(reply)
+    return verify(secret, nonces, line.read_one(max(0.0, deadline - time.monotonic())))

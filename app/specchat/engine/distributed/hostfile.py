@@ -30,37 +30,66 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import values
+from specchat import records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import HOSTFILE, NAME, read_config
 
-LOCAL_IPS = {"127.0.0.1", "::1", "localhost"}
 MAX_RANKS = 64
+MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
 HIGHEST_PORT = 65535
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _SSH_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
+_NUMBER = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]*")  # a last label no name has (RFC 3696)
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # "this network": no machine's address
+_RESERVED = ipaddress.ip_network("240.0.0.0/4")  # 255.255.255.255 among them
 
 
 def check_host(host: str) -> str:
-    """``host`` if it names one machine: an IP address (not 0.0.0.0 or ::,
-    which mean every address of whichever machine reads them) or a host name
-    (letters, digits, '-' and '.', so never an option to ssh)."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = None
-    if ip is not None:
-        if ip.is_unspecified:
-            raise EngineError(f"{host} is not a host: it means any address of a machine; "
-                              "give each machine's own address.")
-        if ip.is_multicast:
-            raise EngineError(f"{host} is a multicast address, not a host.")
+    """``host`` if it names one machine: an IP address as the system reads
+    it (values.address: not one meaning every address of whichever machine
+    reads it, 0.0.0.0, 0.x.x.x or ::, nor broadcast, reserved or multicast)
+    written as it is read (never ``127.1``, ``0x7f.0.0.1`` or ``0177.0.0.1``,
+    which a person reads otherwise than the resolver), or a host name
+    (letters, digits, '-' and '.', never all digits at the end, so never an
+    option to ssh, nor a number the resolver would read after all). The one
+    check of every host a cluster takes: ``cluster create``'s, the
+    hostfile's, a rank's ``--listen`` and the ring addresses of a join."""
+    ip = values.address(host)
+    if ip is None:
+        if (len(host) > 253 or not _HOSTNAME.fullmatch(host)
+                or _NUMBER.fullmatch(host.rpartition(".")[2])):
+            raise EngineError(f"{host!r} is not an IP address or a host name.")
         return host
-    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
-        raise EngineError(f"{host!r} is not an IP address or a host name.")
+    try:
+        written = ipaddress.ip_address(host)
+    except ValueError:
+        written = None
+    name = host if written == ip else f"{host} (which the system reads as {ip})"
+    if ip.is_unspecified:
+        raise EngineError(f"{name} is not a host: it means any address of a machine; give each "
+                          "machine's own address.")
+    if ip in _THIS_NETWORK:
+        raise EngineError(f"{name} is not a host: 0.0.0.0/8 means this network, not one machine.")
+    if ip.is_multicast:
+        raise EngineError(f"{name} is a multicast address, not a host.")
+    if ip in _RESERVED:
+        raise EngineError(f"{name} is a broadcast or reserved address, not a host.")
+    if written != ip:
+        raise EngineError(f"{host!r} is read by the system as {ip}: write {ip}.")
     return host
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name a cluster (folders.NAME: a folder's name of
+    ``<home>/clusters``, never a path); else an EngineError in words, so
+    that no message suggests creating a cluster of such a name."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise EngineError(f"'{values.shown(name)}' is not a cluster name: a cluster's name is "
+                          "1 to 64 letters, digits, '.', '_' and '-', starting with a letter "
+                          "or a digit.")
+    return name
 
 
 def check_ssh(target: str) -> str:
@@ -100,7 +129,7 @@ class Rank:
     @property
     def local(self) -> bool:
         """Whether this rank runs on this machine (started without ssh)."""
-        return self.ip in LOCAL_IPS or self.ssh in LOCAL_IPS
+        return values.is_loopback(self.ip) or values.is_loopback(self.ssh)
 
 
 @dataclass(frozen=True)
@@ -148,8 +177,7 @@ class ClusterSpec:
                           for i, h in enumerate(hosts))
             layers = own.get("layers")
             name, model = _text(own["name"]), _text(own["model"])
-            if not NAME.fullmatch(name):
-                raise ValueError(f"the name {name!r} is not a cluster name")
+            check_name(name)
             spec = cls(name=name, model=model, ranks=ranks,
                        layers=tuple(_count(n) for n in layers) if layers else None,
                        remote_command=_text(own.get("remote_command") or "specchat"))
@@ -178,11 +206,16 @@ def _port(value: object) -> int:
 
 
 def read(folder: str | os.PathLike) -> ClusterSpec:
+    """The cluster in ``folder``, its hostfile read as every file SpecChat
+    reads back (specchat/records.py: a regular file, bounded)."""
     path = Path(folder) / HOSTFILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"Cannot read the cluster file {path} ({exc}).") from None
+        data = records.read_json(path, MAX_HOSTFILE_BYTES)
+    except (OSError, records.BadRecord) as exc:
+        raise EngineError(f"Cannot read the cluster file {path} "
+                          f"({getattr(exc, 'strerror', None) or exc}).") from None
+    if not isinstance(data, dict):
+        raise EngineError(f"{path} is not a SpecChat cluster hostfile (not a JSON object).")
     return ClusterSpec.from_json(data, str(path))
 
 

@@ -25,10 +25,12 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from specchat import records
 from specchat.engine.errors import EngineError
 
 SECRET = "secret"  # the file's name in the cluster folder
 BYTES = 32
+MAX_FILE_BYTES = 4 * BYTES  # the file is one line of 2 * BYTES hex digits
 
 
 def text(secret: bytes) -> str:
@@ -49,10 +51,13 @@ def parse(line: bytes | str, where: str) -> bytes:
 
 def ensure(folder: str | os.PathLike) -> bytes:
     """The cluster's secret, made now if the folder has none (creating a
-    cluster again keeps it, so ranks started with it still answer)."""
+    cluster again keeps it, so ranks started with it still answer). What is
+    in its place and is no regular file (a FIFO, a link to nothing) held no
+    secret anyone could read, and is replaced."""
     path = Path(folder) / SECRET
-    if path.exists():
-        return read(folder)
+    with contextlib.suppress(OSError):
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return read(folder)
     secret = secrets.token_bytes(BYTES)
     tmp = path.with_name(SECRET + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -65,20 +70,22 @@ def ensure(folder: str | os.PathLike) -> bytes:
 
 
 def read(folder: str | os.PathLike) -> bytes:
-    """The secret of the cluster in ``folder``; refused when others can read it."""
+    """The secret of the cluster in ``folder``; refused when others can read
+    it. Read as every file SpecChat reads back (specchat/records.py): only
+    a regular file, of at most MAX_FILE_BYTES (a FIFO in its place would
+    hang ``cluster list``, ``cluster start`` and rank 0 for good)."""
     path = Path(folder) / SECRET
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
+        mode = os.stat(path).st_mode
+        data = records.read_file(path, MAX_FILE_BYTES)
+    except (OSError, records.BadRecord) as exc:
         raise EngineError(f"The cluster in {folder} has no readable secret ({path}: "
-                          f"{exc.strerror or exc}); run `specchat cluster create` for it "
-                          "again.") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise EngineError(f"{path} can be read by other users (mode "
-                              f"{stat.S_IMODE(mode):04o}): run `chmod 600 {path}`.")
-        return parse(f.read(4 * BYTES), str(path))
+                          f"{getattr(exc, 'strerror', None) or exc}); run `specchat cluster "
+                          "create` for it again.") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise EngineError(f"{path} can be read by other users (mode "
+                          f"{stat.S_IMODE(mode):04o}): run `chmod 600 {path}`.")
+    return parse(data, str(path))
 
 
 def from_stdin(stream: BinaryIO, is_terminal: bool) -> bytes:
@@ -87,4 +94,4 @@ def from_stdin(stream: BinaryIO, is_terminal: bool) -> bytes:
         raise EngineError("specchat cluster rank reads its cluster's secret from standard input: "
                           "start ranks with `specchat cluster start NAME`, or by hand with "
                           "`specchat cluster rank ... < CLUSTER_FOLDER/secret`.")
-    return parse(stream.readline(4 * BYTES), "The standard input of specchat cluster rank")
+    return parse(stream.readline(MAX_FILE_BYTES), "The standard input of specchat cluster rank")

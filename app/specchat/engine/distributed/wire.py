@@ -33,6 +33,12 @@ class ProtocolError(Exception):
     it proved nothing): the connection is closed, in words."""
 
 
+class Closed(ProtocolError):
+    """The other end closed the connection (or reset it) before its line
+    came: a rank that refused a crowd's connection, for one (rank 0 tries
+    again: control.py)."""
+
+
 class Message(NamedTuple):
     kind: str
     body: dict[str, Any]
@@ -190,10 +196,12 @@ class Line:
                 data = self.sock.recv(65536)
             except TimeoutError:
                 raise ProtocolError(f"no answer within {timeout:.0f} s") from None
+            except ConnectionError as exc:
+                raise Closed(f"the connection failed ({exc.strerror or exc})") from None
             except OSError as exc:
                 raise ProtocolError(f"the connection failed ({exc.strerror or exc})") from None
             if not data:
-                raise ProtocolError("the connection closed")
+                raise Closed("the connection closed")
             self._buf += data
         line, self._buf = self._buf.split(b"\n", 1)
         if len(line) > MAX_LINE:

@@ -10,11 +10,12 @@ unchanged. Only the folders of ``<home>/clusters`` are clusters
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import clusters_dir, is_cluster_folder, model_name
+from specchat.engine.folders import HOSTFILE, clusters_dir, is_cluster_folder, model_name
 from specchat.library.errors import LibraryError
 from specchat.library.sources.base import Source
 
@@ -43,7 +44,7 @@ class ClusterState:
 
 def states(timeout: float = 0.5) -> list[ClusterState]:
     """Every defined cluster, with whether its ranks answer now. Dials each
-    rank (control.probe: about twice ``timeout`` per rank at worst): call it
+    rank (control.probe: about ``timeout`` per rank at worst): call it
     off the GUI thread. One unreadable cluster is listed with its error."""
     from specchat.engine.distributed import control, hostfile, secret  # optional: not at start-up
 
@@ -69,11 +70,27 @@ class ClusterSource(Source):
         return ref.startswith(PREFIX)
 
     def resolve(self, ref: str, progress=None, cancelled=None) -> Path:
-        name = ref[len(PREFIX):].strip()
-        folder = clusters_dir() / name
-        if not name or "/" in name or not is_cluster_folder(folder):
-            known = defined()
-            have = f" Defined: {', '.join(known)}." if known else " None is defined yet."
-            raise LibraryError(f"No cluster named {name!r}: create it with `specchat cluster "
-                               f"create {name or 'NAME'} --hosts ... --model ...`.{have}")
-        return folder
+        return folder(ref[len(PREFIX):].strip())
+
+
+def folder(name: str) -> Path:
+    """The folder of the cluster named ``name`` (``cluster:NAME``, ``specchat
+    cluster show NAME``); else a LibraryError in words: a name that cannot
+    be one (a path: never suggested to ``cluster create``), a cluster whose
+    hostfile cannot be read (why), or none of that name."""
+    from specchat.engine.distributed import hostfile  # optional: not at start-up
+
+    known = defined()
+    have = f" Defined: {', '.join(known)}." if known else " None is defined yet."
+    if not name:
+        raise LibraryError(f"cluster: names no cluster: give cluster:NAME.{have}")
+    try:
+        found = clusters_dir() / hostfile.check_name(name)
+        if not is_cluster_folder(found) and os.path.lexists(found / HOSTFILE):
+            hostfile.read(found)  # a hostfile that is there but no file: says why
+    except EngineError as exc:
+        raise LibraryError(f"{exc}{have}") from None
+    if not is_cluster_folder(found):
+        raise LibraryError(f"No cluster named {name!r}: create it with `specchat cluster "
+                           f"create {name} --hosts ... --model ...`.{have}")
+    return found
