@@ -446,3 +446,23 @@ def test_load_progress_is_reported(tiny_target):
         assert pair.target.dtype == "float32" and pair.draft is None
     finally:
         client.close()
+
+
+def test_load_warms_each_model_it_loads_and_only_those(tiny_target, tiny_draft):
+    """A model's first forwards run at load (engine/warmup.py), so the
+    first reply does not pay them; a pair loaded again warms nothing."""
+    client = EngineClient()
+    try:
+        said = [e.message for e in client.load(str(tiny_target), str(tiny_draft))
+                if isinstance(e, LoadProgress)]
+        warmed = [m for m in said if m.startswith("warming up")]
+        assert warmed == [f"warming up {tiny_target.name}", f"warming up {tiny_draft.name}"]
+        assert said.index(warmed[0]) > next(i for i, m in enumerate(said) if "converting" in m)
+        again = [e.message for e in client.load(str(tiny_target), str(tiny_draft))
+                 if isinstance(e, LoadProgress)]
+        assert not any(m.startswith("warming up") for m in again)
+        reply = client.generate(GenerateRequest(messages=(Message("user", "hello"),),
+                                                max_tokens=8)).wait()
+        assert reply.summary.new_tokens == 8 or reply.summary.finish_reason == "stop"
+    finally:
+        client.close()

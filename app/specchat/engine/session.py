@@ -15,7 +15,17 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from specchat.engine import chat, compute, drafter_kinds, eagle3, modes, mtp, request_check, threads
+from specchat.engine import (
+    chat,
+    compute,
+    drafter_kinds,
+    eagle3,
+    modes,
+    mtp,
+    request_check,
+    threads,
+    warmup,
+)
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_model import ModelDrafter
@@ -94,6 +104,8 @@ class Engine:
             else:
                 self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
                 runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
+                say("target", f"warming up {self.target.info.name}")
+                warmup.warm(runner)
             self._slot = CacheSlot(runner)
             self._mtp_head = mtp.load_head(Path(target_path), self.target.model, self.compute)
             if self._mtp_head is not None:
@@ -158,6 +170,8 @@ class Engine:
         self.draft = loaded
         special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
         self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+        say("draft", f"warming up {loaded.info.name}")
+        warmup.warm(self._model_drafter.runner)
 
     def _load_head_beside(self, head: str | Path | None, say) -> None:
         path = str(Path(head).expanduser().resolve()) if head else None
