@@ -243,7 +243,8 @@ def test_ensure_redoes_an_import_of_other_files(home, fake_bundled, monkeypatch,
     monkeypatch.setattr(bundled, "part_files", lambda name: new_files)
     assert not bundled.is_ready("tiny")
     assert bundled.ensure("tiny") == first and bundled.is_ready("tiny")
-    assert sorted(p.name for p in (home / "bundled").iterdir()) == ["tiny", "verified.json"]
+    assert sorted(p.name for p in (home / "bundled").iterdir()) == [
+        ".verified.json.lock", "tiny", "verified.json"]  # no old copy left
 
 
 HELD_ENSURE = """
@@ -289,7 +290,8 @@ def test_a_killed_join_is_cleaned_even_if_its_pid_is_reused(home, fake_bundled):
     folder = bundled.ensure("tiny")
     assert bundled.is_ready("tiny")
     assert list(tmp.iterdir()) == []
-    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny", "verified.json"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == [
+        ".verified.json.lock", "tiny", "verified.json"]
 
 
 def test_loose_joins_of_older_versions_go_when_dead_or_a_day_old(home):

@@ -202,9 +202,9 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"version: SHA-256 of {len(files)} file(s) joined in order "
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
-    data = records.read_record(_cache_file())
-    data[model.name] = _cache_key(model, files)
-    records.write_json(_cache_file(), data, indent=2, sort_keys=True)
+    key = _cache_key(model, files)
+    records.update_record(_cache_file(), lambda data: data.__setitem__(model.name, key),
+                          indent=2, sort_keys=True)
 
 
 # -- importing -----------------------------------------------------------------

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import values
+from specchat import records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import HOSTFILE, NAME, read_config
@@ -243,20 +243,25 @@ def _layer_count(model: Path) -> int | None:
 def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
     """Write the cluster folder: the hostfile, a link to each file of the
     model folder (replacing links from an earlier version), and the
-    cluster's secret unless it has one."""
+    cluster's secret unless it has one. All under the cluster's lock
+    (``.<name>.lock`` beside its folder): two ``cluster create`` of one name
+    at once write one after the other (the last one's hostfile stays, both
+    keep the one secret) instead of tripping over each other's files."""
     folder = Path(folder)
     model = Path(spec.model)
     read_config(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    secret.ensure(folder)
-    for old in folder.iterdir():
-        if old.is_symlink():
-            old.unlink()
-    own = {HOSTFILE, HOSTFILE + ".tmp", secret.SECRET, secret.SECRET + ".tmp"}
-    for f in sorted(model.iterdir()):
-        if f.is_file() and f.name not in own:
-            (folder / f.name).symlink_to(f.resolve())
-    tmp = folder / (HOSTFILE + ".tmp")
-    tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(folder / HOSTFILE)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with records.locked(records.lock_beside(folder)):
+        folder.mkdir(exist_ok=True)
+        secret.ensure(folder)
+        for old in folder.iterdir():
+            if old.is_symlink():
+                old.unlink()
+        own = {HOSTFILE, HOSTFILE + ".tmp", secret.SECRET, secret.SECRET + ".tmp"}
+        for f in sorted(model.iterdir()):
+            if f.is_file() and f.name not in own:
+                (folder / f.name).symlink_to(f.resolve())
+        tmp = folder / (HOSTFILE + ".tmp")
+        tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(folder / HOSTFILE)
     return folder
