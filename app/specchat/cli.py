@@ -175,7 +175,8 @@ def _add_models(sub) -> None:
     p.add_argument("ref")
     i = msub.add_parser("import", help="import an MLX folder or a .gguf file")
     i.add_argument("path")
-    i.add_argument("--name")
+    i.add_argument("--name", type=_refusing(values.name, "a model name"),
+                   help="the name to list it under (default: the folder's or file's name)")
     r = msub.add_parser("rm", help="remove an installed model")
     r.add_argument("name")
     c = msub.add_parser("check", help="can DRAFT speculate for TARGET? (exit 1 if not)")
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
     _add_models(sub)
-    cluster_cmd.add_parser(sub, _model_ref)
+    cluster_cmd.add_parser(sub, _model_ref, _refusing(values.name, "a cluster name"))
     heads.add_parser(sub, _model_ref)
     _add_serve(sub)
     return parser

@@ -15,12 +15,13 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from specchat import values
 from specchat.engine.errors import EngineError
 from specchat.engine.events import CHECKPOINT_FILES
 from specchat.home import home
 
 HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a cluster's name
+NAME = values.NAMES["a cluster name"].pattern  # a cluster's name (fullmatch)
 
 
 def clusters_dir() -> Path:

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import records
+from specchat import records, values
 from specchat.library import index, paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import ImportCancelled, LibraryError
@@ -66,6 +66,11 @@ def import_path(path: str | os.PathLike, name: str | None = None,
     """Import an MLX folder or a GGUF file and list it under ``name`` (default:
     the folder or file name). Importing the same source again returns the
     model already imported from it."""
+    if name is not None:
+        try:
+            values.name("a model name", name)
+        except values.BadValue as exc:
+            raise LibraryError(str(exc)) from None
     staging.sweep(paths.tmp_dir(), staging.IMPORT_NAMES)
     src = Path(path).expanduser()
     if not src.exists():
@@ -81,15 +86,12 @@ def import_path(path: str | os.PathLike, name: str | None = None,
             f"{src} is neither an MLX model folder nor a GGUF file; SpecChat imports folders "
             "with config.json + model*.safetensors + tokenizer.json, and .gguf files")
     existing = index.find_source(source)
-    if existing is not None and (name is None or index.sanitize(name) == existing.name):
+    if existing is not None and (name is None or name.lower() == existing.name.lower()):
         say(f"{existing.name} is already imported from {src}", 1.0)
         return existing
-    wanted = index.sanitize(name) if name else _default_name(src, kind)
-    if name and index.get(wanted) is not None:
-        raise LibraryError(
-            f"A model named {wanted!r} is already installed; pick another --name or remove it "
-            "first (`specchat models rm`).")
-    final_name = index.unique_name(wanted, source=source)
+    wanted = name or _default_name(src, kind)
+    if name:
+        index.refuse_taken(wanted, source, _folder)
     plan: list[_File] = []
     if kind == "import":
         plan = _plan(src)  # before anything reads a file through a link
@@ -107,7 +109,7 @@ def import_path(path: str | os.PathLike, name: str | None = None,
             else:
                 built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
                 _check(cancelled, src)
-            return _install(built, final_name, source, kind, say, src)
+            return _install(built, wanted, bool(name), source, kind, say, src)
     except OSError as exc:  # a LibraryError (a cancel too) already says what happened
         raise staging.write_error(src, where, exc) from exc
 
@@ -235,20 +237,36 @@ def _open_planned(f: _File, src: Path):
     return fin
 
 
-def _install(built: Path, name: str, source: str, kind: str, say: Progress,
+def _folder(name: str) -> Path:
+    """Where an imported model called ``name`` lives."""
+    return paths.models_dir() / name
+
+
+def _install(built: Path, wanted: str, typed: bool, source: str, kind: str, say: Progress,
              src: Path) -> InstalledModel:
+    """Move the built folder into the models folder and list it, under a
+    name claimed with the index's lock held (``index.claim``): ``wanted``,
+    refused if ``typed`` and taken, else ``wanted-2``...; if another import
+    of the same source got there first, that one is the model (this copy is
+    dropped with the work folder)."""
     facts = read_folder(built, shown=src)
-    dest = paths.models_dir(create=True) / name
-    if dest.exists():  # left over from an import that never got listed
-        shutil.rmtree(dest)
-    os.replace(built, dest)
-    model = InstalledModel.create(name, source, kind, dest, facts)
+    paths.models_dir(create=True)
+    placed: list[Path] = []
+
+    def place(name: str) -> InstalledModel:
+        dest = _folder(name)
+        os.replace(built, dest)
+        placed.append(dest)
+        return InstalledModel.create(name, source, kind, dest, facts)
+
     try:
-        index.add(model)
+        model = index.claim(wanted, source, place, exact=typed, folder=_folder, keep=True)
     except BaseException:  # e.g. the disk filled up writing index.json: unlisted, so gone
-        shutil.rmtree(dest, ignore_errors=True)
+        for dest in placed:
+            shutil.rmtree(dest, ignore_errors=True)
         raise
-    say(f"Imported {name}", 1.0)
+    say(f"Imported {model.name}" if placed else f"{model.name} is already imported from {src}",
+        1.0)
     return model
 
 
