@@ -26,7 +26,7 @@ from specchat.engine.events import (
     StepEvent,
 )
 from specchat.errors import SpecChatError
-from specchat.library import bundled, commands, refs
+from specchat.library import bundled, commands, refs, staging
 from specchat.library import recommendations as rec
 from specchat.library.engine_link import make_client
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
@@ -325,6 +325,7 @@ def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _refuse_contradictions(args)
+    staging.sweep_library()  # what killed imports left: at every start, the app's too
     try:
         if args.command == "generate":
             return cmd_generate(args)

@@ -569,7 +569,7 @@ def hold(message, fraction):
 
 
 if kind == "folder":
-    def no_links(*args):
+    def no_links(*args, **kwargs):
         raise OSError("copy instead")  # so the import writes its own files
     os.link = no_links
     importing.COPY_CHUNK = 4096
@@ -611,6 +611,32 @@ def test_killed_import_is_cleaned_by_the_next_and_a_live_one_is_left_alone(
     assert _work_folders() == []
     assert [m.name for m in index.list_installed()] == [model.name]
     assert sorted(p.name for p in paths.models_dir().iterdir()) == [model.name]
+
+
+def test_any_command_cleans_what_killed_imports_left_and_leaves_a_live_one(
+        lib_home, tmp_path, tiny_target, tiny_draft):
+    """Issue 47: a killed import's work folder stayed until the next import.
+    Any ``specchat`` command (here ``models list``, as the app's start)
+    removes a dead process's work folders, joined parts and copies set aside
+    to be deleted; a live import's folder (its lock held) is left alone."""
+    live = _start_held_import(tmp_path, "folder", tiny_draft)
+    try:
+        live_left = _work_folders()
+        assert len(live_left) == 2 and live_left[0].startswith(f"import-{live.pid}-")
+        dead = _start_held_import(tmp_path, "folder", tiny_target)  # after: the live one's
+        kill(dead)  # sweep at its start cannot have removed it
+        assert len(_work_folders()) == 4
+        built = paths.bundled_dir(create=True)
+        aside = built / ".tiny.old-0123abcd"  # a replaced conversion, killed while deleting it
+        aside.mkdir()
+        (aside / "model.safetensors").write_bytes(b"half")
+        proc = subprocess.run([sys.executable, "-m", "specchat", "models", "list"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert _work_folders() == live_left  # the dead one gone, the live one kept
+        assert list(built.iterdir()) == []
+    finally:
+        kill(live)
 
 
 def test_killed_gguf_conversion_is_cleaned_even_if_its_pid_is_reused(tmp_path, tiny_tokenizer):
