@@ -5,7 +5,9 @@ check values here, so a bad temperature gets the same one-line answer
 wherever it was typed ("temperature must be a number from 0 to 5 (0 =
 greedy); got nan") and a stored settings row with a bad field falls back for
 that field only. Environment variables that choose among a few words
-(``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
+(``CHOICES``) are checked here too, once at start-up (``specchat.startup``),
+and so are the names a user gives what SpecChat keeps (``NAMES``: a model,
+a cluster), taken exactly as typed or refused.
 This module imports nothing of SpecChat's but ``specchat.errors``, so every
 layer may use it.
 """
