@@ -381,3 +381,71 @@ def test_the_cli_and_the_api_bound_stop_strings_in_the_same_words(stops, words):
                                  "(see specchat generate --help)"]
     proc = _cli([("--stop", "x" * 64)] * 64)
     assert proc.returncode == 1 and "Model file or folder not found" in error_lines(proc)[0]
+
+
+# -- names a user gives -------------------------------------------------------------------
+# Each is what someone could type (or a script could pass) for a name that
+# becomes a folder of the home: control characters, separators, a leading
+# dot or dash, spaces, nothing, too long. Once `--name $'a\nb'` was listed as
+# "a-b" with exit 0: a typed name is taken exactly or refused in words.
+BAD_NAMES = ["a\nb", "a\n", "a\tb", "a\x1bb", "a/b", "../up", "a\\b", " a", "a b", ".hidden",
+             "-flag", "", "x" * 130]
+# Through the real command: one of each kind (the argparse type is the rule's one check).
+TYPED = ["a\nb", "a\n", "a/b", "-flag", ""]
+
+
+def _names_refused(command: list[str], what: str, flag: str, home) -> None:
+    """``command`` with each of TYPED in place of NAME: exit 2, one line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {**ENV, "SPECCHAT_HOME": str(home)}
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "specchat", *(a.replace("NAME", name) for a in command)]
+        return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(run, TYPED))
+    for name, proc in zip(TYPED, runs, strict=True):
+        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        lines = error_lines(proc)
+        assert len(lines) == 1 and f"{flag}: {what} must be letters, digits" in lines[0], lines
+        assert ("got nothing" if not name else f"got '{name}'".replace("\n", "\\n")) in lines[0]
+
+
+@pytest.mark.parametrize("what", ["a model name", "a cluster name"])
+def test_a_name_is_refused_unless_taken_exactly_as_typed(what):
+    from specchat import values
+
+    for name in BAD_NAMES:
+        with pytest.raises(values.BadValue, match=f"^{what} must be letters, digits"):
+            values.name(what, name)
+    assert values.name(what, "Qwen2.5-tiny_draft.v1") == "Qwen2.5-tiny_draft.v1"
+
+
+def test_a_model_name_is_taken_as_typed_or_refused_in_words(tiny_qwen_draft, tmp_path,
+                                                            monkeypatch):
+    home = tmp_path / "home"
+    _names_refused(["models", "import", str(tiny_qwen_draft), "--name=NAME"],
+                   "a model name", "argument --name", home)
+    assert not (home / "models").exists() and not (home / "index.json").exists()
+    # The window's import takes a name too: the same rule, in the same words.
+    from specchat.library import importing
+    from specchat.library.errors import LibraryError
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(home))
+    for name in BAD_NAMES:
+        with pytest.raises(LibraryError, match="a model name must be letters"):
+            importing.import_path(tiny_qwen_draft, name=name)
+    assert not (home / "models").exists() and not (home / "index.json").exists()
+    ok = subprocess.run([sys.executable, "-m", "specchat", "models", "import",
+                         str(tiny_qwen_draft), "--name", "Qwen2.5-tiny_draft+v1.0", "--json"],
+                        env={**ENV, "SPECCHAT_HOME": str(home)}, capture_output=True, timeout=120)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["name"] == "Qwen2.5-tiny_draft+v1.0"
+
+
+def test_a_cluster_name_is_taken_as_typed_or_refused_in_words(tiny_target, tmp_path):
+    home = tmp_path / "home"
+    _names_refused(["cluster", "create", "--hosts", "127.0.0.1,127.0.0.1", "--model",
+                    str(tiny_target), "--", "NAME"], "a cluster name", "argument name", home)
+    assert not (home / "clusters").exists() or list((home / "clusters").iterdir()) == []

@@ -27,7 +27,7 @@ from specchat.engine.events import (
     StepEvent,
 )
 from specchat.errors import SpecChatError
-from specchat.library import bundled, commands, refs
+from specchat.library import bundled, commands, refs, staging
 from specchat.library import recommendations as rec
 from specchat.library.engine_link import make_client
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
@@ -183,7 +183,8 @@ def _add_models(sub) -> None:
     p.add_argument("ref")
     i = msub.add_parser("import", help="import an MLX folder or a .gguf file")
     i.add_argument("path")
-    i.add_argument("--name")
+    i.add_argument("--name", type=_refusing(values.name, "a model name"),
+                   help="the name to list it under (default: the folder's or file's name)")
     r = msub.add_parser("rm", help="remove an installed model")
     r.add_argument("name")
     c = msub.add_parser("check", help="can DRAFT speculate for TARGET? (exit 1 if not)")
@@ -256,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
     _add_models(sub)
-    cluster_cmd.add_parser(sub, _model_ref)
+    cluster_cmd.add_parser(sub, _model_ref, _refusing(values.name, "a cluster name"))
     heads.add_parser(sub, _model_ref)
     _add_serve(sub)
     return parser
@@ -345,6 +346,7 @@ def _run(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     _refuse_contradictions(args)
     _refuse_past_bounds(args)
+    staging.sweep_library()  # what killed imports left: at every start, the app's too
     try:
         if args.command == "generate":
             return cmd_generate(args)

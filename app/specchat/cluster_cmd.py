@@ -17,6 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from specchat import records
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import HOSTFILE, clusters_dir
 from specchat.library import refs
@@ -26,11 +27,14 @@ from specchat.library.sources.cluster import folder as cluster_folder
 # engine/distributed is optional: imported where a command needs it, never at start-up.
 
 
-def add_parser(sub, model_ref) -> None:
+def add_parser(sub, model_ref, cluster_name) -> None:
+    """The ``cluster`` commands; ``model_ref`` and ``cluster_name`` are the
+    argparse types of a model reference and of a cluster's name (refused as
+    a usage error unless it is one exactly as typed: values.NAMES)."""
     c = sub.add_parser("cluster", help="run the target across several machines (MLX's ring backend)")
     csub = c.add_subparsers(dest="cluster_command", required=True)
     m = csub.add_parser("create", help="write a cluster's hostfile (rank 0 is this machine)")
-    m.add_argument("name")
+    m.add_argument("name", type=cluster_name)
     m.add_argument("--hosts", required=True,
                    help="comma-separated IP addresses or host names, rank 0 (this machine) "
                         "first; repeat 127.0.0.1 for ranks on this machine")
@@ -44,16 +48,16 @@ def add_parser(sub, model_ref) -> None:
                    help="how ssh runs SpecChat on the other hosts (default: specchat)")
     csub.add_parser("list", help="clusters defined here")
     s = csub.add_parser("show", help="a cluster's ranks and hostfile")
-    s.add_argument("name")
+    s.add_argument("name", type=cluster_name)
     st = csub.add_parser("start", help="start ranks 1..N-1 and keep them running")
-    st.add_argument("name")
+    st.add_argument("name", type=cluster_name)
     st.add_argument("--once", action="store_true", help="do not restart a rank that exits")
     r = csub.add_parser("rank", help="run one rank (what start runs on each host); reads the "
                                       "cluster's secret from standard input")
     r.add_argument("--rank", type=int, required=True)
     r.add_argument("--listen", required=True, metavar="HOST:PORT", help="the rank's control address")
     rm = csub.add_parser("rm", help="remove a cluster's definition")
-    rm.add_argument("name")
+    rm.add_argument("name", type=cluster_name)
     for sp in csub.choices.values():
         sp.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -101,7 +105,8 @@ def main(args: argparse.Namespace) -> int:
         folder = clusters_dir() / hostfile.check_name(args.name)
         if folder.is_symlink() or not os.path.lexists(folder / HOSTFILE):
             folder = cluster_folder(args.name)  # none of that name: says so
-        shutil.rmtree(folder)  # links, the hostfile and the secret: the model stays where it is
+        with records.locked(records.lock_beside(folder)):  # not while a create writes it
+            shutil.rmtree(folder)  # links, the hostfile and the secret: the model stays
         return 0
     if cmd == "start":
         from specchat.engine.distributed import secret

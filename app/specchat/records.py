@@ -12,7 +12,9 @@ would never end) and only up to a bound (``read_file``); JSON nested too
 deep to parse is a damaged file like any other (``parse_json``). A small
 JSON file is written whole or not at all (``write_json``), and one that is
 only a cache of work done before reads as {} when it is missing or garbage
-(``read_record``).
+(``read_record``). A file that two processes read, change and write back (the
+model index, the records of checked files) is changed only while holding its
+lock (``locked``, ``update_record``), so neither loses what the other wrote.
 
 Only the standard library and ``specchat.values`` here: every layer imports
 it, the engine's history index too.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import logging
@@ -31,7 +34,7 @@ import tempfile
 import threading
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +145,38 @@ def write_json(path: Path, data: object, **dump: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def locked(lock: Path) -> Iterator[None]:
+    """Hold the ``flock`` of the file ``lock`` (made if needed) for the
+    block: what every read-modify-write of a file that two processes (the
+    app and a terminal, two terminals) or two threads may change at once
+    holds, so neither loses the other's change. The kernel drops the lock
+    when its process dies, however it dies. The same lock ``filelock``
+    takes, so code holding a ``FileLock`` of the same file waits too."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # each open file its own lock: threads wait too
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def lock_beside(path: Path) -> Path:
+    """The lock file of ``path``: ``.<name>.lock`` beside it."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def update_record(path: Path, change: Callable[[dict], object], **dump: Any) -> None:
+    """Read a record file (``read_record``), let ``change`` edit the dict in
+    place, and write it back whole (``write_json``), all under its lock
+    (``locked``), so two processes remembering at once keep both entries."""
+    with locked(lock_beside(path)):
+        data = read_record(path)
+        change(data)
+        write_json(path, data, **dump)
 
 
 # -- fields ------------------------------------------------------------------------------

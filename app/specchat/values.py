@@ -5,10 +5,12 @@ check values here, so a bad temperature gets the same one-line answer
 wherever it was typed ("temperature must be a number from 0 to 5 (0 =
 greedy); got nan") and a stored settings row with a bad field falls back for
 that field only. Environment variables that choose among a few words
-(``CHOICES``) are checked here too, once at start-up (``specchat.startup``).
-A host a user types is read here as the system's resolver reads it
-(``address``, ``is_loopback``): the server's ``--host`` and a cluster's
-hosts alike. This module imports nothing of SpecChat's but ``specchat.errors``, so every
+(``CHOICES``) are checked here too, once at start-up (``specchat.startup``),
+and so are the names a user gives what SpecChat keeps (``NAMES``: a model,
+a cluster), taken exactly as typed or refused. A host a user types is read
+here as the system's resolver reads it (``address``, ``is_loopback``): the
+server's ``--host`` and a cluster's hosts alike.
+This module imports nothing of SpecChat's but ``specchat.errors``, so every
 layer may use it.
 """
 
@@ -277,6 +279,49 @@ def stop_strings(stops: Sequence[object]) -> tuple[str, ...]:
     checked = tuple(text("a stop string", s) for s in stops)
     size("characters of stop strings", sum(map(len, checked)))
     return checked
+
+
+@dataclass(frozen=True)
+class Name:
+    """A name a user gives something SpecChat keeps under it (a model in the
+    library, a cluster): one folder of the home, so only characters that are
+    safe in a file name on every system. A typed name is taken exactly as
+    typed or refused (``name``), never quietly changed: the name a command
+    prints and lists is the one the user typed."""
+
+    what: str
+    chars: str  # a regular-expression class of the characters allowed
+    first: str  # ... of the first character
+    last: str  # ... of the last character
+    longest: int
+    rule: str  # the same, in words
+
+    @property
+    def pattern(self) -> re.Pattern:
+        """Matches (``fullmatch``) exactly the names this rule allows."""
+        return re.compile(f"[{self.first}](?:[{self.chars}]{{0,{self.longest - 2}}}"
+                          f"[{self.last}])?")
+
+
+NAMES: dict[str, Name] = {n.what: n for n in (
+    Name("a model name", "A-Za-z0-9._+-", "A-Za-z0-9_+", "A-Za-z0-9_+", 120,
+         "letters, digits, '.', '_', '+' and '-', at most 120 characters, not starting or "
+         "ending with '.' or '-'"),
+    Name("a cluster name", "A-Za-z0-9._-", "A-Za-z0-9", "A-Za-z0-9._-", 64,
+         "letters, digits, '.', '_' and '-', at most 64 characters, starting with a letter "
+         "or a digit"),
+)}
+
+
+def name(what: str, value: object) -> str:
+    """``value`` if it is a name ``NAMES[what]`` allows exactly as typed;
+    else ``BadValue`` with the rule in words and what was typed, quoted (a
+    space shows) and on one line (a newline shows as ``\\n``)."""
+    entry = NAMES[what]
+    if isinstance(value, str) and entry.pattern.fullmatch(value):
+        return value
+    raise BadValue(f"{entry.what} must be {entry.rule}; got "
+                   + (f"'{shown(value)}'" if value else "nothing"))
 
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")

@@ -212,6 +212,28 @@ def test_a_gguf_import_reports_stages_not_tensors_or_temp_names(tmp_path, tiny_t
         assert "blk." not in m and "joined-a1b2" not in m and "staging-x9" not in m, m
 
 
+def test_a_built_in_model_that_fails_to_convert_is_named_not_its_temporary_file(
+        home, tmp_path, tiny_tokenizer, monkeypatch):
+    """Issue 47: an error while converting named the temporary joined file
+    (<home>/tmp/bundled-...) or a part in the packages' folder; it names the
+    built-in model, and nothing is left."""
+    g = write_gguf(tmp_path / "xyz.gguf", tiny_tokenizer, arch="xyz", layers=1)
+    data = g.path.read_bytes()
+    for n in (1, 2):  # one part (converted from where it is) and parts joined in tmp
+        (tmp_path / f"p{n}").mkdir()
+        files = _parts(tmp_path / f"p{n}", data, n)
+        monkeypatch.setitem(bundled.BUNDLED, "tiny", BundledModel(
+            "tiny", "Tiny", "0.1M", "llama", "F32", hashlib.sha256(data).hexdigest(), ()))
+        monkeypatch.setattr(bundled, "part_files", lambda name, files=files: files)
+        with pytest.raises(LibraryError) as err:
+            bundled.ensure("tiny")
+        msg = str(err.value)
+        assert msg.startswith("the built-in model Tiny: GGUF architecture 'xyz'"), msg
+        assert str(home) not in msg and str(tmp_path) not in msg, msg
+        assert not (home / "bundled" / "tiny").exists()
+        assert not (home / "tmp").exists() or list((home / "tmp").iterdir()) == []
+
+
 def test_ensure_with_damaged_parts_leaves_nothing(home, fake_bundled):
     _model, files = fake_bundled
     files[1].write_bytes(b"\0" * files[1].stat().st_size)
@@ -243,7 +265,8 @@ def test_ensure_redoes_an_import_of_other_files(home, fake_bundled, monkeypatch,
     monkeypatch.setattr(bundled, "part_files", lambda name: new_files)
     assert not bundled.is_ready("tiny")
     assert bundled.ensure("tiny") == first and bundled.is_ready("tiny")
-    assert sorted(p.name for p in (home / "bundled").iterdir()) == ["tiny", "verified.json"]
+    assert sorted(p.name for p in (home / "bundled").iterdir()) == [
+        ".verified.json.lock", "tiny", "verified.json"]  # no old copy left
 
 
 HELD_ENSURE = """
@@ -289,7 +312,8 @@ def test_a_killed_join_is_cleaned_even_if_its_pid_is_reused(home, fake_bundled):
     folder = bundled.ensure("tiny")
     assert bundled.is_ready("tiny")
     assert list(tmp.iterdir()) == []
-    assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny", "verified.json"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == [
+        ".verified.json.lock", "tiny", "verified.json"]
 
 
 def test_loose_joins_of_older_versions_go_when_dead_or_a_day_old(home):

@@ -552,6 +552,64 @@ def test_malformed_gguf_is_named_and_not_listed(lib_home, tmp_path, tiny_tokeniz
     assert words in msg, msg
 
 
+# -- what the user gave, named in every message ---------------------------------------
+def _not_json(f: Path) -> None:
+    with open(f, "r+") as out:  # in place: the copy hard-linked to it changes too
+        out.truncate(0)
+        out.write("{ not json")
+
+
+def _cut_in_place(f: Path) -> None:
+    with open(f, "r+b") as out:
+        out.truncate(f.stat().st_size - 1000)
+
+
+CHANGED = {"config.json": (_not_json, "is not valid JSON"),
+           "tokenizer.json": (_not_json, "could not be read"),
+           "model.safetensors": (_cut_in_place, "is truncated")}
+
+
+@pytest.mark.parametrize("name", list(CHANGED))
+def test_a_file_changed_while_it_is_imported_is_named_as_the_user_s(lib_home, tmp_path,
+                                                                   tiny_target, name):
+    """Issue 47: a file edited in place after it was checked (its copy, a
+    hard link, shares its bytes) fails the check of the copy, and the
+    message named the work folder (<home>/tmp/import-...) instead of the
+    user's file."""
+    src = shutil.copytree(tiny_target, tmp_path / "m")
+    edit, words = CHANGED[name]
+
+    def progress(message: str, _fraction=None) -> None:
+        if message.startswith("Imported the files of"):  # copied, not yet checked or listed
+            edit(src / name)
+
+    with pytest.raises(LibraryError) as err:
+        importing.import_path(src, progress=progress)
+    msg = str(err.value)
+    assert str(src / name) in msg and words in msg, msg
+    assert str(paths.tmp_dir()) not in msg and "import-" not in msg, msg
+    _nothing_listed_or_left()
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_a_model_given_through_a_link_is_named_as_given(lib_home, tmp_path, tiny_target,
+                                                       tiny_tokenizer, kind):
+    """A model reached through a link (an Ollama blob, a folder linked into
+    place) is refused naming the path the user gave, not where it leads."""
+    if kind == "folder":
+        real = _copy(tiny_target, tmp_path / "store" / "real-model", {"hidden_size": "wide"})
+        given = tmp_path / "my-model"
+    else:
+        g = write_gguf(tmp_path / "x.gguf", tiny_tokenizer, **GGUFS["template"][0])
+        real = tmp_path / "blobs" / "sha256-0123abcd"
+        real.parent.mkdir()
+        g.path.rename(real)
+        given = tmp_path / "my-model.gguf"
+    given.symlink_to(real)
+    msg = _refused(given)
+    assert str(real) not in msg, msg
+
+
 # -- work folders of dead imports ---------------------------------------------------
 HELD_IMPORT = """
 import os, sys, time
@@ -569,7 +627,7 @@ def hold(message, fraction):
 
 
 if kind == "folder":
-    def no_links(*args):
+    def no_links(*args, **kwargs):
         raise OSError("copy instead")  # so the import writes its own files
     os.link = no_links
     importing.COPY_CHUNK = 4096
@@ -611,6 +669,32 @@ def test_killed_import_is_cleaned_by_the_next_and_a_live_one_is_left_alone(
     assert _work_folders() == []
     assert [m.name for m in index.list_installed()] == [model.name]
     assert sorted(p.name for p in paths.models_dir().iterdir()) == [model.name]
+
+
+def test_any_command_cleans_what_killed_imports_left_and_leaves_a_live_one(
+        lib_home, tmp_path, tiny_target, tiny_draft):
+    """Issue 47: a killed import's work folder stayed until the next import.
+    Any ``specchat`` command (here ``models list``, as the app's start)
+    removes a dead process's work folders, joined parts and copies set aside
+    to be deleted; a live import's folder (its lock held) is left alone."""
+    live = _start_held_import(tmp_path, "folder", tiny_draft)
+    try:
+        live_left = _work_folders()
+        assert len(live_left) == 2 and live_left[0].startswith(f"import-{live.pid}-")
+        dead = _start_held_import(tmp_path, "folder", tiny_target)  # after: the live one's
+        kill(dead)  # sweep at its start cannot have removed it
+        assert len(_work_folders()) == 4
+        built = paths.bundled_dir(create=True)
+        aside = built / ".tiny.old-0123abcd"  # a replaced conversion, killed while deleting it
+        aside.mkdir()
+        (aside / "model.safetensors").write_bytes(b"half")
+        proc = subprocess.run([sys.executable, "-m", "specchat", "models", "list"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert _work_folders() == live_left  # the dead one gone, the live one kept
+        assert list(built.iterdir()) == []
+    finally:
+        kill(live)
 
 
 def test_killed_gguf_conversion_is_cleaned_even_if_its_pid_is_reused(tmp_path, tiny_tokenizer):

@@ -15,12 +15,13 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from specchat import values
 from specchat.engine.errors import EngineError
 from specchat.engine.events import CHECKPOINT_FILES
 from specchat.home import home
 
 HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a cluster's name
+NAME = values.NAMES["a cluster name"].pattern  # a cluster's name (fullmatch)
 
 
 def clusters_dir() -> Path:
@@ -200,35 +201,43 @@ def vocab_map_problems(d2t: Sequence[int], t2d: Sequence[int] | bytes | None,
     return problems
 
 
-def read_config(folder: Path, error: type[EngineError] = EngineError) -> dict:
+def read_config(folder: Path, error: type[EngineError] = EngineError,
+                shown: Path | None = None) -> dict:
+    """config.json of ``folder``; messages name ``shown`` (default
+    ``folder``): the folder the user gave, when ``folder`` is a copy."""
+    shown = shown or folder
     path = folder / "config.json"
     if not path.exists():
-        raise error(f"{folder} is not an MLX model folder (config.json is missing)")
+        raise error(f"{shown} is not an MLX model folder (config.json is missing)")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise error(f"{path} is not valid JSON ({exc}); the model folder is damaged") from exc
+        raise error(f"{shown / path.name} is not valid JSON ({exc}); the model folder is "
+                    "damaged") from exc
     if not isinstance(config, dict):
-        raise error(f"{path} is not a model config (expected a JSON object)")
+        raise error(f"{shown / path.name} is not a model config (expected a JSON object)")
     return config
 
 
-def validate_folder(folder: Path, error: type[EngineError] = EngineError) -> dict:
-    """Config, weights and tokenizer are all there; returns config.json."""
+def validate_folder(folder: Path, error: type[EngineError] = EngineError,
+                    shown: Path | None = None) -> dict:
+    """Config, weights and tokenizer are all there; returns config.json.
+    Messages name ``shown`` (default ``folder``), as ``read_config``'s."""
+    shown = shown or folder
     if not folder.exists():
-        raise error(f"Model folder not found: {folder}")
+        raise error(f"Model folder not found: {shown}")
     if not folder.is_dir():
-        raise error(f"Not a model folder: {folder}")
-    config = read_config(folder, error)
+        raise error(f"Not a model folder: {shown}")
+    config = read_config(folder, error, shown)
     if is_head(config):  # no tokenizer of its own: it cannot be loaded as a model
-        raise error(not_a_target(folder, _made_for(config)))
+        raise error(not_a_target(shown, _made_for(config)))
     if not weight_files(folder):
         pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
         if pickled:
             raise error(
-                f"{folder} has only pickled PyTorch weights ({pickled[0]}); SpecChat loads "
+                f"{shown} has only pickled PyTorch weights ({pickled[0]}); SpecChat loads "
                 "safetensors only, because pickled files can run code when opened")
-        raise error(f"{folder} has no weights (no model*.safetensors files)")
+        raise error(f"{shown} has no weights (no model*.safetensors files)")
     if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer.model").exists():
-        raise error(f"{folder} has no tokenizer (tokenizer.json is missing)")
+        raise error(f"{shown} has no tokenizer (tokenizer.json is missing)")
     return config

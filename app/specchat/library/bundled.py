@@ -202,9 +202,9 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"version: SHA-256 of {len(files)} file(s) joined in order "
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
-    data = records.read_record(_cache_file())
-    data[model.name] = _cache_key(model, files)
-    records.write_json(_cache_file(), data, indent=2, sort_keys=True)
+    key = _cache_key(model, files)
+    records.update_record(_cache_file(), lambda data: data.__setitem__(model.name, key),
+                          indent=2, sort_keys=True)
 
 
 # -- importing -----------------------------------------------------------------
@@ -245,12 +245,15 @@ def ensure(name: str, progress: Progress | None = None,
         os.replace(dest, old)  # one step: nobody sees a half-deleted model
         shutil.rmtree(old, ignore_errors=True)
     source = {"bundled": model.name, "sha256": model.sha256}
+    # What messages call the file: not a part in the packages' folder, nor
+    # the temporary joined file.
+    shown = Path(f"the built-in model {model.display_name}")
     checking = _stage(say, model, CHECKING, 0.0, 0.2)
     later = _stage(say, model, CONVERTING, 0.2, 1.0)
     try:
         if len(files) == 1:
             verify(model.name, files, checking, cancelled)
-            return import_gguf(files[0], dest, later, cancelled, source=source)
+            return import_gguf(files[0], dest, later, cancelled, source=source, shown=shown)
         tmp_dir = paths.tmp_dir(create=True)
         staging.sweep(tmp_dir, staging.BUNDLED_NAMES)  # joins of processes that died
         check_free_space(tmp_dir, sum(f.stat().st_size for f in files),
@@ -259,7 +262,7 @@ def ensure(name: str, progress: Progress | None = None,
         with staging.claim(tmp_dir, staging.bundled_prefix(model.name)) as work:
             joined = work.path / f"{model.name}.gguf"
             _check_digest(model, files, sha256_of(files, joined, checking, cancelled))
-            return import_gguf(joined, dest, later, cancelled, source=source)
+            return import_gguf(joined, dest, later, cancelled, source=source, shown=shown)
     except OSError as exc:
         raise LibraryError(f"Could not prepare the bundled model {model.name}: "
                            f"{exc.strerror or exc}") from exc

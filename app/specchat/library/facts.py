@@ -107,7 +107,7 @@ def _head_config(folder: Path) -> dict | None:
 
 
 def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict[str, Tensor]]:
-    config = folders.validate_folder(folder, LibraryError)
+    config = folders.validate_folder(folder, LibraryError, shown)
     return config, check_folder(folder, config, folders.weight_files(folder), shown)
 
 

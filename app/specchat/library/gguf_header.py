@@ -65,6 +65,7 @@ class Header:
     """
 
     path: Path
+    shown: Path  # what messages call the file: the one the user gave
     version: int
     metadata: dict[str, object]
     array_lengths: dict[str, int]
@@ -136,42 +137,45 @@ class _Cursor:
         raise ValueError(f"unknown metadata value type {vtype}")
 
 
-def read_header(path: str | Path, arrays: Iterable[str] = ()) -> Header:
+def read_header(path: str | Path, arrays: Iterable[str] = (),
+                shown: str | Path | None = None) -> Header:
     """Parse the header of ``path``; arrays named in ``arrays`` are read in
     full (others only counted). Raises LibraryError for anything that is not
-    a complete, readable GGUF file."""
+    a complete, readable GGUF file, naming ``shown`` (default ``path``): the
+    file the user gave, when ``path`` is a temporary or resolved one."""
     path = Path(path)
+    where = Path(shown) if shown is not None else path
     keep = set(arrays)
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below, mmap needs it open
     except OSError as exc:
-        raise LibraryError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+        raise LibraryError(f"Cannot read {where}: {exc.strerror or exc}") from exc
     with f:
         size = path.stat().st_size
         if size < 24:
-            raise LibraryError(f"{path} is not a GGUF file (only {size} bytes)")
+            raise LibraryError(f"{where} is not a GGUF file (only {size} bytes)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            return _parse(path, buf, size, keep)
+            return _parse(path, where, buf, size, keep)
         except TruncatedError as exc:
             raise LibraryError(
-                f"{path} is truncated: its header needs at least {exc.args[0]:,} bytes but "
+                f"{where} is truncated: its header needs at least {exc.args[0]:,} bytes but "
                 f"the file has {size:,}. The download or copy was probably cut short; "
                 "get the file again") from None
         except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
-            raise LibraryError(f"{path} is not a valid GGUF file ({exc})") from None
+            raise LibraryError(f"{where} is not a valid GGUF file ({exc})") from None
         finally:
             buf.close()
 
 
-def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
+def _parse(path: Path, where: Path, buf, size: int, keep: set[str]) -> Header:
     if bytes(buf[:4]) != MAGIC:
-        raise LibraryError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+        raise LibraryError(f"{where} is not a GGUF file (it does not start with 'GGUF')")
     version = struct.unpack_from("<I", buf, 4)[0]
     if version & 0xFFFF == 0:  # written on a big-endian machine
-        raise LibraryError(f"{path} is a big-endian GGUF file; only little-endian is supported")
+        raise LibraryError(f"{where} is a big-endian GGUF file; only little-endian is supported")
     if version not in (2, 3):
-        raise LibraryError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
+        raise LibraryError(f"{where}: GGUF version {version} is not supported (only 2 and 3)")
     cur = _Cursor(buf, size)
     cur.pos = 8
     n_tensors = cur.scalar("Q")
@@ -204,7 +208,7 @@ def _parse(path: Path, buf, size: int, keep: set[str]) -> Header:
         raise ValueError(f"general.alignment is {align!r}, not a positive multiple of 8")
     data_offset = -(-cur.pos // align) * align
     tensors = [TensorInfo(n, d, t, data_offset + o) for n, d, t, o in infos]
-    return Header(path=path, version=version, metadata=metadata, array_lengths=lengths,
+    return Header(path=path, shown=where, version=version, metadata=metadata, array_lengths=lengths,
                   tensors=tensors, data_offset=data_offset, file_size=size)
 
 

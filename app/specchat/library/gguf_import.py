@@ -122,14 +122,14 @@ def _num(header: Header, key: str, default=None, kind=int):
     v = header.metadata.get(key, default)
     if v is None:
         if key in header.array_lengths:
-            raise LibraryError(f"{header.path}: {key} is a list (one value per layer), which "
+            raise LibraryError(f"{header.shown}: {key} is a list (one value per layer), which "
                                "SpecChat's importer does not support")
-        raise LibraryError(f"{header.path} lacks {key!r}, which the import needs "
+        raise LibraryError(f"{header.shown} lacks {key!r}, which the import needs "
                            "(damaged file?)")
     number = not isinstance(v, bool) and isinstance(v, int if kind is int else int | float)
     if not number or not 0 < v < float("inf"):
         what = "a whole number" if kind is int else "a number"
-        raise LibraryError(f"{header.path}: {key} must be {what} above 0; got {v!r} "
+        raise LibraryError(f"{header.shown}: {key} must be {what} above 0; got {v!r} "
                            "(damaged or hand-edited file?)")
     if kind is float:
         return float(f"{float(v):.7g}")  # float32 in the file: 1e-05, not 9.99999974e-06
@@ -139,7 +139,7 @@ def _num(header: Header, key: str, default=None, kind=int):
 def build_config(header: Header) -> dict:
     """config.json for mlx-lm, from the GGUF metadata and tensor table."""
     arch = header.architecture
-    where = header.path
+    where = header.shown
     if arch not in SUPPORTED_ARCHITECTURES:
         raise LibraryError(f"{where}: GGUF architecture {arch!r} is not supported "
                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -209,7 +209,7 @@ def _rope_scaling(header: Header, arch: str, head_dim: int, base: float) -> dict
         if orig:
             out["original_max_position_embeddings"] = int(orig)
         return out
-    raise LibraryError(f"{header.path} uses rope scaling {kind!r}, which the importer does not "
+    raise LibraryError(f"{header.shown} uses rope scaling {kind!r}, which the importer does not "
                        "support")
 
 
@@ -222,11 +222,11 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
     from gguf import GGMLQuantizationType
 
     if info.type_id != GGMLQuantizationType.F32 or info.n_elements != head_dim // 2:
-        raise LibraryError(f"{header.path}: rope_freqs.weight has an unexpected layout "
+        raise LibraryError(f"{header.shown}: rope_freqs.weight has an unexpected layout "
                            f"({info.n_elements} values, type {info.type_id})")
     end = info.offset + 4 * info.n_elements
     if end > header.file_size:
-        raise LibraryError(f"{header.path} is truncated (in rope_freqs.weight); "
+        raise LibraryError(f"{header.shown} is truncated (in rope_freqs.weight); "
                            "get the file again")
     with open(header.path, "rb") as f:
         f.seek(info.offset)
@@ -245,7 +245,7 @@ def _llama3_scaling(header: Header, info: TensorInfo, head_dim: int, base: float
                 return {"rope_type": "llama3", "factor": float(f"{factor:.7g}"),
                         "low_freq_factor": low, "high_freq_factor": high,
                         "original_max_position_embeddings": orig}
-    raise LibraryError(f"{header.path}: the rope frequency factors (rope_freqs.weight) do not "
+    raise LibraryError(f"{header.shown}: the rope frequency factors (rope_freqs.weight) do not "
                        "match Llama 3's rope scaling, so the importer cannot express them for "
                        "mlx-lm")
 
@@ -270,24 +270,24 @@ def _plan(header: Header, config: dict) -> list[_Job]:
             continue
         hf = _hf_name(info.name)
         if hf is None:
-            raise LibraryError(f"{header.path}: this {arch} GGUF has a tensor SpecChat does not "
+            raise LibraryError(f"{header.shown}: this {arch} GGUF has a tensor SpecChat does not "
                                f"know: {info.name!r}")
         if info.type_id not in checked:
-            _check_type(info, header.path)
+            _check_type(info, header.shown)
             checked.add(info.type_id)
         heads = None
         if arch == "llama" and (".attn_q." in info.name or ".attn_k." in info.name):
             heads = config["num_attention_heads"] if ".attn_q." in info.name \
                 else config["num_key_value_heads"]
         keep32 = info.type_id in (GGMLQuantizationType.F32, GGMLQuantizationType.BF16)
-        jobs.append(_Job(info, hf, "float32" if keep32 else "float16", heads, header.path))
+        jobs.append(_Job(info, hf, "float32" if keep32 else "float16", heads, header.shown))
         try:
             end = info.offset + tensor_nbytes(info)
         except LibraryError as exc:
-            raise LibraryError(f"{header.path}: {exc}") from None
+            raise LibraryError(f"{header.shown}: {exc}") from None
         if end > header.file_size:
             raise LibraryError(
-                f"{header.path} is truncated: tensor {info.name!r} ends at byte {end:,} "
+                f"{header.shown} is truncated: tensor {info.name!r} ends at byte {end:,} "
                 f"but the file has {header.file_size:,}. The download or copy was probably "
                 "cut short; get the file again")
     _check_layout(header, config, jobs)
@@ -299,7 +299,7 @@ def _check_layout(header: Header, config: dict, jobs: list[_Job]) -> None:
     tensors sharing bytes, blocks beyond (or missing below) block_count, and
     any tensor the config implies missing, extra or of the wrong shape (the
     same check every MLX folder gets, checks.check_tensors)."""
-    where, arch = header.path, header.architecture
+    where, arch = header.shown, header.architecture
     spans = sorted((j.info.offset, j.info.offset + tensor_nbytes(j.info), j.info.name)
                    for j in jobs)
     for (_s0, end0, name0), (start1, _e1, name1) in zip(spans, spans[1:], strict=False):
@@ -456,7 +456,7 @@ def read_marker(folder: Path) -> dict:
 def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
                 cancelled: threading.Event | None = None, *,
                 max_shard_bytes: int = MAX_SHARD_BYTES, source: dict | None = None,
-                shown_dir: Path | None = None) -> Path:
+                shown_dir: Path | None = None, shown: Path | None = None) -> Path:
     """Convert ``gguf_path`` into an mlx-lm folder at ``dest`` and return it.
 
     Returns at once if ``dest`` already holds a complete import. ``source``
@@ -464,12 +464,15 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     The header is checked completely before anything is written (metadata
     numbers, block count against the tensors, the tensors the config
     implies, the chat template). Raises LibraryError (ImportCancelled on
-    cancel) with nothing left behind; messages name ``gguf_path`` and, for
-    disk trouble, ``shown_dir`` (default ``dest.parent``; importing.py
-    passes the library folder, since its ``dest`` is a staging folder).
+    cancel) with nothing left behind; messages name ``shown`` (default
+    ``gguf_path``: the file as the user gave it, where ``gguf_path`` is a
+    temporary or resolved one) and, for disk trouble, ``shown_dir`` (default
+    ``dest.parent``; importing.py passes the library folder, since its
+    ``dest`` is a staging folder).
     Partial folders of imports whose process died are removed first.
     """
     gguf_path, dest = Path(gguf_path), Path(dest)
+    shown = Path(shown) if shown is not None else gguf_path
     where = shown_dir or dest.parent
     say: Progress = progress or (lambda _m, _f: None)
     staging.sweep(dest.parent, staging.PARTIAL_NAMES)
@@ -480,7 +483,7 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
                            "move it away or choose another destination")
     say("reading the model's header", 0.0)
     started = time.monotonic()
-    header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS)
+    header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS, shown=shown)
     config = build_config(header)
     jobs = _plan(header, config)
     try:
@@ -489,11 +492,11 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         text = json.dumps(tok_json, ensure_ascii=False)
         gguf_tokenizer.validate(text)
     except LibraryError as exc:
-        raise LibraryError(f"{gguf_path}: {exc}") from exc
+        raise LibraryError(f"{shown}: {exc}") from exc
 
     try:
         needed = sum(j.info.n_elements * (2 if j.out_dtype == "float16" else 4) for j in jobs)
-        disk.check_free_space(dest.parent, needed, f"importing {gguf_path}", shown=where)
+        disk.check_free_space(dest.parent, needed, f"importing {shown}", shown=where)
         # Released (what is left at tmp deleted: nothing once installed) however this ends.
         with staging.claim(dest.parent, staging.partial_prefix(dest)) as work:
             tmp = work.path
@@ -512,7 +515,7 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
             }, indent=2, ensure_ascii=False)
             _install(tmp, dest)
     except OSError as exc:
-        raise staging.write_error(gguf_path, where, exc) from exc
+        raise staging.write_error(shown, where, exc) from exc
     say("converted", 1.0)
     return dest
 

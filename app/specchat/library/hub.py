@@ -385,12 +385,14 @@ def _storage_folder(hub: HubRef) -> Path:
 
 
 def _entry_name(hub: HubRef) -> str:
+    """The name a new download is listed under (``index.claim`` adds -2...
+    if another model has it)."""
     if hub.revision is not None:
         wanted = f"{hub.name}@{hub.revision[:12]}"
     else:  # a catalog model is named by its catalog id
         known = load_catalog().model(hub.ref)
         wanted = known.id if known is not None else hub.name
-    return index.unique_name(wanted, source=hub.ref)
+    return index.sanitize(wanted)
 
 
 def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
@@ -680,9 +682,12 @@ def _register(hub: HubRef, commit: str, snapshot: Path,
         facts = read_folder(snapshot)
     except LibraryError as exc:
         raise LibraryError(f"{hub.ref} was downloaded but cannot be used: {exc}") from exc
-    name = previous.name if previous is not None else _entry_name(hub)
-    model = InstalledModel.create(name, hub.ref, "hub", snapshot, facts, revision=commit)
-    index.add(model)
+    if previous is not None:  # an update keeps its name
+        model = index.add(InstalledModel.create(previous.name, hub.ref, "hub", snapshot, facts,
+                                                revision=commit))
+    else:
+        model = index.claim(_entry_name(hub), hub.ref, lambda name: InstalledModel.create(
+            name, hub.ref, "hub", snapshot, facts, revision=commit))
     if previous is not None and previous.revision != commit:
         prune(_storage_folder(hub))
     return model

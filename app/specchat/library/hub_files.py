@@ -98,21 +98,25 @@ def _load() -> dict:
     return records.read_record(_record_file())
 
 
-def _save(data: dict) -> None:
-    data = {k: v for k, v in data.items() if (paths.hub_cache() / k).exists()}
-    records.write_json(_record_file(), data, indent=1, sort_keys=True)
+def _change(edit: Callable[[dict], object]) -> None:
+    """Edit the records under their lock (another pull may be remembering
+    its blobs at the same time), dropping those of blobs that are gone."""
+    def apply(data: dict) -> None:
+        edit(data)
+        for key in [k for k in data if not (paths.hub_cache() / k).exists()]:
+            del data[key]
+
+    records.update_record(_record_file(), apply, indent=1, sort_keys=True)
 
 
 def remember(blob: Path) -> None:
-    data = _load()
-    data[_key(blob)] = disk.stamp(blob)  # a JSON list
-    _save(data)
+    stamp = disk.stamp(blob)  # a JSON list
+    _change(lambda data: data.__setitem__(_key(blob), stamp))
 
 
 def forget(blob: Path) -> None:
-    data = _load()
-    if data.pop(_key(blob), None) is not None:
-        _save(data)
+    if _key(blob) in _load():
+        _change(lambda data: data.pop(_key(blob), None))
 
 
 def checked_before(blob: Path) -> bool:

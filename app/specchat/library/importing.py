@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import records
+from specchat import records, values
 from specchat.library import index, paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import ImportCancelled, LibraryError
@@ -66,11 +66,16 @@ def import_path(path: str | os.PathLike, name: str | None = None,
     """Import an MLX folder or a GGUF file and list it under ``name`` (default:
     the folder or file name). Importing the same source again returns the
     model already imported from it."""
+    if name is not None:
+        try:
+            values.name("a model name", name)
+        except values.BadValue as exc:
+            raise LibraryError(str(exc)) from None
     staging.sweep(paths.tmp_dir(), staging.IMPORT_NAMES)
-    src = Path(path).expanduser()
-    if not src.exists():
-        raise LibraryError(f"Nothing to import at {src}: no such file or folder")
-    src = src.resolve()
+    shown = Path(path).expanduser()  # what messages name: what the user gave
+    if not shown.exists():
+        raise LibraryError(f"Nothing to import at {shown}: no such file or folder")
+    src = shown.resolve()  # what is read, and the source it is listed from
     say = progress or (lambda _m, _f=None: None)
     if src.is_dir():
         source, kind = f"import:{src}", "import"
@@ -78,38 +83,37 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         source, kind = f"gguf:{src}", "gguf"
     else:
         raise LibraryError(
-            f"{src} is neither an MLX model folder nor a GGUF file; SpecChat imports folders "
+            f"{shown} is neither an MLX model folder nor a GGUF file; SpecChat imports folders "
             "with config.json + model*.safetensors + tokenizer.json, and .gguf files")
     existing = index.find_source(source)
-    if existing is not None and (name is None or index.sanitize(name) == existing.name):
-        say(f"{existing.name} is already imported from {src}", 1.0)
+    if existing is not None and (name is None or name.lower() == existing.name.lower()):
+        say(f"{existing.name} is already imported from {shown}", 1.0)
         return existing
-    wanted = index.sanitize(name) if name else _default_name(src, kind)
-    if name and index.get(wanted) is not None:
-        raise LibraryError(
-            f"A model named {wanted!r} is already installed; pick another --name or remove it "
-            "first (`specchat models rm`).")
-    final_name = index.unique_name(wanted, source=source)
+    wanted = name or _default_name(src, kind)
+    if name:
+        index.refuse_taken(wanted, source, _folder)
     plan: list[_File] = []
     if kind == "import":
-        plan = _plan(src)  # before anything reads a file through a link
-        validate_folder(src)
+        plan = _plan(src, shown)  # before anything reads a file through a link
+        validate_folder(src, shown)
     where = paths.models_dir()
     try:
         where.mkdir(parents=True, exist_ok=True)
         # Released (the work folder deleted, nothing once installed) however this ends.
         with staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX) as work:
             if kind == "import":
-                _check_space_for_copy(plan, src, work.path, where)
+                _check_space_for_copy(plan, shown, work.path, where)
                 built = work.path / "model"
                 built.mkdir()
-                _copy_model_files(plan, src, built, say, cancelled)
+                _copy_model_files(plan, shown, built, say, cancelled)
             else:
-                built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where)
-                _check(cancelled, src)
-            return _install(built, final_name, source, kind, say, src)
+                built = import_gguf(src, work.path / "model", say, cancelled, shown_dir=where,
+                                    shown=shown)
+                _check(cancelled, shown)
+            # Messages name the user's folder or file, never the work folder.
+            return _install(built, wanted, bool(name), source, kind, say, shown)
     except OSError as exc:  # a LibraryError (a cancel too) already says what happened
-        raise staging.write_error(src, where, exc) from exc
+        raise staging.write_error(shown, where, exc) from exc
 
 
 def _default_name(src: Path, kind: str) -> str:
@@ -151,10 +155,11 @@ def import_root(src: Path) -> Path:
     return src
 
 
-def _plan(src: Path) -> list[_File]:
+def _plan(src: Path, shown: Path) -> list[_File]:
     """The files to import from the resolved folder ``src``, each a regular
     file inside ``import_root(src)``; a link out of it or anything that is not
-    a regular file (a FIFO, a device) is refused by name, before it is read."""
+    a regular file (a FIFO, a device) is refused by name (in ``shown``, the
+    folder as the user gave it), before it is read."""
     root = import_root(src)
     out = []
     for entry in sorted(src.iterdir()):
@@ -163,9 +168,9 @@ def _plan(src: Path) -> list[_File]:
         real = Path(os.path.realpath(entry))
         if not real.is_relative_to(root):
             raise LibraryError(
-                f"{entry} is a symbolic link to {real}, outside {root}: SpecChat never imports "
-                "a file from outside the folder being imported. Put the file itself in the "
-                "folder in place of the link and import again.")
+                f"{shown / entry.name} is a symbolic link to {real}, outside {root}: SpecChat "
+                "never imports a file from outside the folder being imported. Put the file "
+                "itself in the folder in place of the link and import again.")
         try:
             st = os.stat(real)
         except FileNotFoundError:  # a dangling link: not a file (the check names what is missing)
@@ -173,38 +178,38 @@ def _plan(src: Path) -> list[_File]:
         if stat.S_ISDIR(st.st_mode):
             continue
         if not stat.S_ISREG(st.st_mode):
-            raise LibraryError(f"{entry} is {records.file_kind(st.st_mode)}, not a regular "
-                               "file; SpecChat imports only regular files.")
+            raise LibraryError(f"{shown / entry.name} is {records.file_kind(st.st_mode)}, not a "
+                               "regular file; SpecChat imports only regular files.")
         out.append(_File(entry.name, real, st))
     return out
 
 
-def _check_space_for_copy(plan: list[_File], src: Path, work: Path, where: Path) -> None:
+def _check_space_for_copy(plan: list[_File], shown: Path, work: Path, where: Path) -> None:
     """Files that will be copied (on another disk, or with other names) must
     fit: refuse up front if they cannot (hard links take no space)."""
     here = os.stat(work).st_dev
     needed = sum(f.st.st_size for f in plan if not (f.linkable and f.st.st_dev == here))
-    check_free_space(work, needed, f"importing {src}", shown=where)
+    check_free_space(work, needed, f"importing {shown}", shown=where)
 
 
-def _copy_model_files(plan: list[_File], src: Path, dest: Path, say: Progress,
+def _copy_model_files(plan: list[_File], shown: Path, dest: Path, say: Progress,
                       cancelled: threading.Event | None) -> None:
     total = sum(f.st.st_size for f in plan) or 1
     done = 0
     for f in plan:
-        _check(cancelled, src)
-        say(f"Importing {src.name}: {f.name}", done / total)
+        _check(cancelled, shown)
+        say(f"Importing {shown.name}: {f.name}", done / total)
         target = dest / f.name
         if f.linkable and _hard_link(f, target):
             done += f.st.st_size
             continue
-        with _open_planned(f, src) as fin, open(target, "wb") as fout:
+        with _open_planned(f, shown) as fin, open(target, "wb") as fout:
             while chunk := fin.read(COPY_CHUNK):
-                _check(cancelled, src)
+                _check(cancelled, shown)
                 fout.write(chunk)
                 done += len(chunk)
-                say(f"Importing {src.name}: {f.name}", done / total)
-    say(f"Imported the files of {src.name}", 1.0)
+                say(f"Importing {shown.name}: {f.name}", done / total)
+    say(f"Imported the files of {shown.name}", 1.0)
 
 
 def _hard_link(f: _File, target: Path) -> bool:
@@ -222,7 +227,7 @@ def _hard_link(f: _File, target: Path) -> bool:
     return True
 
 
-def _open_planned(f: _File, src: Path):
+def _open_planned(f: _File, shown: Path):
     """The planned file open for reading, checked to be the file planned
     (non-blocking, so a FIFO swapped in since cannot stall the import)."""
     fd = os.open(f.real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -230,28 +235,44 @@ def _open_planned(f: _File, src: Path):
     now = os.fstat(fd)
     if (now.st_dev, now.st_ino) != (f.st.st_dev, f.st.st_ino) or not stat.S_ISREG(now.st_mode):
         fin.close()
-        raise LibraryError(f"{src / f.name} changed while it was being imported; nothing was "
+        raise LibraryError(f"{shown / f.name} changed while it was being imported; nothing was "
                            "added. Import it again.")
     return fin
 
 
-def _install(built: Path, name: str, source: str, kind: str, say: Progress,
-             src: Path) -> InstalledModel:
-    facts = read_folder(built, shown=src)
-    dest = paths.models_dir(create=True) / name
-    if dest.exists():  # left over from an import that never got listed
-        shutil.rmtree(dest)
-    os.replace(built, dest)
-    model = InstalledModel.create(name, source, kind, dest, facts)
+def _folder(name: str) -> Path:
+    """Where an imported model called ``name`` lives."""
+    return paths.models_dir() / name
+
+
+def _install(built: Path, wanted: str, typed: bool, source: str, kind: str, say: Progress,
+             shown: Path) -> InstalledModel:
+    """Move the built folder into the models folder and list it, under a
+    name claimed with the index's lock held (``index.claim``): ``wanted``,
+    refused if ``typed`` and taken, else ``wanted-2``...; if another import
+    of the same source got there first, that one is the model (this copy is
+    dropped with the work folder)."""
+    facts = read_folder(built, shown=shown)
+    paths.models_dir(create=True)
+    placed: list[Path] = []
+
+    def place(name: str) -> InstalledModel:
+        dest = _folder(name)
+        os.replace(built, dest)
+        placed.append(dest)
+        return InstalledModel.create(name, source, kind, dest, facts)
+
     try:
-        index.add(model)
+        model = index.claim(wanted, source, place, exact=typed, folder=_folder, keep=True)
     except BaseException:  # e.g. the disk filled up writing index.json: unlisted, so gone
-        shutil.rmtree(dest, ignore_errors=True)
+        for dest in placed:
+            shutil.rmtree(dest, ignore_errors=True)
         raise
-    say(f"Imported {name}", 1.0)
+    say(f"Imported {model.name}" if placed else f"{model.name} is already imported from {shown}",
+        1.0)
     return model
 
 
-def _check(cancelled: threading.Event | None, src: Path) -> None:
+def _check(cancelled: threading.Event | None, shown: Path) -> None:
     if cancelled is not None and cancelled.is_set():
-        raise ImportCancelled(f"Import of {src.name} cancelled; nothing was added.")
+        raise ImportCancelled(f"Import of {shown.name} cancelled; nothing was added.")

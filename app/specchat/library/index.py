@@ -2,9 +2,13 @@
 
 An entry is written only after a model's files are complete, and the file is
 replaced atomically (write a temporary file, fsync, rename), so a download
-cut off midway or a crash never leaves a half-model listed. Writers take an
-advisory lock so two SpecChat processes (the app and a terminal) do not lose
-each other's entries.
+cut off midway or a crash never leaves a half-model listed. Writers hold
+the index's lock (``records.locked``) so two SpecChat processes (the app and
+a terminal) do not lose each other's entries, and a new model's name is
+chosen under the same lock it is written under (``claim``): two imports,
+a pull beside an import or a trained head being listed never both take one
+name, so none replaces another's entry. Names are compared without case, as
+the models folder compares them on macOS.
 
 Entries are read back checked field by field (``specchat.records``): one a
 hand edit or another version broke is left out of every listing and named in
@@ -17,17 +21,16 @@ Only json, os and pathlib here: ``specchat models list`` must stay fast.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
+import os
 import re
 import shutil
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from specchat import records
+from specchat import records, values
 from specchat.library import paths
 from specchat.library.errors import LibraryError
 from specchat.library.facts import ModelFacts
@@ -36,7 +39,7 @@ INDEX_VERSION = 1
 # About 16,000 models' entries: anything bigger is not an index SpecChat wrote.
 MAX_INDEX_BYTES = 16 * 2**20
 log = logging.getLogger("specchat.library")
-_thread_lock = threading.Lock()
+NAME_RULE = values.NAMES["a model name"]
 
 
 # The index's own fields, which ``to_json`` puts before the folder's facts.
@@ -139,10 +142,7 @@ def _write(models: dict[str, dict]) -> None:
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     """Exclusive lock for read-modify-write of the index (threads and processes)."""
-    home = paths.home()
-    home.mkdir(parents=True, exist_ok=True)
-    with _thread_lock, open(home / ".index.lock", "a+") as lock_file:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+    with records.locked(paths.home() / ".index.lock"):
         yield
 
 
@@ -190,16 +190,59 @@ def unlist(name: str) -> None:
             _write(models)
 
 
-def unique_name(wanted: str, source: str | None = None) -> str:
-    """``wanted`` made safe as a folder name, with -2, -3... appended if a
-    different model already has it (the same source keeps its name)."""
-    base = sanitize(wanted)
-    models = _read()
-    name, n = base, 2
-    while name in models and _source(models[name]) != source:
-        name = f"{base}-{n}"
+def claim(wanted: str, source: str, make: Callable[[str], InstalledModel], *,
+          exact: bool = False, folder: Callable[[str], Path] | None = None,
+          keep: bool = False) -> InstalledModel:
+    """List a new model under a name no other model has, the name chosen
+    and the entry written under the index's lock: two processes listing at
+    once (two imports, a pull beside an import, a trained head) never both
+    get one name, and neither replaces the other's entry.
+
+    The name is ``wanted`` (a valid model name) if no model of another
+    source has it in any case and, with ``folder``, nothing unlisted is at
+    ``folder(name)``; else ``wanted-2``, ``-3``..., or with ``exact`` (a
+    name the user typed) LibraryError saying why. An entry of ``source``
+    under the name is this model's own: replaced (an update), or with
+    ``keep`` (and its folder there) returned as it is, ``make`` not called.
+    ``make(name)`` returns the entry (and may move the model's files to
+    ``folder(name)``); it runs under the lock, so it must be quick."""
+    with _locked():
+        models = _read()
+        name = _free_name(models, wanted, source, exact, folder)
+        have = _checked({name: models[name]}).get(name) if name in models else None
+        if keep and have is not None and have.source == source and Path(have.path).is_dir():
+            return have
+        model = make(name)
+        models[name] = model.to_json()
+        _write(models)
+    return model
+
+
+def refuse_taken(wanted: str, source: str, folder: Callable[[str], Path] | None = None) -> None:
+    """LibraryError at once, before any work, if a ``claim`` of the typed
+    name ``wanted`` would be refused now (it is checked again there)."""
+    _free_name(_read(), wanted, source, True, folder)
+
+
+def _free_name(models: dict[str, object], wanted: str, source: str, exact: bool,
+               folder: Callable[[str], Path] | None) -> str:
+    name, n = wanted, 2
+    while True:
+        holder = next((k for k in models if k.lower() == name.lower()), None)
+        if holder is not None and _source(models[holder]) == source:
+            return holder
+        if holder is None and (folder is None or not os.path.lexists(folder(name))):
+            return name
+        if exact:
+            if holder is not None:
+                raise LibraryError(
+                    f"A model named {holder!r} is already installed; pick another name or "
+                    f"remove it first (`specchat models rm {holder}`).")
+            raise LibraryError(f"{folder(name)} is already there and is not a listed model; "
+                               "move it away or pick another name.")
+        suffix = f"-{n}"
+        name = wanted[:NAME_RULE.longest - len(suffix)].rstrip(".-") + suffix
         n += 1
-    return name
 
 
 def _source(entry: object) -> object:
@@ -207,10 +250,15 @@ def _source(entry: object) -> object:
 
 
 def sanitize(name: str) -> str:
-    clean = re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip(".-")
-    if not clean:
+    """A valid model name made of any text (a folder's or a file's name):
+    each run of other characters becomes one '-'. Only for names SpecChat
+    derives; a name the user types is checked (``values.name``), never
+    changed."""
+    clean = re.sub(f"[^{NAME_RULE.chars}]+", "-", name.strip())
+    clean = clean.strip(".-")[:NAME_RULE.longest].rstrip(".-")
+    if not NAME_RULE.pattern.fullmatch(clean):
         raise LibraryError(f"{name!r} cannot be used as a model name")
-    return clean[:120]
+    return clean
 
 
 def remove(name: str) -> InstalledModel | None:

@@ -299,13 +299,10 @@ def remembered(target: str, machine_name: str | None = None) -> dict[str, DraftR
 def remember(result: DraftResult) -> None:
     """Keep ``result``, replacing the one for the same (target, draft,
     machine). The file is replaced whole (records.write_json), so a kill never
-    leaves half of it, under a lock, so the app and a terminal measuring at
-    once keep each other's results."""
-    from filelock import FileLock
-
+    leaves half of it, under its lock (records.locked), so the app and a
+    terminal measuring at once keep each other's results."""
     path = results_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.with_name(f".{FILENAME}.lock"))):
+    with records.locked(records.lock_beside(path)):
         kept = [r for r in _read() if r.key != result.key]
         kept.append(replace(result, remembered=True))
         records.write_json(path, {"version": VERSION, "results": [r.to_json() for r in kept]},

@@ -14,7 +14,9 @@ the files of older versions, which wrote no lock: those also go once a day
 old, so a reused pid cannot keep them). Imports, GGUF conversions and the
 joining of bundled models all go through here, and the Hub cache's partial
 downloads take the same lock (hub_files.py): liveness is decided in one
-place.
+place. What dead processes left is removed when any ``specchat`` command or
+the app starts (``sweep_library``, called by cli.py), not only by the next
+import of the same kind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
+from specchat.library import paths
 from specchat.library.errors import LibraryError
 
 LOCK_SUFFIX = ".lock"
@@ -44,6 +47,13 @@ PARTIAL_NAMES = re.compile(r"\..+\.partial-(?P<pid>\d+)-[0-9a-f]+")
 # ``<home>/tmp/bundled-<model>-<pid>-<random>`` where a bundled model's parts
 # are joined (and the loose ``...-<pid>-<random>.gguf`` of older versions).
 BUNDLED_NAMES = re.compile(r"bundled-.+-(?P<pid>\d+)-[0-9a-f]+(?:\.gguf)?")
+
+
+# ``.<name>.old-<random>`` beside a converted model being replaced
+# (gguf_import._install, bundled.ensure): set aside only to be deleted, and
+# known to no one else, so one left by a process killed while deleting it is
+# garbage whoever finds it.
+OLD_NAMES = re.compile(r"\..+\.old-[0-9a-f]{8}")
 
 
 def bundled_prefix(model: str) -> str:
@@ -161,6 +171,24 @@ def sweep(parent: Path, names: re.Pattern) -> list[Path]:
             if remove_if_unlocked(lock, entry):
                 removed.append(entry)
         elif not _owner_may_live(entry, match.groupdict().get("pid")):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+def sweep_library() -> list[Path]:
+    """Remove what imports, conversions and joins whose process died left
+    in the library (their work folders, joined parts, partial conversions,
+    copies set aside to be deleted); a live one's are left alone. Cheap
+    when there is nothing to remove (a few folder listings). Never raises."""
+    tmp, built = paths.tmp_dir(), paths.bundled_dir()
+    removed = sweep(tmp, IMPORT_NAMES) + sweep(tmp, BUNDLED_NAMES) + sweep(built, PARTIAL_NAMES)
+    try:
+        old = [p for p in built.iterdir() if OLD_NAMES.fullmatch(p.name)]
+    except OSError:
+        old = []
+    for entry in old:
+        if not entry.is_symlink():
             _remove(entry)
             removed.append(entry)
     return removed

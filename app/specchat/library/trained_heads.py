@@ -129,7 +129,9 @@ def can_resume(out: Path) -> bool:
 def list_trained(out: Path, target: str) -> index.InstalledModel:
     """List the head in ``out`` (again, after more training) for ``target``."""
     folder, source = out.resolve(), SOURCE + target
+    facts = read_folder(folder)
     have = next((m for m in index.list_installed() if Path(m.path) == folder), None)
-    name = have.name if have is not None else index.unique_name(out.name, source=source)
-    return index.add(index.InstalledModel.create(name, source, "trained", folder,
-                                                 read_folder(folder)))
+    if have is not None:  # trained further: the same entry, its facts anew
+        return index.add(index.InstalledModel.create(have.name, source, "trained", folder, facts))
+    return index.claim(index.sanitize(out.name), source, lambda name: (
+        index.InstalledModel.create(name, source, "trained", folder, facts)))

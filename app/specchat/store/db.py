@@ -97,12 +97,19 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
         # the waiting happens on the store thread.
         conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         # Before anything writes (switching to WAL rewrites the header): a
-        # newer version's history must be left exactly as it is.
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(_MIGRATIONS):
-            raise NewerSchema(version)
-        _check_before_writing(conn, version)
-        conn.execute("PRAGMA journal_mode=WAL")
+        # newer version's history must be left exactly as it is. One read
+        # transaction, so the version and the tables are of one moment (not
+        # the tables another process just made, read with the version it
+        # had not yet set).
+        conn.execute("BEGIN")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(_MIGRATIONS):
+                raise NewerSchema(version)
+            _check_before_writing(conn, version)
+        finally:
+            conn.execute("COMMIT")
+        _use_wal(conn)
         # NORMAL in WAL mode: durable against an app crash or kill (what we
         # care about), and only a power cut can lose the last commits.
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -115,6 +122,23 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL. The switch needs the file to itself for a
+    moment, and SQLite answers "database is locked" at once rather than
+    waiting (its busy timeout does not cover it): a second process opening
+    the history while the first makes it would fail there. So it is tried
+    again until the busy timeout has passed."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 class NewerSchema(Exception):
@@ -272,15 +296,56 @@ def _check_layout(conn: sqlite3.Connection) -> None:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    steps = [(_MIGRATIONS[0], len(_MIGRATIONS))] if version == 0 else [
-        (_MIGRATIONS[v], v + 1) for v in range(version, len(_MIGRATIONS))]
-    for script, to in steps:
-        try:
-            conn.executescript("BEGIN;" + script + f"PRAGMA user_version={to}; COMMIT;")
-        except sqlite3.OperationalError as exc:
-            # A plain SQL error here ("table conversations already exists")
-            # means the file holds tables this version did not make.
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_ERROR:
-                raise WrongLayout(str(exc)) from exc
-            raise
+    """Bring the file to the newest layout, once. Two processes opening a
+    fresh or older history at once (the app and a terminal, two windows)
+    must not both build it: the layout is made in a write transaction
+    taken before the version is read again (BEGIN IMMEDIATE, which waits
+    out another process's up to the busy timeout), so the second finds the
+    first's layout and does nothing, instead of failing on "table
+    conversations already exists" or a lock it did not wait for."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] == len(_MIGRATIONS):
+        return  # the usual case: nothing to write, no write lock taken
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(_MIGRATIONS):  # a newer version got here first
+            raise NewerSchema(version)
+        _check_before_writing(conn, version)
+        steps = [(_MIGRATIONS[0], len(_MIGRATIONS))] if version == 0 else [
+            (_MIGRATIONS[v], v + 1) for v in range(version, len(_MIGRATIONS))]
+        for script, to in steps:
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={to}")
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        _roll_back(conn)
+        # A plain SQL error here ("table conversations already exists")
+        # means the file holds tables this version did not make.
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_ERROR:
+            raise WrongLayout(str(exc)) from exc
+        raise
+    except BaseException:
+        _roll_back(conn)
+        raise
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a migration script, each whole (a ';' inside a
+    string or a trigger does not end one), to run one by one inside the
+    caller's transaction: sqlite3's executescript would commit it first."""
+    out, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\n;"):
+                out.append(pending.strip())
+            pending = ""
+    if pending.strip(" \t\n;"):
+        out.append(pending.strip().removesuffix(";"))
+    return out

@@ -10,15 +10,19 @@ quit in the same second): atomically (``records.write_json``: a temporary
 file renamed into place), so a crash leaves a whole file or none. The next start
 that opens the history for writing imports each file in one transaction and
 deletes it only once that committed: a crash in between imports it again
-instead of losing it.
+instead of losing it. Two starts at once (two windows) never both import one
+file: each takes the file's lock first (``claimed``), without waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,35 @@ def write(folder: Path, conversations: list[UnsavedConversation]) -> Path:
 def pending(folder: Path) -> list[Path]:
     """The recovery files waiting to be imported, oldest first."""
     return sorted(folder.glob("*.json"))  # none if there is no folder
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Whether this process is the one to import ``path`` now, holding the
+    file's ``flock`` (taken without waiting) for the block: False when
+    another process starting at the same time is importing it, or has
+    imported and deleted it already. Without this both imported it, the
+    second over what the first's window had written since, and the second
+    then said it could not delete it."""
+    try:  # non-blocking: a FIFO in its place must not stall the start
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield False  # another start imported it
+        return
+    except OSError:
+        yield True  # not ours to lock: reading it says what is wrong, as before
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mine = os.fstat(fd).st_nlink > 0  # not deleted while we opened it
+        except BlockingIOError:
+            mine = False  # another start is importing it
+        except OSError:
+            mine = True  # no flock here: import it as before
+        yield mine
+    finally:
+        os.close(fd)
 
 
 def read(path: Path) -> list[UnsavedConversation]:

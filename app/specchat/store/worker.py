@@ -146,30 +146,36 @@ class StoreWorker:
         self.recovered = 0
         folder = self.recovery_folder
         for path in recovery.pending(folder) if folder is not None else []:
-            try:
-                conversations = recovery.read(path)
-                self._stores[ConversationStore].restore(conversations)
-            except recovery.Unreadable as exc:
-                aside = path.with_name(path.name + ".unreadable")
-                log.error("The recovery file %s could not be read (%s); kept as %s.",
-                          path, exc, aside)
-                path.rename(aside)
-                continue
-            except (sqlite3.Error, OSError) as exc:
-                log.error("The recovery file %s could not be added to the history yet (%s); "
-                          "it is kept and tried again at the next start.", path, exc)
-                continue
-            try:
-                path.unlink()
-            except OSError as exc:
-                log.error("The recovery file %s was added to the history but could not be "
-                          "deleted (%s): delete it, or it is added again.", path, exc)
-            self.recovered += len(conversations)
-            log.warning("Recovered %d conversation(s) from %s.", len(conversations), path)
+            with recovery.claimed(path) as mine:
+                if mine:
+                    self._import_file(path)
         if self.recovered:
             recovered = (f"Recovered {self.recovered} conversation(s) that could not be saved "
                          "last time.")
             self.notice = f"{self.notice} {recovered}" if self.notice else recovered
+
+    def _import_file(self, path: Path) -> None:
+        """Import one recovery file this process holds the lock of."""
+        try:
+            conversations = recovery.read(path)
+            self._stores[ConversationStore].restore(conversations)
+        except recovery.Unreadable as exc:
+            aside = path.with_name(path.name + ".unreadable")
+            log.error("The recovery file %s could not be read (%s); kept as %s.",
+                      path, exc, aside)
+            path.rename(aside)
+            return
+        except (sqlite3.Error, OSError) as exc:
+            log.error("The recovery file %s could not be added to the history yet (%s); "
+                      "it is kept and tried again at the next start.", path, exc)
+            return
+        try:
+            path.unlink()
+        except OSError as exc:
+            log.error("The recovery file %s was added to the history but could not be "
+                      "deleted (%s): delete it, or it is added again.", path, exc)
+        self.recovered += len(conversations)
+        log.warning("Recovered %d conversation(s) from %s.", len(conversations), path)
 
     def _use(self, conn: sqlite3.Connection, state: str) -> None:
         self._conn = conn

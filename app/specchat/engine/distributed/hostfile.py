@@ -33,7 +33,7 @@ from pathlib import Path
 from specchat import records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import HOSTFILE, NAME, read_config
+from specchat.engine.folders import HOSTFILE, read_config
 
 MAX_RANKS = 64
 MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
@@ -82,14 +82,14 @@ def check_host(host: str) -> str:
 
 
 def check_name(name: str) -> str:
-    """``name`` if it can name a cluster (folders.NAME: a folder's name of
-    ``<home>/clusters``, never a path); else an EngineError in words, so
-    that no message suggests creating a cluster of such a name."""
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise EngineError(f"'{values.shown(name)}' is not a cluster name: a cluster's name is "
-                          "1 to 64 letters, digits, '.', '_' and '-', starting with a letter "
-                          "or a digit.")
-    return name
+    """``name`` if it can name a cluster (``values.NAMES``: a folder's name of
+    ``<home>/clusters``, never a path); else an EngineError in the words the
+    command line's own check uses, so that no message suggests creating a
+    cluster of such a name."""
+    try:
+        return values.name("a cluster name", name)
+    except values.BadValue as exc:
+        raise EngineError(f"{exc}.") from None
 
 
 def check_ssh(target: str) -> str:
@@ -276,20 +276,25 @@ def _layer_count(model: Path) -> int | None:
 def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
     """Write the cluster folder: the hostfile, a link to each file of the
     model folder (replacing links from an earlier version), and the
-    cluster's secret unless it has one."""
+    cluster's secret unless it has one. All under the cluster's lock
+    (``.<name>.lock`` beside its folder): two ``cluster create`` of one name
+    at once write one after the other (the last one's hostfile stays, both
+    keep the one secret) instead of tripping over each other's files."""
     folder = Path(folder)
     model = Path(spec.model)
     read_config(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    secret.ensure(folder)
-    for old in folder.iterdir():
-        if old.is_symlink():
-            old.unlink()
-    own = {HOSTFILE, HOSTFILE + ".tmp", secret.SECRET, secret.SECRET + ".tmp"}
-    for f in sorted(model.iterdir()):
-        if f.is_file() and f.name not in own:
-            (folder / f.name).symlink_to(f.resolve())
-    tmp = folder / (HOSTFILE + ".tmp")
-    tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(folder / HOSTFILE)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with records.locked(records.lock_beside(folder)):
+        folder.mkdir(exist_ok=True)
+        secret.ensure(folder)
+        for old in folder.iterdir():
+            if old.is_symlink():
+                old.unlink()
+        own = {HOSTFILE, HOSTFILE + ".tmp", secret.SECRET, secret.SECRET + ".tmp"}
+        for f in sorted(model.iterdir()):
+            if f.is_file() and f.name not in own:
+                (folder / f.name).symlink_to(f.resolve())
+        tmp = folder / (HOSTFILE + ".tmp")
+        tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(folder / HOSTFILE)
     return folder

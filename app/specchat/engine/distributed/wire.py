@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from specchat.engine.distributed.hostfile import MAX_RANKS, NAME, parse_address
+from specchat.engine.distributed.hostfile import MAX_RANKS, parse_address
 from specchat.engine.errors import EngineError
+from specchat.engine.folders import NAME
 
 MAX_LINE = 64 * 1024  # bytes, newline excluded: a join of MAX_RANKS long host names fits
 MAX_TEXT = 2000  # characters of an error message

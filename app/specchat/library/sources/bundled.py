@@ -37,10 +37,9 @@ class BundledSource(Source):
         have = index.find_source(ref)
         if have is not None and Path(have.path) == folder:
             return have
-        name = ref[len(PREFIX):]
-        model = index.InstalledModel.create(index.unique_name(name, source=ref), ref, "bundled",
-                                            folder, read_folder(folder))
-        return index.add(model)
+        facts = read_folder(folder)
+        return index.claim(index.sanitize(ref[len(PREFIX):]), ref, lambda name: (
+            index.InstalledModel.create(name, ref, "bundled", folder, facts)))
 
     def describe(self, ref: str, allow_work: bool = True) -> ModelSide:
         """From the index or the converted folder when it is ready; else from
