@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import records
+from specchat import outputs, records
 from specchat.library import index, paths, staging
 from specchat.library.disk import check_free_space
 from specchat.library.errors import ImportCancelled, LibraryError
@@ -89,6 +89,8 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         raise LibraryError(
             f"A model named {wanted!r} is already installed; pick another --name or remove it "
             "first (`specchat models rm`).")
+    if name:  # a folder of that name in the library that is not listed (a head being trained)
+        _destination(wanted)
     final_name = index.unique_name(wanted, source=source)
     plan: list[_File] = []
     if kind == "import":
@@ -238,9 +240,7 @@ def _open_planned(f: _File, src: Path):
 def _install(built: Path, name: str, source: str, kind: str, say: Progress,
              src: Path) -> InstalledModel:
     facts = read_folder(built, shown=src)
-    dest = paths.models_dir(create=True) / name
-    if dest.exists():  # left over from an import that never got listed
-        shutil.rmtree(dest)
+    dest = _destination(name)  # unique_name passed over folders already there: only a race is left
     os.replace(built, dest)
     model = InstalledModel.create(name, source, kind, dest, facts)
     try:
@@ -250,6 +250,15 @@ def _install(built: Path, name: str, source: str, kind: str, say: Progress,
         raise
     say(f"Imported {name}", 1.0)
     return model
+
+
+def _destination(name: str) -> Path:
+    """``<home>/models/<name>`` if an import may be moved there: nothing is
+    there yet (or an empty folder). A folder of that name is never replaced:
+    it may be a head being trained, an import whose listing was lost, or
+    the person's own (specchat/outputs.py)."""
+    return outputs.folder(paths.models_dir(create=True) / name, "the imported model", None,
+                          "pick another --name, or move that folder away", LibraryError)
 
 
 def _check(cancelled: threading.Event | None, src: Path) -> None:

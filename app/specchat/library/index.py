@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import re
 import shutil
 import threading
@@ -190,16 +191,32 @@ def unlist(name: str) -> None:
             _write(models)
 
 
-def unique_name(wanted: str, source: str | None = None) -> str:
+def unique_name(wanted: str, source: str | None = None, path: Path | None = None) -> str:
     """``wanted`` made safe as a folder name, with -2, -3... appended if a
-    different model already has it (the same source keeps its name)."""
+    different model already has it (the same source keeps its name), or
+    if ``<home>/models/<name>`` is a folder that is neither what an entry
+    of that name lists nor ``path`` (the model's own folder, a head trained
+    in the library): an import whose listing was lost, a head being
+    trained, a folder of the person's. An import never lands on one."""
     base = sanitize(wanted)
     models = _read()
     name, n = base, 2
-    while name in models and _source(models[name]) != source:
+    while _taken(name, models, source, path):
         name = f"{base}-{n}"
         n += 1
     return name
+
+
+def _taken(name: str, models: dict[str, object], source: str | None,
+           path: Path | None) -> bool:
+    entry = models.get(name)
+    if entry is not None and _source(entry) != source:
+        return True
+    folder = paths.models_dir() / name
+    own = {str(path)} if path is not None else set()
+    if isinstance(entry, dict):
+        own.add(str(entry.get("path")))
+    return os.path.lexists(folder) and str(folder) not in own
 
 
 def _source(entry: object) -> object:

@@ -30,10 +30,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import values
+from specchat import outputs, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import HOSTFILE, NAME, read_config
+from specchat.engine.folders import HOSTFILE, NAME, is_cluster_folder, read_config
 
 LOCAL_IPS = {"127.0.0.1", "::1", "localhost"}
 MAX_RANKS = 64
@@ -243,11 +243,14 @@ def _layer_count(model: Path) -> int | None:
 def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
     """Write the cluster folder: the hostfile, a link to each file of the
     model folder (replacing links from an earlier version), and the
-    cluster's secret unless it has one."""
-    folder = Path(folder)
+    cluster's secret unless it has one. A folder that is there and is not
+    a cluster (specchat/outputs.py's rule) is refused in words."""
     model = Path(spec.model)
     read_config(model)
-    folder.mkdir(parents=True, exist_ok=True)
+    # A cluster is written over (defined again) only where one is already:
+    # never into a folder of the person's, nor through a link to one.
+    folder = outputs.make_folder(folder, "the cluster", is_cluster_folder,
+                                 "choose another name, or remove what is there", EngineError)
     secret.ensure(folder)
     for old in folder.iterdir():
         if old.is_symlink():
