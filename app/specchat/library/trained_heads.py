@@ -20,8 +20,10 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from specchat.engine import folders
 from specchat.engine.events import TRAINING_STATE, Message
 from specchat.library import index, paths
+from specchat.library.errors import LibraryError
 from specchat.library.facts import read_folder
 
 TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
@@ -122,6 +124,15 @@ def default_out(target: str) -> Path:
     return paths.models_dir(create=True) / f"{index.sanitize(name)}-eagle3-specchat"
 
 
+def head_folder(out: str | Path, hint: str) -> Path:
+    """``out`` (absolute) if a head may be trained into it: a new or empty
+    folder, or one a head is being trained in (folders.training_folder, the
+    rule the engine applies too); else LibraryError in words ending in
+    ``hint``. Checked before a run reads or loads anything, so an installed
+    model, a downloaded head or a folder of the person's is refused at once."""
+    return folders.training_folder(out, hint, LibraryError)
+
+
 def can_resume(out: Path) -> bool:
     return (out / TRAINING_STATE).is_file() and (out / "model.safetensors").is_file()
 
@@ -130,6 +141,6 @@ def list_trained(out: Path, target: str) -> index.InstalledModel:
     """List the head in ``out`` (again, after more training) for ``target``."""
     folder, source = out.resolve(), SOURCE + target
     have = next((m for m in index.list_installed() if Path(m.path) == folder), None)
-    name = have.name if have is not None else index.unique_name(out.name, source=source)
+    name = have.name if have is not None else index.unique_name(out.name, source, folder)
     return index.add(index.InstalledModel.create(name, source, "trained", folder,
                                                  read_folder(folder)))
