@@ -193,11 +193,11 @@ def unlist(name: str) -> None:
 
 def unique_name(wanted: str, source: str | None = None, path: Path | None = None) -> str:
     """``wanted`` made safe as a folder name, with -2, -3... appended if a
-    different model already has it (the same source keeps its name), or
-    if ``<home>/models/<name>`` is a folder that is neither what an entry
-    of that name lists nor ``path`` (the model's own folder, a head trained
-    in the library): an import whose listing was lost, a head being
-    trained, a folder of the person's. An import never lands on one."""
+    different model already has it (the same source keeps its name), or if
+    no model has it but ``<home>/models/<name>`` is there and is not
+    ``path`` (the model's own folder: a head trained in the library): an
+    import whose listing was lost, a head being trained, a folder of the
+    person's. An import never lands on one (importing.py)."""
     base = sanitize(wanted)
     models = _read()
     name, n = base, 2
@@ -209,14 +209,10 @@ def unique_name(wanted: str, source: str | None = None, path: Path | None = None
 
 def _taken(name: str, models: dict[str, object], source: str | None,
            path: Path | None) -> bool:
-    entry = models.get(name)
-    if entry is not None and _source(entry) != source:
-        return True
+    if name in models:
+        return _source(models[name]) != source
     folder = paths.models_dir() / name
-    own = {str(path)} if path is not None else set()
-    if isinstance(entry, dict):
-        own.add(str(entry.get("path")))
-    return os.path.lexists(folder) and str(folder) not in own
+    return os.path.lexists(folder) and folder != path
 
 
 def _source(entry: object) -> object:

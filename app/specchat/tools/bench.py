@@ -21,13 +21,7 @@ from specchat.library.engine_link import make_client
 from specchat.library.facts import kv_shape
 from specchat.library.memory import kv_bytes
 from specchat.tools import bench_output, cpuload
-from specchat.tools.bench_report import (
-    add_theory,
-    format_report,
-    machine_info,
-    model_json,
-    tables,
-)
+from specchat.tools.bench_report import add_theory, format_report, machine_info, model_json, tables
 from specchat.tools.bench_runs import Run, run_variant
 from specchat.tools.forward_timing import relative_costs
 from specchat.tools.prompts import Prompt, load_prompts

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from specchat import outputs, startup
 from specchat.errors import SpecChatError
@@ -77,7 +78,7 @@ async def probe(window, args: argparse.Namespace) -> dict:
     return out
 
 
-def _screenshot(path: str):
+def _screenshot(path: str) -> Path:
     """The screenshot's file: a new one (specchat/outputs.py), never one of the person's."""
     return outputs.file(path, "the screenshot", None, "choose another --screenshot file")
 
