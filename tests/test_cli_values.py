@@ -67,6 +67,8 @@ def test_bench_refuses_bad_values(tiny_target, tiny_draft, tmp_path):
     for args, words in ((["--temperature", "nan"], "temperature must"),
                         (["--seed", "x"], "seed must"),
                         (["--max-tokens", "-4"], "max tokens must"),
+                        (["--background-load", "-1"], "background load must"),
+                        (["--background-load", "100000"], "background load must"),
                         (["--draft", " "], "No model given"),
                         (["--prompts", str(tmp_path / "none.jsonl")], "no such file: ")):
         base = ["bench", "--target", str(tiny_target), "--draft", str(tiny_draft),
@@ -244,8 +246,12 @@ SHARED = {
 # length is the server's (``specchat serve --k``), the context is ``models
 # check``'s, the hub timeout an environment variable's; the API's system
 # prompt is a message like any other; the cluster port is cluster create's, the
-# port the Local server setting's (store/settings.py).
-CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", "port"}
+# port the Local server setting's (store/settings.py); the rest are other
+# commands' (test_every_number_a_subcommand_takes_is_checked_by_the_table).
+CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", "port",
+            # models recommend's, bench's, and heads train's (the window's Train row too)
+            "prompts", "background load", "minutes", "updates", "checkpoint seconds",
+            "held-out pieces", "draft vocabulary", "text characters", "replies", "reply tokens"}
 # Bounds on what one request carries (``values.size``, ``prompt_size``),
 # not values typed: the prompt's size and the stop strings and messages,
 # checked by the engine for every caller alike (request_check.py); the
@@ -449,3 +455,80 @@ def test_a_cluster_name_is_taken_as_typed_or_refused_in_words(tiny_target, tmp_p
     _names_refused(["cluster", "create", "--hosts", "127.0.0.1,127.0.0.1", "--model",
                     str(tiny_target), "--", "NAME"], "a cluster name", "argument name", home)
     assert not (home / "clusters").exists() or list((home / "clusters").iterdir()) == []
+
+
+# -- every number a subcommand takes --------------------------------------------------
+
+# Options that take any whole number (argparse's ``int`` is their whole check),
+# or whose range the command checks itself, in words: the rank of ``cluster
+# rank`` (1 to the most ranks, rank 0 being the app's; distributed/rank.py).
+ANY_NUMBER = {("heads train", "--seed"), ("cluster rank", "--rank")}
+
+
+def _subcommands(parser, prefix: str = ""):
+    """(name, parser) of every subcommand, nested ones included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                full = f"{prefix} {name}".strip()
+                yield full, sub
+                yield from _subcommands(sub, full)
+
+
+def test_every_number_a_subcommand_takes_is_checked_by_the_table():
+    """Issue 47: ``heads train --minutes -1``, ``bench --background-load``,
+    ``cluster create --port`` took any number argparse's int or float
+    parses (nan, -0, a million processes); each is now an entry of
+    specchat.values, refused in its words."""
+    from specchat import cli
+
+    plain = {(name, (action.option_strings or [action.dest])[0])
+             for name, sub in _subcommands(cli.build_parser()) for action in sub._actions
+             if action.type in (int, float)}
+    assert plain == ANY_NUMBER
+
+
+def _heads_types() -> dict[str, str]:
+    """{table entry: option} of ``specchat heads train``, from the real parser."""
+    from specchat import cli
+
+    sub = dict(_subcommands(cli.build_parser()))["heads train"]
+    return {a.type.value: a.option_strings[0] for a in sub._actions if hasattr(a.type, "value")}
+
+
+def test_heads_train_refuses_what_the_window_refuses_in_the_same_words(tiny_target):
+    """Every number of ``heads train`` past its range is a usage error whose
+    line is the one TrainPlan (the window's training, any caller's) gives;
+    a --texts path that is not there, or empty, is refused too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specchat import values
+    from specchat.engine.events import TRAIN_VALUES, TrainPlan
+
+    typed = _heads_types()
+    assert set(TRAIN_VALUES.values()) <= set(typed)
+    fields = {entry: name for name, entry in TRAIN_VALUES.items()}
+    cases = [(entry, value) for entry in typed for value in _bad(entry)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda c: specchat(
+            "heads", "train", "--target", str(tiny_target),
+            typed[c[0]].encode() + b"=" + _typed(c[1])), cases))
+    for (entry, value), proc in zip(cases, runs, strict=True):
+        try:
+            values.check(entry, value) if entry not in fields else TrainPlan(
+                samples=(), out="head", **{fields[entry]: value})
+        except values.BadValue as exc:
+            said = str(exc)
+        else:
+            pytest.fail(f"{entry} took {value!r}")
+        assert proc.returncode == 2, (entry, value, proc.stderr)
+        assert error_lines(proc) == [f"specchat heads train: error: argument {typed[entry]}: "
+                                     f"{said} (see specchat heads train --help)"], (entry, value)
+    for path, words in (("/nonexistent/texts", "no such file or folder: /nonexistent/texts"),
+                        ("", "no path given")):
+        proc = specchat("heads", "train", "--target", str(tiny_target), "--texts", path)
+        assert proc.returncode == 2
+        assert error_lines(proc) == [f"specchat heads train: error: argument --texts: {words} "
+                                     "(see specchat heads train --help)"]

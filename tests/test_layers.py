@@ -31,13 +31,15 @@ MLX = ("mlx", "mlx_lm")
 # is refused, so a new dependency between layers is a change to this table
 # and to the doc's, never a quiet import. Every module belongs to exactly
 # one rule (a new top-level module needs its line here).
-BASE = ("specchat.errors", "specchat.values", "specchat.records", "specchat.origins")
+BASE = ("specchat.errors", "specchat.values", "specchat.records", "specchat.origins",
+        "specchat.outputs")
 ENGINE_VALUE_TYPES = ("specchat.engine.events", "specchat.engine.modes", "specchat.engine.errors")
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "errors": (),
     "origins": (),
     "values": ("specchat.errors",),
     "records": ("specchat.errors", "specchat.values"),
+    "outputs": ("specchat.errors", "specchat.records"),
     "home": (),
     "applog": ("specchat.home",),
     "startup": ("specchat.values", "specchat.home", "specchat.engine.blas"),
@@ -64,8 +66,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 # Third-party packages a part must not import (the window and the local API
 # never import MLX: only the engine thread does, lazily).
 MUST_NOT: dict[str, tuple[str, ...]] = {
-    **{part: (*QT, *MLX) for part in ("errors", "origins", "values", "records", "home", "applog",
-                                      "startup")},
+    **{part: (*QT, *MLX) for part in ("errors", "origins", "values", "records", "outputs", "home",
+                                      "applog", "startup")},
     "engine": QT,
     "library": QT,
     "store": (*QT, *MLX),

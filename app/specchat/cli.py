@@ -34,7 +34,7 @@ from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.protocol import MAX_TOKENS_CAP
 from specchat.server.service import ApiService, Served
 from specchat.store.summary import shares_text
-from specchat.tools import heads, recommend
+from specchat.tools import bench_output, heads, recommend
 from specchat.tools.prompts import KINDS
 from specchat.tools.variants import VARIANTS
 
@@ -86,24 +86,36 @@ def _model_ref(text: str) -> str:
     return text
 
 
-def _readable_file(text: str) -> str:
-    """An argparse ``type`` for an input file: a missing one, or one that is
-    no regular file (a FIFO would block the command for good), is a usage
-    error in words saying which, not an OSError from deep in the command."""
-    path = Path(text)
-    try:
-        path = path.expanduser()
-    except RuntimeError:  # ~someone who has no home folder here: not found either
-        pass
-    try:
-        mode = path.stat().st_mode
-    except OSError as exc:
-        why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
-        raise argparse.ArgumentTypeError(f"{why}: {text}") from None
-    if not stat.S_ISREG(mode):
-        raise argparse.ArgumentTypeError(f"{text} is {records.file_kind(mode)}, not a regular "
-                                         "file")
-    return str(path)
+def _existing(folders: bool):
+    """An argparse ``type`` for an input path: a regular file, or with
+    ``folders`` a folder too. One that is not there, is something else (a
+    FIFO would block the command for good) or is empty (which would name
+    the current folder) is a usage error in words saying which, not an
+    OSError from deep in the command."""
+    wanted = "a regular file or folder" if folders else "a regular file"
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("no path given")
+        path = Path(text)
+        try:
+            path = path.expanduser()
+        except RuntimeError:  # ~someone who has no home folder here: not found either
+            pass
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            missing = "no such file or folder" if folders else "no such file"
+            why = missing if isinstance(exc, FileNotFoundError) else exc.strerror or exc
+            raise argparse.ArgumentTypeError(f"{why}: {text}") from None
+        if not (stat.S_ISREG(mode) or (folders and stat.S_ISDIR(mode))):
+            raise argparse.ArgumentTypeError(f"{text} is {records.file_kind(mode)}, not {wanted}")
+        return str(path)
+
+    return parse
+
+
+_readable_file = _existing(folders=False)
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -160,7 +172,7 @@ def _add_bench(sub) -> None:
     b.add_argument("--modes", nargs="+", choices=names, metavar="MODE",
                    help="modes to run, interleaved per prompt (default: those of " + ", ".join(names)
                    + " that the models loaded can run)")
-    b.add_argument("--background-load", type=int, default=0, metavar="N",
+    b.add_argument("--background-load", type=_value("background load"), default=0, metavar="N",
                    help="keep N processes spinning on the CPU beside the bench, to measure "
                         "speed on a busy machine (default 0)")
     b.add_argument("--auto-off", choices=("on", "off"), default="on",
@@ -208,7 +220,7 @@ def _add_recommend(msub) -> None:
                    help="target model (folder, bundled:..., installed name, .gguf, hf:...)")
     r.add_argument("--draft", action="append", type=_model_ref, metavar="DRAFT",
                    help="measure only this draft (repeatable; default: every installed one)")
-    r.add_argument("--prompts", type=_whole("prompts", 1, 20), default=rec.DEFAULT_PROMPTS,
+    r.add_argument("--prompts", type=_value("prompts"), default=rec.DEFAULT_PROMPTS,
                    metavar="N",
                    help=f"recent prompts from your history to run (default {rec.DEFAULT_PROMPTS}; "
                         "built-in ones when the history is empty)")
@@ -216,18 +228,6 @@ def _add_recommend(msub) -> None:
                    help=f"new tokens per prompt (default {rec.DEFAULT_MAX_TOKENS})")
     r.add_argument("--again", action="store_true",
                    help="measure every draft anew instead of reusing remembered results")
-
-
-def _whole(what: str, low: int, high: int):
-    """An argparse ``type`` for a whole number from ``low`` to ``high`` (a
-    recommendation's prompts) that ``specchat.values`` has no entry for."""
-    def parse(text: str) -> int:
-        if not text.strip().isdigit() or not low <= int(text) <= high:
-            raise argparse.ArgumentTypeError(f"{what} must be a whole number from {low} to "
-                                             f"{high}; got {text}")
-        return int(text)
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,8 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
     _add_models(sub)
-    cluster_cmd.add_parser(sub, _model_ref, _refusing(values.name, "a cluster name"))
-    heads.add_parser(sub, _model_ref)
+    cluster_cmd.add_parser(sub, _model_ref, _refusing(values.name, "a cluster name"), _value)
+    heads.add_parser(sub, _model_ref, _value, _existing(folders=True))
     _add_serve(sub)
     return parser
 
@@ -355,6 +355,8 @@ def _run(argv: list[str] | None) -> int:
         if args.command == "cluster":
             return cluster_cmd.main(args)
         if args.command == "bench":
+            if args.json_out is not None:  # refused before MLX is even imported
+                bench_output.check(args.json_out)
             from specchat.tools import bench
 
             return bench.main(args)

@@ -27,10 +27,12 @@ from specchat.library.sources.cluster import folder as cluster_folder
 # engine/distributed is optional: imported where a command needs it, never at start-up.
 
 
-def add_parser(sub, model_ref, cluster_name) -> None:
+def add_parser(sub, model_ref, cluster_name, value) -> None:
     """The ``cluster`` commands; ``model_ref`` and ``cluster_name`` are the
     argparse types of a model reference and of a cluster's name (refused as
-    a usage error unless it is one exactly as typed: values.NAMES)."""
+    a usage error unless it is one exactly as typed: values.NAMES);
+    ``value(name)`` the argparse type for one of ``specchat.values``'
+    entries (cli.py's), so a number is refused in the table's words."""
     c = sub.add_parser("cluster", help="run the target across several machines (MLX's ring backend)")
     csub = c.add_subparsers(dest="cluster_command", required=True)
     m = csub.add_parser("create", help="write a cluster's hostfile (rank 0 is this machine)")
@@ -40,7 +42,7 @@ def add_parser(sub, model_ref, cluster_name) -> None:
                         "first; repeat 127.0.0.1 for ranks on this machine")
     m.add_argument("--model", required=True, type=model_ref,
                    help="the target (the same folder must exist on every host)")
-    m.add_argument("--port", type=int, default=39100,
+    m.add_argument("--port", type=value("cluster port"), default=39100,
                    help="first ring port; rank r uses port+r and control port port+N+r, "
                         "all at most 65535 (default 39100)")
     m.add_argument("--layers", help="layers per rank, comma-separated (default: even split)")

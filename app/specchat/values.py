@@ -108,6 +108,24 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     # their JSON.
     Limit("tools", int, 0, 128, "in one request"),
     Limit("bytes of tools", int, 0, 1_000_000, "in one request, as UTF-8 JSON"),
+    # specchat models recommend: the recent prompts each draft is measured on.
+    Limit("prompts", int, 1, 20, "recent prompts each draft runs"),
+    # specchat bench: processes spinning beside it, to measure on a busy machine.
+    Limit("background load", int, 0, 256, "spinning processes"),
+    # Training a draft head (specchat heads train, the model manager's Train
+    # row; TrainPlan checks them for every caller). A budget of 0 or less
+    # would end before the first update; a week is past any sensible run.
+    Limit("minutes", float, 0.0, 7 * 24 * 60.0, "this run's training budget", low_open=True),
+    Limit("updates", int, 1, 1_000_000_000, "in all, a resumed run's included; none = "
+                                            "until the budget ends", optional=True),
+    Limit("checkpoint seconds", float, 1.0, 24 * 3600.0, "between checkpoints"),
+    # Acceptance is measured on these; none would report 0% as measured.
+    Limit("held-out pieces", int, 1, 10_000),
+    # The ids a head drafts from; the largest vocabularies are 262,144 ids.
+    Limit("draft vocabulary", int, 1, 262_144, "ids"),
+    Limit("text characters", int, 0, 100_000_000, "read from files; 0 = none"),
+    Limit("replies", int, 0, 100_000, "requests the target answers itself"),
+    Limit("reply tokens", int, 1, 32_768, "the longest reply to one request"),
 )}
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from specchat.engine.events import DraftSettings, GenerateRequest
+from specchat.engine.events import DraftSettings, GenerateRequest, TrainPlan
 from specchat.engine.session import Engine
 
 ENGINE = Path(__file__).resolve().parents[2] / "app" / "specchat" / "engine"
@@ -172,9 +172,222 @@ def test_the_budget_starts_after_the_held_out_pieces_are_labelled(tmp_path, tiny
         f"going on from the checkpoint in {tmp_path / 'head'}: step 2, ")
     assert record["step"] == 3
 
-    record, events = run(tmp_path / "none", 0.0)
+    # A budget of 0 is refused (values.py); one far shorter than a forward
+    # ends before the first update.
+    record, events = run(tmp_path / "none", 1e-9)
     assert record["step"] == 0 and not trained_heads.can_resume(tmp_path / "none")
-    assert not (tmp_path / "none" / "model.safetensors").exists()
+    assert not (tmp_path / "none").exists()
     assert events[-1].stage == "done" and events[-1].message == (
-        "the 0-minute budget ended before the first update; give it more minutes; "
+        "the 1e-09-minute budget ended before the first update; give it more minutes; "
         "nothing was saved")
+
+
+# -- the head's folder, and the checkpoint read back (issue 47) -------------------------
+
+RESTART = "run it again with restart"
+
+
+def _plan(texts: Path, out: Path, steps: int, restart: bool = False) -> TrainPlan:
+    from specchat.library import trained_heads
+
+    return TrainPlan(samples=tuple(trained_heads.file_chats([texts], 60_000)), out=str(out),
+                     minutes=1, draft_vocab=64, max_steps=steps, held_pieces=1,
+                     checkpoint_s=999, restart=restart, restart_how=RESTART)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_target, texts) -> tuple[Engine, Path]:
+    """The tiny target loaded, and a head's checkpoint after 2 updates."""
+    from specchat.engine import head_training
+
+    engine = Engine()
+    engine.load(tiny_target)
+    out = tmp_path_factory.mktemp("checkpoint") / "head"
+    head_training.train(engine, _plan(texts, out, 2), lambda _p: None)
+    return engine, out
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_the_engine_trains_into_no_folder_but_the_head_s_own(tmp_path, trained, texts,
+                                                              tiny_draft):
+    """Whoever calls it (the window, the command line): a model folder is
+    refused before anything is read, and a folder swapped for a link to one
+    while the run goes is refused at its checkpoint, nothing written into
+    it."""
+    from specchat.engine import head_training
+    from specchat.engine.errors import EngineError
+
+    engine, _ = trained
+    model = shutil.copytree(tiny_draft, tmp_path / "model")
+    before = _snapshot(model)
+    with pytest.raises(EngineError, match="Will not write the head at .*holds files this "
+                                          "command did not write"):
+        head_training.train(engine, _plan(texts, model, 2), lambda _p: None)
+    assert _snapshot(model) == before
+
+    out = tmp_path / "head"
+
+    def swap(progress) -> None:  # once the run has checked its folder: a link in its place
+        if progress.stage == "measuring" and not out.exists():
+            out.symlink_to(model)
+
+    with pytest.raises(EngineError, match="Will not write the head at .*is a symbolic link"):
+        head_training.train(engine, _plan(texts, out, 2), swap)
+    assert _snapshot(model) == before
+
+
+def _state_edit(change):
+    def damage(folder: Path, vocab: int) -> None:
+        path = folder / "specchat-training.json"
+        state = json.loads(path.read_text())
+        change(state, vocab)
+        path.write_text(json.dumps(state))
+    return damage
+
+
+def _text(name: str, text: str):
+    def damage(folder: Path, _vocab: int) -> None:
+        (folder / name).write_text(text)
+    return damage
+
+
+def _cut(name: str):
+    def damage(folder: Path, _vocab: int) -> None:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:len(data) // 2])
+    return damage
+
+
+def _tensors(name: str, change):
+    def damage(folder: Path, _vocab: int) -> None:
+        import mlx.core as mx
+
+        tensors = dict(mx.load(str(folder / name)))
+        change(tensors)
+        mx.save_safetensors(str(folder / name), tensors)
+    return damage
+
+
+def _setitem(key, value):
+    return lambda d, _vocab: d.__setitem__(key, value)
+
+
+DAMAGE = {  # what is wrong -> (how it is made, the file the message names)
+    "a draft id equal to the vocabulary size": (_state_edit(
+        lambda s, vocab: s["draft_ids"].__setitem__(-1, vocab)), "specchat-training.json"),
+    "a draft id below 0": (_state_edit(lambda s, _v: s["draft_ids"].__setitem__(0, -1)),
+                           "specchat-training.json"),
+    "a draft id twice": (_state_edit(lambda s, _v: s["draft_ids"].__setitem__(
+        1, s["draft_ids"][0])), "specchat-training.json"),
+    "draft ids out of order": (_state_edit(lambda s, _v: s["draft_ids"].reverse()),
+                               "specchat-training.json"),
+    "no draft ids": (_state_edit(_setitem("draft_ids", [])), "specchat-training.json"),
+    "more draft ids than the vocabulary": (_state_edit(
+        lambda s, vocab: s.__setitem__("draft_ids", list(range(vocab + 1)))),
+        "specchat-training.json"),
+    "a draft id that is text": (_state_edit(lambda s, _v: s["draft_ids"].__setitem__(0, "1")),
+                                "specchat-training.json"),
+    "a step below 0": (_state_edit(_setitem("step", -1)), "specchat-training.json"),
+    "a step that is not whole": (_state_edit(_setitem("step", 2.5)), "specchat-training.json"),
+    "a cursor that is text": (_state_edit(_setitem("cursor", "3")), "specchat-training.json"),
+    "a time that is not a number": (_state_edit(_setitem("elapsed_s", float("nan"))),
+                                    "specchat-training.json"),
+    "an acceptance past 1": (_state_edit(_setitem("curve", [{"tokens": 1, "accept": [2.0]}])),
+                             "specchat-training.json"),
+    "a curve point that is text": (_state_edit(_setitem("curve", ["x"])),
+                                   "specchat-training.json"),
+    "nesting too deep to read": (_text("specchat-training.json", "[" * 100_000 + "]" * 100_000),
+                                 "specchat-training.json"),
+    "no JSON": (_text("specchat-training.json", "{"), "specchat-training.json"),
+    "a list, not a record": (_text("specchat-training.json", "[]"), "specchat-training.json"),
+    "a cut-short head": (_cut("model.safetensors"), "model.safetensors"),
+    "a head without one of its tensors": (_tensors("model.safetensors", lambda t: t.pop(
+        "fc.weight")), "model.safetensors"),
+    "a head of another width": (_tensors("model.safetensors", lambda t: t.__setitem__(
+        "fc.weight", t["fc.weight"][:, :8])), "model.safetensors"),
+    "a head of another run": (_tensors("model.safetensors", lambda t: t.__setitem__(
+        "d2t", t["d2t"] + 1)), "model.safetensors"),
+    "a cut-short optimizer": (_cut("optimizer.safetensors"), "optimizer.safetensors"),
+    "an optimizer without a moment": (_tensors("optimizer.safetensors", lambda t: t.pop(
+        "fc.weight.m")), "optimizer.safetensors"),
+    "an optimizer of another shape": (_tensors("optimizer.safetensors", lambda t: t.__setitem__(
+        "fc.weight.v", t["fc.weight.v"][:3])), "optimizer.safetensors"),
+    "an MLP width that is text": (_text("config.json", json.dumps(
+        {"transformer_layer_config": {"intermediate_size": "128"}})), "config.json"),
+    "an MLP width past any head's": (_text("config.json", json.dumps(
+        {"transformer_layer_config": {"intermediate_size": 10 ** 9}})), "config.json"),
+}
+
+
+@pytest.mark.parametrize("what", DAMAGE)
+def test_a_damaged_checkpoint_is_said_to_be_and_nothing_is_changed(tmp_path, trained, texts,
+                                                                   what):
+    """Issue 47: a checkpoint is outside input. Each field is checked before
+    use; any damage names the file and how to start over, and leaves the
+    folder as it was (a draft id equal to the vocabulary size trained a head
+    that learnt nothing, "loss 0.000"; others ended on internal errors)."""
+    from specchat.engine import head_training
+    from specchat.engine.checkpoint import DamagedCheckpoint
+
+    engine, good = trained
+    folder = shutil.copytree(good, tmp_path / "head")
+    damage, file = DAMAGE[what]
+    damage(folder, int(engine.target_runner.trunk.embed_tokens.weight.shape[0]))
+    before = _snapshot(folder)
+    with pytest.raises(DamagedCheckpoint) as refused:
+        head_training.train(engine, _plan(texts, folder, 4), lambda _p: None)
+    assert str(refused.value).startswith(f"The training checkpoint in {folder} is damaged: "
+                                         f"{file} ")
+    assert str(refused.value).endswith(f"Nothing was changed; to start over, {RESTART}.")
+    assert _snapshot(folder) == before
+
+
+def test_a_damaged_checkpoint_is_started_over_when_asked(tmp_path, trained, texts):
+    """Starting over (``--restart``, Start over in the window) trains a new
+    head in its place, and the run after goes on from that one."""
+    from specchat.engine import head_training
+
+    engine, good = trained
+    folder = shutil.copytree(good, tmp_path / "head")
+    DAMAGE["a draft id equal to the vocabulary size"][0](folder, 10 ** 9)
+    record = head_training.train(engine, _plan(texts, folder, 1, restart=True), lambda _p: None)
+    assert record["step"] == 1 and max(record["draft_ids"]) < 10 ** 9
+    events = []
+    record = head_training.train(engine, _plan(texts, folder, 2), events.append)
+    assert events[0].resumed and record["step"] == 2
+
+
+def test_a_draft_id_past_the_vocabulary_is_refused_by_the_command(tmp_path, trained, texts,
+                                                                  tiny_target):
+    """The reported case, as a person meets it: ``draft_ids`` of 10^9 in the
+    checkpoint ended ``specchat heads train`` on a segmentation fault (exit
+    139); it is one line now, and ``--restart`` starts over."""
+    _, good = trained
+    folder = shutil.copytree(good, tmp_path / "head")
+    path = folder / "specchat-training.json"
+    state = json.loads(path.read_text())
+    state["draft_ids"] = [10 ** 9]
+    path.write_text(json.dumps(state))
+    args = ["heads", "train", "--target", str(tiny_target), "--texts", str(texts), "--out",
+            str(folder), "--minutes", "1", "--draft-vocab", "64", "--steps", "3", "--held-out",
+            "1", "--no-history"]
+    env = {**os.environ, "SPECCHAT_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "specchat", *args], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"specchat: error: The training checkpoint in {folder} is damaged: "
+        "specchat-training.json lists the draft id 1,000,000,000, past the target's "
+        f"{_vocab(tiny_target):,} ids (0 to {_vocab(tiny_target) - 1:,}). Nothing "
+        "was changed; to start over, run the same command with --restart.")
+    proc = subprocess.run([sys.executable, "-m", "specchat", *args, "--restart"], env=env,
+                          text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(path.read_text())["step"] == 3
+
+
+def _vocab(model: Path) -> int:
+    return json.loads((model / "config.json").read_text())["vocab_size"]

@@ -284,7 +284,7 @@ def test_existing_import_is_reused_and_foreign_folder_refused(llama_gguf, llama_
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(LibraryError, match="not a SpecChat import"):
+    with pytest.raises(LibraryError, match="holds files this command did not write"):
         import_gguf(llama_gguf.path, foreign)
     assert (foreign / "notes.txt").read_text() == "keep me"
 

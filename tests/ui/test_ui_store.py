@@ -3,6 +3,7 @@ while replies stream, read back by a new window."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 from ui_support import load, make_window, send_and_wait, wait_until
@@ -168,6 +169,15 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, home, tmp_path):
     export = w.sidebar.export_current(str(tmp_path / "chat.md"))
     wait_until(export.done, timeout=5000)
     assert open(export.result(), encoding="utf-8").read().startswith("# Renamed")
+    pipe = tmp_path / "pipe.md"  # opening it to write waited for a reader: the window froze
+    os.mkfifo(pipe)
+    said = []
+    w.sidebar.failed.connect(said.append)
+    export = w.sidebar.export_current(str(pipe))
+    wait_until(export.done, timeout=5000)
+    assert export.result() is None and said == [
+        f"Will not write the conversation at {pipe}: it is a FIFO (named pipe), not a file; "
+        "nothing was written. Choose a file to export it to."]
     w.sidebar.search.clear()
     wait_until(lambda: len(w.sidebar.model.items) == 2, timeout=5000)
     w.sidebar.delete_current(confirm=False)

@@ -40,11 +40,18 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     dlg = window.open_model_manager()
     assert not dlg.train_button.isEnabled()
     assert dlg.train_note.text().startswith("Load a model first")
-    load(qtbot, window, tiny_target)
-    wait_until(lambda: dlg.train_button.isEnabled())
-    assert dlg.train_button.text() == "Train a draft head…"
-
     out = trained_heads.default_out(str(tiny_target))
+    out.mkdir()  # the head's folder in the library holds something of the person's
+    (out / "notes.txt").write_text("mine")
+    load(qtbot, window, tiny_target)
+    wait_until(lambda: "Will not write the head at" in dlg.train_note.text())
+    assert not dlg.train_button.isEnabled() and "notes.txt" in dlg.train_note.text()
+    shutil.rmtree(out)
+    dlg.update_training()
+    assert dlg.train_button.isEnabled()
+    assert dlg.train_button.text() == "Train a draft head…"
+    assert not dlg.train_restart.isEnabled()  # nothing to start over from
+
     at_once = dlg.train_head(5)  # cancelled while the texts are still being read
     dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().cancel_button.click()
     wait_until(at_once.done, timeout=120_000)
@@ -53,10 +60,15 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     assert not (out / "model.safetensors").exists()
     assert window.session.engine.held_by is None and dlg.train_button.isEnabled()
 
-    no_time = dlg.train_head(0)  # a budget that ends before the first update: said, not "Cancelled"
+    no_time = dlg.train_head(0)  # refused in the command line's words (--minutes 0)
     wait_until(no_time.done, timeout=120_000)
     assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == (
-        "The 0-minute budget ended before the first update; give it more minutes; "
+        "minutes must be a number above 0 and at most 10080 (this run's training budget); "
+        "got 0")
+    no_time = dlg.train_head(1e-9)  # a budget that ends before the first update: said, not "Cancelled"
+    wait_until(no_time.done, timeout=120_000)
+    assert dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text() == (
+        "The 1e-09-minute budget ended before the first update; give it more minutes; "
         "nothing was saved.")
     assert not (out / "model.safetensors").exists()
 
@@ -110,6 +122,26 @@ def test_train_cancel_resume_and_list_a_head_from_the_window(qtbot, window, tiny
     # Only the head's weights count, not the optimizer's checkpoint beside it.
     assert (out / "optimizer.safetensors").is_file()
     assert listed[0].size_bytes < (out / "model.safetensors").stat().st_size + 64_000
+
+    # A damaged checkpoint is said to be, with how to start over here; Start
+    # over trains a new head in its place.
+    record["draft_ids"] = [10 ** 9]
+    (out / "specchat-training.json").write_text(json.dumps(record))
+    damaged = dlg.train_head(5)
+    wait_until(damaged.done, timeout=120_000)
+    text = dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().detail.text()
+    assert text.startswith(f"The training checkpoint in {out.resolve()} is damaged: "
+                           "specchat-training.json lists the draft id 1,000,000,000, past")
+    assert text.endswith("Nothing was changed; to start over, tick Start over and train again.")
+    assert dlg.train_restart.isEnabled()
+    dlg.train_restart.setChecked(True)
+    assert dlg.train_button.text() == "Train a draft head…"
+    again = dlg.train_head(5, max_steps=2)
+    assert not dlg.train_restart.isChecked()  # once: the next run goes on from this one
+    wait_until(again.done, timeout=180_000)
+    assert not dlg.tasks.itemAt(dlg.tasks.count() - 1).widget().failed
+    record = json.loads((out / "specchat-training.json").read_text())
+    assert record["step"] == 2 and max(record["draft_ids"]) < 10 ** 9
 
 
 def _progress(stage, step, accept=(), message="", elapsed=60.0):

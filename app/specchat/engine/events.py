@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specchat import values
+
 FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
 
 
@@ -259,6 +261,25 @@ class TrainPlan:
     # requests the target answers itself (each ends in a user turn), and its longest reply
     requests: tuple[tuple[Message, ...], ...] = ()
     reply_tokens: int = 192
+    # Start over in ``out`` instead of going on from the checkpoint there
+    # (a damaged one, or one for another target), and how the caller says
+    # so to a person ("to start over, ..."): the command line's option, the
+    # window's checkbox.
+    restart: bool = False
+    restart_how: str = "train again with TrainPlan.restart set"
+
+    def __post_init__(self) -> None:
+        """The values a person types, checked (``values.BadValue``), so the
+        command line, the window and any other caller are refused in the
+        same words before anything is read or written."""
+        for name, limit in TRAIN_VALUES.items():
+            object.__setattr__(self, name, values.check(limit, getattr(self, name)))
+
+
+# TrainPlan's fields that a person types: the entry of specchat.values each is checked by.
+TRAIN_VALUES = {"minutes": "minutes", "max_steps": "updates", "checkpoint_s": "checkpoint seconds",
+                "held_pieces": "held-out pieces", "draft_vocab": "draft vocabulary",
+                "reply_tokens": "reply tokens"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What makes a folder an MLX model folder SpecChat will load, or a cluster.
+"""What makes a folder an MLX model folder SpecChat will load, a cluster, or
+a draft head being trained here.
 
 Pure file checks (no MLX), shared by the engine before loading and by the
 model library before importing or listing, so both refuse the same folders
@@ -11,13 +12,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from specchat import values
+from specchat import outputs, values
 from specchat.engine.errors import EngineError
-from specchat.engine.events import CHECKPOINT_FILES
+from specchat.engine.events import CHECKPOINT_FILES, TRAINING_STATE
+from specchat.errors import SpecChatError
 from specchat.home import home
 
 HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
@@ -43,6 +46,33 @@ def is_cluster_folder(path: str | os.PathLike) -> bool:
         return False
     return (folder.parent == root and bool(NAME.fullmatch(folder.name))
             and (folder / HOSTFILE).is_file())
+
+
+def is_training_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder SpecChat trains a draft head in: it
+    holds the training state, a regular file (head_training.py writes it
+    first of all into a folder it trains in). The one test of "a head
+    folder of its own training", the only folder holding files that head
+    training writes into (specchat/outputs.py); a downloaded head or a
+    model never holds one."""
+    try:
+        return stat.S_ISREG(os.lstat(Path(path) / TRAINING_STATE).st_mode)
+    except OSError:
+        return False
+
+
+TRAINING_HINT = "choose a new or empty folder, or the folder of a head being trained here"
+
+
+def training_folder(path: str | os.PathLike, hint: str = TRAINING_HINT,
+                    error: type[SpecChatError] = EngineError, make: bool = False) -> Path:
+    """``path`` if head training may write into it (specchat/outputs.py's
+    rule): a new or empty folder, or one a head is being trained in; made
+    if ``make``. Else ``error``, in words ending in ``hint``. The engine
+    checks before it reads anything and again at every checkpoint; the
+    command line and the window before they start (library/trained_heads.py)."""
+    check = outputs.make_folder if make else outputs.folder
+    return check(path, "the head", is_training_folder, hint, error)
 
 
 def model_name(folder: str | os.PathLike) -> str:

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -52,11 +52,13 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from specchat import records
-from specchat.engine import chat
+from specchat.engine import chat, checkpoint, folders
+from specchat.engine.checkpoint import TrainingState
 from specchat.engine.compat import facts_from_tokenizer
 from specchat.engine.eagle3 import Eagle3Head, HeadConfig
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
+    TRAINING_OPTIMIZER,
     TRAINING_STATE,
     DraftSettings,
     GenerateRequest,
@@ -68,17 +70,6 @@ from specchat.engine.modes import HYBRID, PLAIN, SUFFIX
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
 BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
-
-
-@dataclass
-class _State:
-    step: int = 0
-    tokens: int = 0
-    elapsed_s: float = 0.0
-    cursor: int = 0  # next training sample (in the seeded order)
-    target: str = ""  # the target's fingerprint: a run resumes only for the same one
-    draft_ids: list[int] = field(default_factory=list)
-    curve: list[dict] = field(default_factory=list)  # (tokens, acceptance) as it went
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -188,6 +179,25 @@ def _head_weights(head: Eagle3Head, draft_ids: list[int], vocab: int) -> dict[st
     return out
 
 
+def _read_tensors(path: Path, restart_how: str) -> dict[str, mx.array]:
+    """A checkpoint's safetensors file (MLX checks its header against the
+    file's size: a cut-short file is said to be)."""
+    try:
+        return mx.load(str(path))
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise checkpoint.damaged(path, f"cannot be read ({exc})", restart_how) from None
+
+
+def _described(arrays: dict[str, mx.array]) -> dict[str, checkpoint.Tensor]:
+    """Each array's shape and kind, as the checkpoint checks compare them."""
+    def kind(a: mx.array) -> str:
+        return ("bool" if a.dtype == mx.bool_ else
+                "float" if mx.issubdtype(a.dtype, mx.floating) else
+                "int" if mx.issubdtype(a.dtype, mx.integer) else str(a.dtype))
+
+    return {name: (tuple(a.shape), kind(a)) for name, a in arrays.items()}
+
+
 def _output_rows(runner, rows: mx.array) -> mx.array | None:
     """The target's output layer's rows for ``rows`` in float32, dequantized
     from a 4- or 8-bit layer (most MLX models on the Hub)."""
@@ -226,15 +236,23 @@ class _Trainer:
         if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
             raise EngineError("Load the target first; its model type must expose its hidden "
                               "states (llama, Qwen 2/3/3.5 and alike).")
-        if plan.requests and plan.reply_tokens < 1:
-            raise EngineError(f"A reply must be at least 1 token long, not {plan.reply_tokens}.")
         self.engine, self.plan = engine, plan
         self.runner = engine.target_runner
-        self.out = Path(plan.out)
+        # Before anything is read: a folder that is not the head's own is refused in words.
+        self.out = folders.training_folder(plan.out)
+        vocab = int(self.runner.trunk.embed_tokens.weight.shape[0])
+        fp = _fingerprint(engine)
+        saved = None if plan.restart else self._saved(fp, vocab)
         self.train, self.held = _sequences(engine, plan)
         self.layers = len(self.runner.trunk.layers)
-        self.state, self.resumed = self._start()
-        c = head_config(engine, len(self.state.draft_ids), self._intermediate())
+        self.resumed = saved is not None
+        self.state = saved or TrainingState(target=fp, draft_ids=_draft_ids(
+            self.train, vocab, min(plan.draft_vocab, vocab), sorted(engine.end_ids)))
+        self._claimed = self.resumed  # the folder holds this run's state (it is the head's)
+        c = head_config(engine, len(self.state.draft_ids), plan.intermediate)
+        width = (checkpoint.read_intermediate(self.out, c.hidden_size, plan.restart_how)
+                 if self.resumed else None)
+        c = replace(c, intermediate_size=width) if width else c
         self.config = c
         self.read = c.read_layers(self.layers)
         self.runner.tap_layers(self.read)
@@ -250,9 +268,7 @@ class _Trainer:
         self.cancelled: threading.Event | None = None
         self.rng = random.Random(plan.seed + 1)
         w = _output_rows(self.runner, self.rows)
-        if self.resumed:
-            self._load()
-        elif w is not None:  # the target's own output layer (its draft-vocabulary rows)
+        if w is not None and not self.resumed:  # the target's own output layer (its rows)
             self.head.lm_head.weight = w
             norm = getattr(self.runner.trunk, "norm", None)  # and its final norm
             if isinstance(norm, nn.RMSNorm):
@@ -262,62 +278,66 @@ class _Trainer:
         if w is not None:  # kept as the target's: the head learns to reach its output space
             self.head.lm_head.freeze()
             self.head.norm.freeze()
+        if self.resumed:  # checked against the head as built, frozen parts and all
+            self._load()
         mx.eval(self.head.parameters())
         self.loss_and_grad = nn.value_and_grad(self.head, self._loss)
 
     # -- state on disk ---------------------------------------------------------------
-    def _start(self) -> tuple[_State, bool]:
-        fp = _fingerprint(self.engine)
-        path = self.out / TRAINING_STATE
-        if path.is_file() and (self.out / "model.safetensors").is_file():
-            try:
-                saved = json.loads(path.read_text(encoding="utf-8"))
-                state = _State(**{k: saved[k] for k in _State.__dataclass_fields__ if k in saved})
-            except (OSError, ValueError, TypeError) as exc:
-                raise EngineError(f"{path} cannot be read ({exc}); remove the folder to start "
-                                  "again") from exc
-            if state.target != fp:
-                raise EngineError(f"{self.out} holds a head trained for another target; train "
-                                  "into another folder, or remove that one")
-            return state, True
-        vocab = int(self.runner.trunk.embed_tokens.weight.shape[0])
-        ends = sorted(self.engine.end_ids)
-        draft = _draft_ids(self.train, vocab, min(self.plan.draft_vocab, vocab), ends)
-        return _State(target=fp, draft_ids=draft), False
-
-    def _intermediate(self) -> int:
-        """The MLP width: the plan's, or the one a resumed head was made with."""
-        config = self.out / "config.json"
-        if not (self.resumed and config.is_file()):
-            return self.plan.intermediate
-        try:
-            layer = json.loads(config.read_text(encoding="utf-8"))["transformer_layer_config"]
-            return int(layer.get("intermediate_size") or 0) or self.plan.intermediate
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise EngineError(f"{config} cannot be read ({exc}); remove the folder to start "
-                              "again") from exc
+    def _saved(self, fingerprint: str, vocab: int) -> TrainingState | None:
+        """The checkpoint's state to go on from, checked; None when the
+        folder holds none (a new folder, or a run that saved no head yet)."""
+        if not ((self.out / TRAINING_STATE).is_file()
+                and (self.out / "model.safetensors").is_file()):
+            return None
+        state = checkpoint.read_state(self.out, vocab, self.plan.restart_how)
+        if state.target != fingerprint:
+            raise EngineError(f"{self.out} holds a head trained for another target; nothing was "
+                              f"changed. Train into another folder, or to start over in that "
+                              f"one, {self.plan.restart_how}.")
+        return state
 
     def _load(self) -> None:
-        weights = mx.load(str(self.out / "model.safetensors"))
+        """The head's weights and the optimizer's state from the checkpoint,
+        each file checked first against what ``save`` writes for this head
+        (the same names, shapes and kinds) and the state (the same draft ids)."""
+        how = self.plan.restart_how
+        path = self.out / "model.safetensors"
+        weights = _read_tensors(path, how)
+        checkpoint.check_tensors(path, _described(weights), _described(
+            _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)), how)
+        checkpoint.check_map(path, weights["d2t"].tolist(), self.state, how)
         self.head.load_weights([(k, v) for k, v in weights.items() if k not in ("d2t", "t2d")],
                                strict=False)
-        opt = self.out / "optimizer.safetensors"
-        if opt.is_file():
-            flat = mx.load(str(opt))
+        path = self.out / TRAINING_OPTIMIZER
+        if path.is_file():
+            flat = _read_tensors(path, how)
+            scalars = {"step": ((), "int"), "learning_rate": ((), "float")}
+            checkpoint.check_tensors(path, _described(flat), {**scalars, **{
+                f"{name}.{moment}": tensor
+                for name, tensor in _described(dict(tree_flatten(
+                    self.head.trainable_parameters()))).items() for moment in ("m", "v")}}, how)
             self.optimizer.state = tree_unflatten(list(flat.items()))
 
     def save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
+        """Write the checkpoint, into a folder checked again (it may have
+        changed since the run began) and made if need be. A fresh run
+        writes its training state first, so the folder says it is a head's
+        being trained before any weights are in it (folders.is_training_folder)."""
+        out = folders.training_folder(self.out, make=True)
+        if not self._claimed:
+            records.write_json(out / TRAINING_STATE, asdict(self.state))
+            self._claimed = True
         weights = _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)
-        _write_atomic(self.out / "model.safetensors",
+        _write_atomic(out / "model.safetensors",
                       lambda p: mx.save_safetensors(str(p), weights))
         opt = dict(tree_flatten(self.optimizer.state))
         if opt:
-            _write_atomic(self.out / "optimizer.safetensors",
+            _write_atomic(out / TRAINING_OPTIMIZER,
                           lambda p: mx.save_safetensors(str(p), opt))
         config = published_config(self.config, self.layers, self.engine.target.info.name)
-        records.write_json(self.out / "config.json", config, indent=2)
-        records.write_json(self.out / TRAINING_STATE, asdict(self.state))
+        records.write_json(out / "config.json", config, indent=2)
+        records.write_json(out / TRAINING_STATE, asdict(self.state))
 
     # -- the target's labels -----------------------------------------------------------
     def piece(self, item, cancelled: threading.Event | None = None) -> tuple[list[int], int]:

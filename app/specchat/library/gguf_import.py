@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import records
+from specchat import outputs, records
 from specchat.library import checks, disk, gguf_tokenizer, staging
 from specchat.library.checks import LAYER_INDEX
 from specchat.library.errors import ImportCancelled, LibraryError
@@ -478,9 +478,9 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
     staging.sweep(dest.parent, staging.PARTIAL_NAMES)
     if is_complete(dest):
         return dest
-    if dest.exists() and not (dest / MARKER).exists():
-        raise LibraryError(f"{dest} already exists and is not a SpecChat import; "
-                           "move it away or choose another destination")
+    # Written over only where an import of SpecChat's is (an older format's).
+    outputs.folder(dest, "the converted model", lambda p: (p / MARKER).is_file(),
+                   "move it away or choose another destination", LibraryError)
     say("reading the model's header", 0.0)
     started = time.monotonic()
     header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS, shown=shown)

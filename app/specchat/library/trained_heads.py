@@ -20,8 +20,10 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from specchat.engine import folders
 from specchat.engine.events import TRAINING_STATE, Message
 from specchat.library import index, paths
+from specchat.library.errors import LibraryError
 from specchat.library.facts import read_folder
 
 TEXT_SUFFIXES = (".md", ".rst", ".txt", ".py")
@@ -120,6 +122,15 @@ def default_out(target: str) -> Path:
     """The head's folder in the library: a run there that was stopped goes on."""
     name = Path(target.rstrip("/")).name.split(":")[-1] or "target"
     return paths.models_dir(create=True) / f"{index.sanitize(name)}-eagle3-specchat"
+
+
+def head_folder(out: str | Path, hint: str) -> Path:
+    """``out`` (absolute) if a head may be trained into it: a new or empty
+    folder, or one a head is being trained in (folders.training_folder, the
+    rule the engine applies too); else LibraryError in words ending in
+    ``hint``. Checked before a run reads or loads anything, so an installed
+    model, a downloaded head or a folder of the person's is refused at once."""
+    return folders.training_folder(out, hint, LibraryError)
 
 
 def can_resume(out: Path) -> bool:

@@ -8,11 +8,9 @@ the forward-pass costs forward_timing.py, the report bench_report.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import mlx.core as mx
 
@@ -22,7 +20,7 @@ from specchat.engine.session import Engine
 from specchat.library.engine_link import make_client
 from specchat.library.facts import kv_shape
 from specchat.library.memory import kv_bytes
-from specchat.tools import cpuload
+from specchat.tools import bench_output, cpuload
 from specchat.tools.bench_report import add_theory, format_report, machine_info, model_json, tables
 from specchat.tools.bench_runs import Run, run_variant
 from specchat.tools.forward_timing import relative_costs
@@ -138,8 +136,6 @@ def main(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.id in args.ids]
     if not prompts:
         raise EngineError(f"{args.prompts} has no prompts of kind {', '.join(args.kinds)}")
-    if args.background_load < 0:
-        raise EngineError("--background-load must be 0 or more processes")
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     auto_off = getattr(args, "auto_off", "on") == "on"
 
@@ -169,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     rep["machine"]["load_average"] = [load_before, cpuload.load_average()]
     rep["command"] = " ".join(["specchat", *sys.argv[1:]])
     print(format_report(rep))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rep, indent=2))
+    if args.json_out is not None:  # checked before anything loaded (cli.py), and again now
+        bench_output.write(args.json_out, rep)
     client.close()
     return 0

@@ -17,8 +17,10 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
-from specchat import startup
+from specchat import outputs, startup
+from specchat.errors import SpecChatError
 
 PROMPT = "Write a Python function that sorts a list of words, with a docstring and an example."
 SCREENSHOT_AFTER_CHARS = 80
@@ -54,7 +56,10 @@ async def probe(window, args: argparse.Namespace) -> dict:
         await asyncio.sleep(0.05)
         last = window.chat_model.messages[-1].text
         if args.screenshot and not shot and len(last) > SCREENSHOT_AFTER_CHARS:
-            window.grab().save(args.screenshot)
+            try:  # checked again: something may be there by now
+                window.grab().save(str(_screenshot(args.screenshot)))
+            except SpecChatError as exc:
+                print(f"ui_probe: {exc}", file=sys.stderr)
             shot = True
             started = time.monotonic()  # the grab itself blocks; measure after it
     lag = session.lag.stats(since=started)
@@ -73,8 +78,19 @@ async def probe(window, args: argparse.Namespace) -> dict:
     return out
 
 
+def _screenshot(path: str) -> Path:
+    """The screenshot's file: a new one (specchat/outputs.py), never one of the person's."""
+    return outputs.file(path, "the screenshot", None, "choose another --screenshot file")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        if args.screenshot:  # before the window opens, not after a minute of loading
+            _screenshot(args.screenshot)
+    except SpecChatError as exc:
+        print(f"ui_probe: error: {exc}", file=sys.stderr)
+        return 1
     import qasync
 
     startup.prepare()  # the system BLAS before anything imports MLX

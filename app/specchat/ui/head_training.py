@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from specchat.engine.events import TrainPlan, TrainProgress
 from specchat.library import trained_heads
+from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
 
 HOLDER = "Training a draft head"
 MAX_CHARS = 4_000_000  # text read from files, at most (as the command line's default)
+# The window's words for TrainPlan.restart_how (the model manager's checkbox),
+# and for what to do when the head's folder in the library is not the head's.
+RESTART = "tick Start over and train again"
+ELSEWHERE = "move that folder away to train a head for this target here"
 
 
 STAGES = {  # what a stage says on the line, before the counts ("" says nothing)
@@ -102,6 +108,10 @@ class HeadTraining:
             return "Load a model first: a head is trained for the loaded target."
         if engine.held_by is not None:
             return f"{engine.held_by} is running: wait for it to finish or cancel it."
+        try:
+            trained_heads.head_folder(self.out(), ELSEWHERE)
+        except LibraryError as exc:  # a model or a folder of the person's has its name
+            return str(exc)
         return None
 
     def out(self) -> Path | None:
@@ -113,11 +123,16 @@ class HeadTraining:
             self._job.cancel()
 
     async def run(self, minutes: float, on_progress: Callable[[TrainProgress], None],
-                  max_steps: int | None = None) -> InstalledModel | None:
-        """Train for ``minutes`` more (or up to ``max_steps`` updates in all)
-        and list the head; None when cancelled before anything was saved.
-        Raises EngineError or LibraryError with a readable message."""
-        engine, target, out = self.session.engine, self.target, self.out()
+                  max_steps: int | None = None, restart: bool = False) -> InstalledModel | None:
+        """Train for ``minutes`` more (or up to ``max_steps`` updates in all;
+        with ``restart``, from scratch in place of the checkpoint) and list
+        the head; None when cancelled before anything was saved. Raises
+        BadValue, EngineError or LibraryError with a readable message, the
+        first two before anything is read."""
+        engine, target = self.session.engine, self.target
+        out = trained_heads.head_folder(self.out(), ELSEWHERE)
+        plan = TrainPlan(samples=(), out=str(out), minutes=minutes, max_steps=max_steps,
+                         restart=restart, restart_how=RESTART)  # its values checked
         loop = asyncio.get_running_loop()
         engine.hold(HOLDER)
         try:
@@ -126,8 +141,7 @@ class HeadTraining:
                 None, trained_heads.file_chats, trained_heads.default_texts(), MAX_CHARS)
             if self._cancelled:
                 return None
-            plan = TrainPlan(samples=tuple(trained_heads.corpus_chats(corpus) + files),
-                             out=str(out), minutes=minutes, max_steps=max_steps)
+            plan = replace(plan, samples=tuple(trained_heads.corpus_chats(corpus) + files))
             self._job = engine.client.train_head(plan, loop=loop)
             await self._job.result(on_event=lambda ev: on_progress(ev)
                                    if isinstance(ev, TrainProgress) else None)

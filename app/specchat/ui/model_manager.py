@@ -16,6 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QDialog,
     QFileDialog,
     QHeaderView,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat import values
 from specchat.library import importing, index, paths, refs, trained_heads
 from specchat.library.bundled import PreparedModel
 from specchat.library.catalog import CatalogModel
@@ -141,14 +143,22 @@ class ModelManager(QDialog):
         inst = QWidget()
         il = vbox(self.installed, hbox(self.import_folder_button, self.import_gguf_button, 1,
                                        self.delete_button), parent=inst)
-        self.train_minutes = QSpinBox()
-        self.train_minutes.setRange(1, 24 * 60)
+        self.train_minutes = QSpinBox()  # whole minutes within the command line's range
+        self.train_minutes.setRange(1, int(values.LIMITS["minutes"].high))
         self.train_minutes.setValue(60)
         self.train_minutes.setSuffix(" min")
+        self.train_minutes.setToolTip(values.LIMITS["minutes"].describe())
+        # As the command line's --restart: a checkpoint there (damaged, or for
+        # another target) is replaced instead of gone on from.
+        self.train_restart = QCheckBox("Start over")
+        self.train_restart.setToolTip("Train a new head in place of the checkpoint, instead of "
+                                      "going on from it")
+        self.train_restart.toggled.connect(self.update_training)
         self.train_button = button("Train a draft head…",
                                    clicked=lambda: self.train_head(self.train_minutes.value()))
         self.train_note = label(name="GaugeLabel", wrap=True)
-        trow = hbox((self.train_note, 1), self.train_minutes, self.train_button)
+        trow = hbox((self.train_note, 1), self.train_minutes, self.train_restart,
+                    self.train_button)
         if trainer is not None:
             il.addLayout(trow)
         cat = QWidget()
@@ -210,8 +220,13 @@ class ModelManager(QDialog):
             return
         refusal, out = self.trainer.refusal(), self.trainer.out()
         self.train_button.setEnabled(refusal is None)
-        resume = out is not None and trained_heads.can_resume(out)
-        self.train_button.setText("Resume training…" if resume else "Train a draft head…")
+        resume = refusal is None and out is not None and trained_heads.can_resume(out)
+        self.train_restart.setEnabled(resume)
+        if not resume:
+            self.train_restart.setChecked(False)
+        restart = self.train_restart.isChecked()
+        self.train_button.setText("Resume training…" if resume and not restart
+                                  else "Train a draft head…")
         self.train_note.setText(refusal or (
             f"An EAGLE-3 head for {self.trainer.target}, learnt from your conversations and "
             "the installed packages' text; chat waits while it trains."))
@@ -293,8 +308,8 @@ class ModelManager(QDialog):
                          "Done.")
 
     def train_head(self, minutes: float, max_steps: int | None = None) -> asyncio.Future | None:
-        """Start training for the loaded target; None (and the reason shown)
-        when it cannot start now."""
+        """Start training for the loaded target (from scratch if Start over
+        is ticked); None (and the reason shown) when it cannot start now."""
         refusal = self.trainer.refusal()
         if refusal is not None:
             self.update_training()
@@ -302,9 +317,12 @@ class ModelManager(QDialog):
         row = self._add_task(f"Training a draft head for {self.trainer.target}")
         row.cancel_button.clicked.connect(self.trainer.cancel)
         self.train_button.setEnabled(False)
-        return asyncio.ensure_future(self._train(minutes, max_steps, row))
+        restart = self.train_restart.isChecked()
+        self.train_restart.setChecked(False)  # once: the next run goes on from this one's
+        return asyncio.ensure_future(self._train(minutes, max_steps, restart, row))
 
-    async def _train(self, minutes: float, max_steps: int | None, row: TaskRow) -> None:
+    async def _train(self, minutes: float, max_steps: int | None, restart: bool,
+                     row: TaskRow) -> None:
         line = head_training.ProgressLine()  # keeps the last held-out measurement shown
 
         def progress(p) -> None:
@@ -312,7 +330,7 @@ class ModelManager(QDialog):
                          line.update(p))
 
         try:
-            head = await self.trainer.run(minutes, progress, max_steps)
+            head = await self.trainer.run(minutes, progress, max_steps, restart)
         except Exception as exc:  # noqa: BLE001 - EngineError/LibraryError text is for people
             row.fail(str(exc))
         else:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from specchat import outputs
 from specchat.store.conversations import Conversation, ConversationStore
 from specchat.store.worker import Remote, report_failure
 from specchat.ui.widgets import button, hbox, vbox
@@ -243,10 +244,19 @@ class Sidebar(QWidget):
         return asyncio.ensure_future(self._export(conv.id, path))
 
     async def _export(self, conversation_id: str, path: str) -> str | None:
+        """The file is the person's choice, and the save dialog asked before
+        replacing one; a named pipe, a device or a folder is still refused
+        (specchat/outputs.py): opening a pipe to write waits for a reader,
+        which would freeze the window."""
         try:
             text = await self.store.export_markdown(conversation_id)
-            with open(path, "w", encoding="utf-8") as f:
+            place = outputs.file(path, "the conversation", lambda _file: True,
+                                 "choose a file to export it to")
+            with open(place, "w", encoding="utf-8") as f:
                 f.write(text)
+        except outputs.Refused as exc:
+            self.failed.emit(str(exc))
+            return None
         except (OSError, sqlite3.Error) as exc:
             self.failed.emit(f"Could not export the conversation to {path}: {exc}")
             return None

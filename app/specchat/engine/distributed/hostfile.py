@@ -30,10 +30,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat import records, values
+from specchat import outputs, records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import HOSTFILE, read_config
+from specchat.engine.folders import HOSTFILE, is_cluster_folder, read_config
 
 MAX_RANKS = 64
 MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
@@ -276,16 +276,23 @@ def _layer_count(model: Path) -> int | None:
 def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
     """Write the cluster folder: the hostfile, a link to each file of the
     model folder (replacing links from an earlier version), and the
-    cluster's secret unless it has one. All under the cluster's lock
-    (``.<name>.lock`` beside its folder): two ``cluster create`` of one name
-    at once write one after the other (the last one's hostfile stays, both
-    keep the one secret) instead of tripping over each other's files."""
+    cluster's secret unless it has one. A folder that is there and is not
+    a cluster (specchat/outputs.py's rule) is refused in words. All under
+    the cluster's lock (``.<name>.lock`` beside its folder): two ``cluster
+    create`` of one name at once write one after the other (the last one's
+    hostfile stays, both keep the one secret) instead of tripping over each
+    other's files."""
     folder = Path(folder)
     model = Path(spec.model)
     read_config(model)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with records.locked(records.lock_beside(folder)):
-        folder.mkdir(exist_ok=True)
+        # A cluster is written over (defined again) only where one is
+        # already: never into a folder of the person's, nor through a link
+        # to one.
+        folder = outputs.make_folder(folder, "the cluster", is_cluster_folder,
+                                     "choose another name, or remove what is there",
+                                     EngineError)
         secret.ensure(folder)
         for old in folder.iterdir():
             if old.is_symlink():
