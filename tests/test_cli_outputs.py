@@ -153,7 +153,7 @@ def test_an_import_replaces_no_folder_in_the_library(lib_home, tiny_draft):
     (training / "model.safetensors").write_bytes(b"weights")
     before = state(training)
     proc = specchat(lib_home, "models", "import", str(tiny_draft), "--name", "my-draft")
-    assert proc.returncode == 1 and "Will not write the imported model at " in proc.stderr
+    assert proc.returncode == 1 and "is already there and is not a listed model" in proc.stderr
     assert state(training) == before
     source = lib_home.parent / "my-draft"
     shutil.copytree(tiny_draft, source)
