@@ -7,7 +7,7 @@ back to plain ops that broadcast the keys over each group of query heads,
 so a grouped-query model runs one small product per query head. For one row
 that costs 0.14-0.39 ms a layer here, for two rows 1.5-1.6 ms: about 50 of
 the 167 ms a verify's second token costs the bundled 1.5B target
-(docs/benchmarks.md, "Where the jump from one verified token to two goes").
+(docs/bench/journal.md, "Where the jump from one verified token to two goes").
 Folding the heads that share a key head into the rows of one product does
 the same arithmetic as one product per key head (0.41-0.61 ms).
 

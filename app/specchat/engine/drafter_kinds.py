@@ -101,7 +101,7 @@ DRAFT_MODEL = DrafterKind("draft", attrgetter("draft_model"), prior=0.7, cap=12,
 # edit point and then wrong, not independent tokens, so priors at those
 # rates cut copies into short blocks. With hybrid.TRUST_MATCH they measured
 # 7-21% faster on the multi-turn code follow-ups, across two tuning runs
-# (docs/benchmarks.md, "Tuning the suffix hybrid"). A request's own
+# (docs/bench/journal.md, "Tuning the suffix hybrid"). A request's own
 # measurements replace them quickly.
 SUFFIX_PRIORS = {2: 0.5, 3: 0.7, 4: 0.85, 8: 0.93, 16: 0.97}
 # History matches (4+ tokens) are not copies in progress but coincidences

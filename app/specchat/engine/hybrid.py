@@ -23,7 +23,7 @@ measured acceptance stays at TRUST_ACCEPT or above. The rates above treat
 tokens as independent, which prices a copy, right to the edit point and
 then wrong, too low; with the suffix priors for copies, tuning runs on the
 multi-turn code follow-ups measured it 7-21% faster than the rates alone
-(two runs compared; docs/benchmarks.md, "Tuning the suffix hybrid").
+(two runs compared; docs/bench/journal.md, "Tuning the suffix hybrid").
 
 A weak match loses to the model; chaining pays only with a cheap draft
 model (c of about 0.1 or less: at the bundled pair's 0.3 a free suffix step
