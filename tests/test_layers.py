@@ -47,7 +47,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     # The engine modules that load no MLX when imported.
     "library": (*BASE, "specchat.home", "specchat.engine.compat", "specchat.engine.folders",
                 "specchat.engine.errors", "specchat.engine.client", "specchat.engine.template",
-                "specchat.engine.events", "specchat.engine.draft_policy",
+                "specchat.engine.events", "specchat.engine.costs",
                 "specchat.engine.drafter_kinds", "specchat.engine.measure",
                 "specchat.engine.distributed.hostfile", "specchat.engine.distributed.secret",
                 "specchat.engine.distributed.control"),

@@ -1,4 +1,4 @@
-"""Break-even auto-off (engine/draft_policy.py, BreakEven): speculation pauses
+"""Break-even auto-off (engine/auto_off.py, BreakEven): speculation pauses
 while it is measured slower than plain decoding, probes now and then, and the
 output is exactly plain decoding's either way.
 
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 from specchat.engine import modes
-from specchat.engine.decoding import Decoding, decode
-from specchat.engine.draft_policy import (
+from specchat.engine.auto_off import (
     PAUSED,
     PROBE,
     SPECULATE,
     BreakEven,
-    CostModel,
-    DraftPolicy,
     ModelledTiming,
     auto_off_applies,
 )
+from specchat.engine.costs import CostModel
+from specchat.engine.decoding import Decoding, decode
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import Proposal
 from specchat.engine.events import (
     DraftSettings,

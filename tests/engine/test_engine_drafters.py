@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from specchat import origins
 from specchat.engine import draft_model, drafter_kinds, modes
+from specchat.engine.costs import CostModel
 from specchat.engine.draft_model import PrunedHead
-from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
 from specchat.engine.drafters import Drafter, Proposal
 from specchat.engine.errors import EngineError

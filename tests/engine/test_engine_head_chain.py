@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from specchat.engine import drafter_kinds
-from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.costs import CostModel
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import Proposal
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.head_drafter import HeadDrafter

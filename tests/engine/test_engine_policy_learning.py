@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 from specchat.engine import drafter_kinds
-from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.costs import CostModel
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import DraftControl, Proposal
 from specchat.engine.events import SamplingParams
 from specchat.engine.hybrid import HybridDrafter
@@ -90,3 +91,22 @@ def test_a_bucket_the_model_overrules_is_tried_again_within_a_few_steps():
                        cap=policy.cap, policy=policy)
     picked = [hybrid.propose([1, 2, 3], ctl) is s for _ in range(HybridDrafter.EXPLORE)]
     assert picked == [False] * (HybridDrafter.EXPLORE - 1) + [True]
+
+
+def test_the_early_stop_prices_each_drafter_by_its_own_kind():
+    """One more drafted token is worth (chance the block survives) x (its
+    own chance) x (what a token costs so far); it costs a token of the
+    drafter's own kind plus a verify position. Priced at the draft model's
+    cost whatever the drafter, a head beside a draft model (c = 0.02) stopped
+    as if it cost 0.3, and an MTP head with no draft model cost nothing."""
+    policy = _policy()
+    confs = [0.5]  # worth 0.55 * 0.55 * 0.7 = 0.21 before anything is measured
+    assert policy.keep_going("eagle3", confs)  # 0.21 >= 0.02 + 0.11: it pays
+    assert not policy.keep_going("draft", confs)  # 0.21 < 0.3 + 0.11
+    assert policy.keep_going("suffix", confs)  # 0.21 >= 0 + 0.11: a free draft
+    alone = DraftPolicy(cost=CostModel(draft=0.0, slope=0.11, kinds={"mtp": 0.35}))
+    assert not alone.keep_going("mtp", confs)  # 0.21 < 0.35 + 0.11, not 0 + 0.11
+    chained = _policy()
+    assert chained.keep_going("eagle3", confs, survive=0.9)
+    assert not chained.keep_going("eagle3", confs, survive=0.5)  # 0.106 < 0.13
+

@@ -325,7 +325,8 @@ def test_a_long_conversation_match_drafts_outright_until_it_is_measured_weak():
     """A copy in progress (a conversation match of TRUST_MATCH tokens or more)
     drafts without weighing the model against it, while its bucket's
     measured acceptance holds; a short match, or a history match, is weighed."""
-    from specchat.engine.draft_policy import CostModel, DraftPolicy
+    from specchat.engine.costs import CostModel
+    from specchat.engine.draft_policy import DraftPolicy
     from specchat.engine.drafters import Proposal
     from specchat.engine.hybrid import TRUST_ACCEPT, TRUST_MATCH
     from specchat.engine.suffix import stats_key
@@ -357,7 +358,8 @@ def test_the_hybrid_picks_the_draft_with_the_most_tokens_per_unit_of_cost():
     to a good model, and a short reliable match is chained with the model
     only when the model's forwards are cheap (at the bundled pair's c = 0.3
     the free suffix step alone pays more)."""
-    from specchat.engine.draft_policy import CostModel, DraftPolicy
+    from specchat.engine.costs import CostModel
+    from specchat.engine.draft_policy import DraftPolicy
     from specchat.engine.drafters import Proposal
     from specchat.engine.suffix import stats_key
 

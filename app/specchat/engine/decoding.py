@@ -16,7 +16,7 @@ The loop is three small steps, in the spirit of mlx-lm's ``generate_step``:
 StepEvent, and ``summarize`` turns what was produced into the result.
 ``decode`` strings them together for one request, a ``Decoding``.
 
-Break-even auto-off (draft_policy.BreakEven) decides, before each step a
+Break-even auto-off (auto_off.BreakEven) decides, before each step a
 drafter would draft in, whether to speculate, decode plainly (the drafter is
 not asked: a K = 0 step) or probe; it observes every step's timing after.
 """
@@ -32,13 +32,8 @@ from dataclasses import dataclass, field
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from specchat.engine import threads
-from specchat.engine.draft_policy import (
-    PAUSED,
-    PROBE,
-    SPECULATE,
-    DraftPolicy,
-    auto_off_applies,
-)
+from specchat.engine.auto_off import PAUSED, PROBE, SPECULATE, auto_off_applies
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
 from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import mlx.core as mx
 
@@ -338,7 +339,7 @@ class ModelDrafter(Drafter):
         self.slot.checkpoint()
         head = self.view(ctl.vocab)
         block = draft_block(head, lambda t: self.feed(t, head), first, k, ctl.sampling,
-                            key_at=lambda _i: ctl.keys.next(), keep_going=ctl.keep_going,
+                            key_at=lambda _i: ctl.keys.next(), keep_going=partial(ctl.keep_going, self.name),
                             lazy=ctl.lazy)
         q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
         return Proposal(tokens=block.tokens, source=self.name, q=q, confidences=block.confs,

@@ -97,7 +97,9 @@ class DraftControl:
     # Max draft length this step for a drafter kind (statistics under an
     # optional finer key): cap(kind, key=None).
     cap: Callable[..., int]
-    keep_going: Callable[[list[float]], bool] = lambda confs: True
+    # After a drafter of a kind drafted tokens of these confidences, one more?
+    # keep_going(kind, confidences): the policy's early stop, priced by the kind.
+    keep_going: Callable[[str, list[float]], bool] = lambda kind, confs: True
     # Fixed K: no early stop, so the draft tokens can stay on the device
     # until the block is done (one host sync per block instead of per token).
     lazy: bool = False

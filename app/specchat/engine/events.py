@@ -42,7 +42,7 @@ class DraftSettings:
     mode: str = "hybrid"  # modes.HYBRID (a test keeps them the same)
     k: int | None = None
     acceptance: Literal["rejection", "equality"] = "rejection"
-    # Break-even auto-off (draft_policy.BreakEven): decode plainly while
+    # Break-even auto-off (auto_off.BreakEven): decode plainly while
     # speculating is measured slower than plain decoding here. It stands
     # aside for a fixed K and for seeded sampling (which stays reproducible).
     auto_off: bool = True
@@ -133,7 +133,7 @@ class Summary:
     blas_threads: dict = field(default_factory=dict)
     # steps decoded plainly because auto-off had paused speculation
     paused_steps: int = 0
-    # what auto-off measured (draft_policy.BreakEven.report); empty when it was off
+    # what auto-off measured (auto_off.BreakEven.report); empty when it was off
     auto_off: dict = field(default_factory=dict)
     # A drafter's own counts for this request, by drafter kind (ssd.py's
     # hits, misses and overlap); each drafter names its fields (Drafter.stats).

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -229,7 +230,7 @@ class HeadDrafter(Drafter):
 
         head = self.view(ctl.vocab)
         block = draft_block(head, feed, [], k, ctl.sampling, key_at=lambda _i: ctl.keys.next(),
-                            keep_going=ctl.keep_going, lazy=ctl.lazy)
+                            keep_going=partial(ctl.keep_going, self.name), lazy=ctl.lazy)
         self.log.forget_before(self.rows)
         q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
         return Proposal(tokens=block.tokens, source=self.name, key=key or "", q=q,

@@ -46,7 +46,8 @@ from dataclasses import replace
 import mlx.core as mx
 
 from specchat.engine import drafter_kinds
-from specchat.engine.draft_policy import DraftPolicy, best_k, expected_tokens
+from specchat.engine.costs import expected_tokens
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafter_kinds import SUFFIX, DrafterKind, key_parts
 from specchat.engine.drafters import DraftControl, Drafter, Part, Proposal
 from specchat.engine.suffix import BUCKETS, SuffixDrafter
@@ -126,7 +127,7 @@ class HybridDrafter(Drafter):
         survive = policy.stats(SUFFIX.name, s.key).accept ** s.k
         m = self.model.propose_after(context, s.tokens, replace(
             ctl, cap=lambda kind, key=None: min(ctl.cap(kind, key), k_model),
-            keep_going=lambda confs: policy.keep_going(confs, survive)))
+            keep_going=lambda kind, confs: policy.keep_going(kind, confs, survive)))
         self.choices["chained" if m.tokens else "suffix"] += 1
         return chain(s, m, ctl.vocab, ctl.sampling.greedy)
 
@@ -136,29 +137,28 @@ class HybridDrafter(Drafter):
         a_s = policy.stats(SUFFIX.name, s.key).accept
         a_m = policy.stats(self.kind.name).accept
         c = cost.token(self.kind)
-        k_m = max(1, best_k(a_m, c, cost, self.kind.cap))
+        k_m = max(1, cost.best_k(a_m, c, self.kind.cap))
         origin_bucket = key_parts(s.key)
         if origin_bucket is not None and origin_bucket[0] == CONVERSATION \
                 and origin_bucket[1] >= TRUST_MATCH and a_s >= TRUST_ACCEPT:
             return "suffix", k_m
-        # Expected accepted drafts: expected tokens less the target's own.
+        # Expected accepted drafts of the suffix: expected tokens less the target's own.
         e_s = expected_tokens(a_s, s.k) - 1.0
-        e_m = expected_tokens(a_m, k_m) - 1.0
         # Chained, the block is at most the other drafter's longest.
         room = self.kind.cap - s.k
         if self.kind.reads_target:
             # A head reads the suffix's tokens one forward each, from its own
             # output, and drafts on at the acceptance of its chained drafts.
             a_c = policy.stats(self.kind.name, drafter_kinds.after_key(self.kind.name)).accept
-            k_c, read = max(1, best_k(a_c, c, cost, self.kind.cap)), c * s.k
+            k_c, read = max(1, cost.best_k(a_c, c, self.kind.cap)), c * s.k
         else:
             # A draft model reads them in its first forward, as a longer one.
             a_c, k_c, read = a_m, k_m, c * cost.slope * s.k
         k_c = min(k_c, room)
         e_c = expected_tokens(a_c, k_c) - 1.0
         rates = {
-            "suffix": (e_s + 1.0) / cost.verify(s.k + 1),
-            "model": (e_m + 1.0) / (k_m * c + cost.verify(k_m + 1)),
+            "suffix": cost.rate(a_s, s.k, 0.0),
+            "model": cost.rate(a_m, k_m, c),
             "chained": (e_s + a_s ** s.k * e_c + 1.0)
             / (k_c * c + read + cost.verify(s.k + k_c + 1)),
         }

@@ -27,9 +27,10 @@ from specchat.engine import (
     warmup,
 )
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
+from specchat.engine.costs import CostModel
 from specchat.engine.decoding import Decoding, decode
 from specchat.engine.draft_model import ModelDrafter
-from specchat.engine.draft_policy import CostModel, DraftPolicy
+from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafter_kinds import DrafterKind
 from specchat.engine.drafters import Drafter, Parts
 from specchat.engine.errors import EngineError

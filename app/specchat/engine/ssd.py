@@ -88,14 +88,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from weakref import WeakKeyDictionary, ref
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specchat.engine import blas, threads
+from specchat.engine.auto_off import ewma
 from specchat.engine.draft_model import Drafted, DraftHead, ModelDrafter, draft_block
-from specchat.engine.draft_policy import ewma
 from specchat.engine.drafter_kinds import SSD
 from specchat.engine.drafters import DraftControl, Drafter, Proposal
 from specchat.engine.errors import EngineError
@@ -520,7 +521,7 @@ class SpeculativeDrafter(Drafter):
         if spec is not None:
             self.counts.hits += 1
             head = md.view(ctl.vocab)
-            block, more = self._use(spec, context, k, ctl.keep_going)
+            block, more = self._use(spec, context, k, partial(ctl.keep_going, self.name))
             # Draft seconds on the critical path: waiting for the worker to
             # finish this key, and drafting on past what it speculated.
             exposed = waited
@@ -529,7 +530,7 @@ class SpeculativeDrafter(Drafter):
             if more:  # the policy wants a longer block than was speculated: draft on
                 before = block.forward_s, block.forwards
                 _draft(head, lambda t: md.feed(t, head), [block.tokens[-1]], k, ctl.sampling,
-                       self._base, len(context), ctl.keep_going, out=block)
+                       self._base, len(context), partial(ctl.keep_going, self.name), out=block)
                 exposed += block.forward_s - before[0]
                 forwards = block.forwards - before[1]
                 q = _q(head, block, greedy)
@@ -546,7 +547,7 @@ class SpeculativeDrafter(Drafter):
             md.slot.checkpoint()
             head = md.view(ctl.vocab)  # after catching up: it may have added rows
             block = _draft(head, lambda t: md.feed(t, head), first, k, ctl.sampling, self._base,
-                           len(context), ctl.keep_going)
+                           len(context), partial(ctl.keep_going, self.name))
             forwards = block.forwards
             self.counts.draft_s += block.forward_s
             q = _q(head, block, greedy)

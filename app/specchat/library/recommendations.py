@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specchat import records
 from specchat.engine import drafter_kinds
-from specchat.engine.draft_policy import CostModel, expected_tokens
+from specchat.engine.costs import CostModel
 from specchat.home import home
 
 FILENAME = "recommendations.json"
@@ -110,8 +110,8 @@ def predicted_speedup(acceptance: float | None, draft_cost: float, verify_slope:
         return None
     cap = cap or drafter_kinds.DRAFT_MODEL.cap
     cost = CostModel(draft=max(0.0, draft_cost), slope=max(0.0, verify_slope))
-    best = max(((expected_tokens(acceptance, k) / (k * cost.draft + cost.verify(k + 1)), k)
-                for k in range(1, cap + 1)), key=lambda pair: pair[0])
+    best = max(((cost.rate(acceptance, k, cost.draft), k) for k in range(1, cap + 1)),
+               key=lambda pair: pair[0])
     return best
 
 

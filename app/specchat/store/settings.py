@@ -26,7 +26,7 @@ class AppSettings:
     # the pair (hybrid with a draft model, suffix matching without one).
     spec_mode: str | None = None
     # Break-even auto-off: decode plainly while speculating is measured slower
-    # than plain decoding here (engine/draft_policy.py, BreakEven).
+    # than plain decoding here (engine/auto_off.py, BreakEven).
     auto_off: bool = True
     color_tokens: bool = False
     last_target: str | None = None

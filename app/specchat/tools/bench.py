@@ -29,7 +29,7 @@ from specchat.tools.variants import VARIANTS, Variant
 
 
 def _auto_off_note(r: Run) -> str:
-    """What break-even auto-off did in a run (draft_policy.BreakEven), where
+    """What break-even auto-off did in a run (auto_off.BreakEven), where
     it applied: how many steps it decoded plainly, in how many pauses, and
     how many probes it spent finding out whether speculation paid again."""
     a = r.auto_off

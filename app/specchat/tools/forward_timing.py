@@ -10,7 +10,7 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from specchat.engine.draft_policy import expected_tokens
+from specchat.engine import costs
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.measure import prefill, step_time
 from specchat.engine.session import Engine
@@ -77,4 +77,4 @@ def relative_costs(engine: Engine, ids: list[int]) -> dict:
 def leviathan(alpha: float, k: int, c: float, verify) -> float:
     """Leviathan et al.'s speedup over plain decoding: expected tokens per
     step over the step's cost, with K drafts at per-token acceptance alpha."""
-    return expected_tokens(alpha, k) / (k * c + verify(k + 1))
+    return costs.rate(alpha, k, c, verify)

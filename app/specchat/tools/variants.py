@@ -20,7 +20,7 @@ class Variant:
     mode: modes.Mode | None  # SpecChat's mode; None: mlx-lm's generators
     k: int | None = None  # fixed draft length (None: adaptive; mlx-lm: 0 is plain)
     history: bool = True  # drafts may come from the history index (False: its cold run)
-    # Break-even auto-off (engine/draft_policy.py); ``specchat bench --auto-off on|off``.
+    # Break-even auto-off (engine/auto_off.py); ``specchat bench --auto-off on|off``.
     auto_off: bool = True
 
     @property

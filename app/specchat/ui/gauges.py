@@ -25,7 +25,7 @@ from specchat.ui import theme, widgets
 from specchat.ui.charts import ChartsPanel
 from specchat.ui.stats import GaugeValues
 
-# The mode label while break-even auto-off decodes plainly (engine/draft_policy.py).
+# The mode label while break-even auto-off decodes plainly (engine/auto_off.py).
 PAUSED_TEXT = "speculation paused: slower than plain here"
 PAUSED_TIP = ("Speculating was measured slower than plain decoding on this machine just now, "
               "so this reply decodes plainly and tries speculation again now and then "
