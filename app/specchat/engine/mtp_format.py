@@ -26,7 +26,7 @@ MAX_LAYERS = 16  # published heads have one; a name past this is not one of a he
 _LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.(.+)")
 _EXPERT = re.compile(r"mlp\.experts\.[0-9]+\.")
 # The model's own layers, whatever the checkpoint's layout nests them under.
-_MODEL_LAYER = re.compile(r"(?:.+\.)?layers\.(0|[1-9][0-9]*)\.(.+)")
+_MODEL_LAYER = re.compile(r"(.+\.)?layers\.(0|[1-9][0-9]*)\.(.+)")
 
 
 def no_head(name: str) -> str:
@@ -110,27 +110,29 @@ def problem(tensors: dict[str, Tensor], config: dict) -> str | None:
     for i, layer in layers.items():
         if {n: t.shape for n, t in layer.items()} != first:
             return f"its layer {i} holds other tensors than its layer 0"
-    own = _full_attention_layer(tensors)
-    if own is not None and own != first:
-        diff = sorted(set(own.items()) ^ set(first.items()))[0][0]
+    own = _full_attention_layers(tensors)
+    if own and first not in own:  # the one most alike names what differs
+        like = max(own, key=lambda layer: len(set(layer.items()) & set(first.items())))
+        diff = sorted(set(like.items()) ^ set(first.items()))[0][0]
         return (f"its layer is not one of the model's full-attention layers (tensor "
                 f"{PREFIX}layers.0.{diff} differs)")
     return None
 
 
-def _full_attention_layer(tensors: dict[str, Tensor]) -> dict[str, tuple[int, ...]] | None:
-    """The tensors of one of the model's own full-attention layers (name
-    within the layer -> shape), when it has one that is not quantized."""
-    layers: dict[int, dict[str, tuple[int, ...]]] = {}
+def _full_attention_layers(tensors: dict[str, Tensor]) -> list[dict[str, tuple[int, ...]]]:
+    """The tensors of each of the model's own full-attention layers (name
+    within the layer -> shape), wherever the checkpoint nests them (a
+    vision tower's apart); none when they are quantized (the head is not),
+    so nothing is compared."""
+    layers: dict[tuple[str, int], dict[str, tuple[int, ...]]] = {}
     for name, t in tensors.items():
         m = None if name.startswith(PREFIX) else _MODEL_LAYER.fullmatch(name)
         if m:
-            layers.setdefault(int(m.group(1)), {})[m.group(2)] = t.shape
-    for layer in layers.values():
-        if "self_attn.q_proj.weight" in layer:
-            quantized = any(n.endswith((".scales", ".biases")) for n in layer)
-            return None if quantized else layer
-    return None
+            layers.setdefault((m.group(1) or "", int(m.group(2))), {})[m.group(3)] = t.shape
+    full = [layer for layer in layers.values() if "self_attn.q_proj.weight" in layer]
+    if any(n.endswith((".scales", ".biases")) for layer in full for n in layer):
+        return []
+    return full
 
 
 def verdict(folder: Path, config: dict, name: str, error: type[SpecChatError] = EngineError,
