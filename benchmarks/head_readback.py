@@ -40,7 +40,7 @@ def main() -> None:
 
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
-    from specchat.engine import chat, eagle3
+    from specchat.engine import chat, eagle3, eagle3_format
     from specchat.engine.events import DraftSettings, GenerateRequest, Message
     from specchat.engine.session import Engine
     from specchat.library.refs import resolve
@@ -49,7 +49,8 @@ def main() -> None:
     engine.load(resolve(args.target))
     runner = engine.target_runner
     layers = len(runner.trunk.layers)
-    heads = {h: eagle3.load_head(Path(h), engine.target.model, engine.compute, args.target)
+    heads = {h: eagle3.load_head(eagle3_format.read(Path(h)), engine.target.model,
+                                 engine.compute, Path(h).name, args.target)
              for h in args.heads}
     runner.tap_layers(sorted({i for h in heads.values() for i in h.config.read_layers(layers)}))
     totals = {h: [0, 0] for h in heads}

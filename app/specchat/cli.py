@@ -413,7 +413,10 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     client = make_client()
-    loading = client.load(args.target, args.draft if mode.needs_draft_model else None)
+    # The target's own MTP head is named as the draft (modes.OWN_HEAD), so the
+    # engine refuses a target without one rather than draft on without it.
+    draft = args.draft if mode.needs_draft_model or "mtp" in mode.needs else None
+    loading = client.load(args.target, draft)
     try:
         pair = loading.wait(on_event=None if args.json else _print_load)
     except KeyboardInterrupt:  # Ctrl-C while loading: stop it, then exit as interrupted

@@ -36,13 +36,16 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from specchat.values import shown
 
 # The records of checked files and measurements are a few KB; a file far past
 # that is not one SpecChat wrote.
 MAX_RECORD_BYTES = 16 * 2**20
+# The most of a model folder's JSON file that is read (its config, its
+# tokenizer): the largest published, a tokenizer.json, are a few tens of MB.
+MAX_JSON_BYTES = 64 * 2**20
 
 
 class BadRecord(ValueError):
@@ -59,6 +62,20 @@ def read_file(path: str | os.PathLike, limit: int) -> bytes:
     there; ``BadRecord`` for a FIFO, device, socket or folder, or a file over
     the limit, which are never read; other ``OSError``s as they come. The
     messages say "it is ...": the caller names the file as people know it."""
+    with open_file(path, limit) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew after the check
+        raise BadRecord(f"it is larger than the {_size(limit)} such a file can be")
+    return data
+
+
+@contextlib.contextmanager
+def open_file(path: str | os.PathLike, limit: int | None = None) -> Iterator[BinaryIO]:
+    """``path`` open for reading, if it is a regular file (a symlink to one
+    is followed) of at most ``limit`` bytes (any size if None): the one way
+    SpecChat opens a file a person or a download put there, for a reader
+    that takes only part of it (a safetensors header). Raises as
+    ``read_file`` does, before anything is read."""
     before = os.stat(path)
     _check_regular(before, limit)
     # Non-blocking, so that a FIFO swapped in after the check cannot hang
@@ -69,16 +86,13 @@ def read_file(path: str | os.PathLike, limit: int) -> bytes:
         if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
             raise BadRecord("it was replaced while it was being opened")
         _check_regular(now, limit)
-        data = f.read(limit + 1)
-    if len(data) > limit:  # it grew after the check
-        raise BadRecord(f"it is larger than the {_size(limit)} such a file can be")
-    return data
+        yield f
 
 
-def _check_regular(st: os.stat_result, limit: int) -> None:
+def _check_regular(st: os.stat_result, limit: int | None) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise BadRecord(f"it is {file_kind(st.st_mode)}, not a regular file")
-    if st.st_size > limit:
+    if limit is not None and st.st_size > limit:
         raise BadRecord(f"it is {_size(st.st_size)}, larger than the {_size(limit)} such a "
                         "file can be")
 

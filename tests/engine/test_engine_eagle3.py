@@ -186,7 +186,7 @@ def test_a_rope_scaling_mlx_lm_cannot_build_is_refused_in_words(tiny_dir, tiny_t
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(EngineError, match='eagle3-odd-rope is an EAGLE-3 head with a rope '
                                           'scaling of type "wobbly", which mlx-lm cannot build '
-                                          r"\(Unsupported RoPE type wobbly\); it would draft "
+                                          r"\(mlx-lm knows no such type\); it would draft "
                                           "with the wrong positions"):
         Engine().load(tiny_target, folder)
     config["rope_scaling"] = {"rope_type": "llama3"}  # no factor
@@ -231,7 +231,7 @@ def test_a_head_whose_config_misstates_its_head_width_loads_by_its_weights(
     odd = build_eagle3(tiny_dir / "eagle3-odd-heads", tiny_target, head_dim=32,
                        stated_head_dim=24)
     config = json.loads((odd / "config.json").read_text())
-    config["num_attention_heads"] = 3
+    config["num_attention_heads"], config["num_key_value_heads"] = 3, 1
     (odd / "config.json").write_text(json.dumps(config))
     with pytest.raises(EngineError, match="its q_proj has 128 rows, not a whole number of "
                                           "its 3 attention heads"):
@@ -278,3 +278,31 @@ def test_the_bench_times_a_head_and_leaves_the_targets_tap_as_it_was(head_engine
     assert costs["draft"] > 0 and set(costs["target"]) == {1, 3, 5, 9}
     assert runner.tap is False and runner.tapped is None
     assert _gen(head_engine, "draft", 3, max_tokens=16).token_ids == before
+
+
+def test_the_rope_table_is_what_mlx_lm_builds():
+    """eagle3_format.ROPE_TYPES (which the library's check reads, without
+    MLX) says which rope scalings mlx-lm builds and the keys each needs:
+    each builds and applies with them and fails without any one of them, so
+    an mlx-lm that changes this fails here rather than while drafting."""
+    from mlx_lm.models.rope_utils import initialize_rope
+    from specchat.engine.eagle3_format import ROPE_NEEDS_LENGTH, ROPE_TYPES
+
+    values = {"factor": 2.0, "original_max_position_embeddings": 64,
+              "short_factor": [1.0] * 8, "long_factor": [1.0] * 8, "mrope_section": [2, 3, 3]}
+
+    def applies(scaling: dict, positions: int | None = 2048) -> bool:
+        try:
+            rope = initialize_rope(16, 10000.0, False, scaling, positions)
+            mx.eval(rope(mx.zeros((1, 1, 2, 16)), offset=1))
+        except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError):
+            return False
+        return True
+
+    for kind, keys in ROPE_TYPES.items():
+        scaling = {"rope_type": kind, **{k: values[k] for k in keys}}
+        assert applies(scaling), kind
+        for key in keys:
+            assert not applies({k: v for k, v in scaling.items() if k != key}), (kind, key)
+        assert applies(scaling, None) == (kind not in ROPE_NEEDS_LENGTH), kind
+    assert not applies({"rope_type": "wobbly", "factor": 2.0})

@@ -378,6 +378,21 @@ def test_not_a_gguf(tmp_path):
         import_gguf(bad, tmp_path / "m")
 
 
+@pytest.mark.parametrize(("version", "said"), [
+    (b"\0\0\0\0", "is not a valid GGUF file (its version is 0: the file is damaged)"),
+    (b"\0\0\0\x03", "is a big-endian GGUF file; only little-endian is supported"),
+    (b"\x07\0\0\0", "GGUF version 7 is not supported (only 2 and 3)"),
+])
+def test_a_gguf_files_version_is_read_for_what_it_says(tmp_path, version, said):
+    """The magic then zeros (a damaged file) was said to be big-endian;
+    only a version that reads as 1-3 the other way round is one."""
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + version + b"\0" * 100)
+    with pytest.raises(LibraryError) as err:
+        import_gguf(bad, tmp_path / "m")
+    assert str(err.value) == f"{bad} {said}" or str(err.value) == f"{bad}: {said}"
+
+
 def test_unknown_architecture(tmp_path, tiny_tokenizer):
     g = write_gguf(tmp_path / "xyz.gguf", tiny_tokenizer, arch="xyz", layers=1)
     with pytest.raises(LibraryError) as err:

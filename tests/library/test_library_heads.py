@@ -33,8 +33,9 @@ def test_a_head_from_the_hub_is_checked_listed_and_drafts(hub_heads, tiny_target
                              "at layers [2, 3, 3] (width 64) and drafts over 256 of its 400 ids")
     bad = compatibility.check(str(tiny_target), "hf:test-org/other-eagle3")
     assert not bad.compatible
-    assert bad.reasons[0].startswith("other-eagle3 is an EAGLE-3 head for another model: "
-                                     "other-eagle3 reads hidden states of width 32, ")
+    assert bad.reasons == ["other-eagle3 is an EAGLE-3 head for another model and cannot draft "
+                           "for target-llama: it reads hidden states of width 32, target-llama "
+                           "has 64"]
     listed = _cli("models", "list", "--json")
     names = {m["name"]: m for m in json.loads(listed.stdout)}
     head = next(m for m in names.values() if m["source"] == "hf:test-org/tiny-eagle3")

@@ -45,7 +45,8 @@ def test_the_picker_offers_the_models_own_head_and_a_reply_drafts_with_it(qtbot,
 def test_a_target_without_a_head_is_refused_in_words(tiny_target):
     verdict = library_view.check_pair(str(tiny_target), modes.OWN_HEAD)
     assert verdict.compatible is False
-    assert verdict.text.startswith("target-llama ships no MTP head")
+    assert verdict.text.startswith("target-llama has no MTP head (no mtp.* weights in its "
+                                   "folder), so it cannot draft for itself")
 
 
 def test_an_eagle3_head_loads_as_the_draft_and_is_named(qtbot, window, tiny_dir, tiny_target):

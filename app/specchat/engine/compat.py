@@ -11,6 +11,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specchat import records
+from specchat.records import MAX_JSON_BYTES, BadRecord
+
 # Why a model cannot draft for itself, in the words both the engine (at load
 # time) and ``specchat models check`` use.
 SAME_MODEL = ("the draft is the target itself; a draft must be a smaller model with the same "
@@ -59,25 +62,54 @@ def facts_from_tokenizer(tokenizer) -> TokenizerFacts:
     return TokenizerFacts(vocab=vocab, special=special, added=added)
 
 
+def tokenizer_vocab(data: object) -> tuple[dict[str, int], dict[str, int]]:
+    """(the vocabulary with its added tokens, the added tokens) of a parsed
+    tokenizer.json; ``records.BadRecord`` says in words what makes it none
+    (the engine's file check and the library's facts read it alike)."""
+    if not isinstance(data, dict):
+        raise BadRecord("it is not a JSON object")
+    model = data.get("model") or {}
+    if not isinstance(model, dict):
+        raise BadRecord("its model is not a JSON object")
+    vocab = model.get("vocab") or {}
+    if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in vocab):
+            raise BadRecord("its model's vocab is not a list of [piece, score] pairs")
+        vocab = {piece: i for i, (piece, _score) in enumerate(vocab)}
+    elif not isinstance(vocab, dict) or not all(_token_id(i) for i in vocab.values()):
+        raise BadRecord("its model's vocab is not an object of tokens and their ids (whole "
+                        "numbers from 0)")
+    added_tokens = data.get("added_tokens") or []
+    if not isinstance(added_tokens, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("content"), str) and _token_id(t.get("id"))
+            for t in added_tokens):
+        raise BadRecord("its added_tokens is not a list of tokens with their content and id")
+    added = {t["content"]: t["id"] for t in added_tokens}
+    return {**vocab, **added}, added
+
+
+def _token_id(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def facts_from_tokenizer_json(folder) -> TokenizerFacts:
     """Facts straight from tokenizer.json + tokenizer_config.json, without
-    importing transformers (used for the installed-model index)."""
+    importing transformers (used for the installed-model index). Each file
+    is read only if it is a regular file, bounded; ``records.BadRecord``
+    (a ValueError) says what is wrong with one."""
     folder = Path(folder)
-    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = dict(data.get("model", {}).get("vocab", {}) or {})
-    if isinstance(vocab, list):  # unigram: [[piece, score], ...]
-        vocab = {piece: i for i, (piece, _score) in enumerate(vocab)}
-    added = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
-    vocab.update(added)
+    vocab, added = tokenizer_vocab(records.read_json(folder / "tokenizer.json", MAX_JSON_BYTES))
     special: dict[str, str | None] = {r: None for r in ("bos", "eos", "pad", "unk")}
     cfg_path = folder / "tokenizer_config.json"
     if cfg_path.exists():
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = records.read_json(cfg_path, MAX_JSON_BYTES)
+        if not isinstance(cfg, dict):
+            raise BadRecord("its tokenizer_config.json is not a JSON object")
         for role in special:
             v = cfg.get(f"{role}_token")
             if isinstance(v, dict):
                 v = v.get("content")
-            special[role] = v
+            special[role] = v if isinstance(v, str) else None
     return TokenizerFacts(vocab=vocab, special=special, added=added)
 
 

@@ -9,17 +9,16 @@ with the same words. The cluster check is here rather than in
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import re
 import stat
-import struct
-from collections.abc import Sequence
 from pathlib import Path
 
-from specchat import outputs, values
+from specchat import outputs, records, values
+from specchat.engine.compat import tokenizer_vocab
 from specchat.engine.errors import EngineError
-from specchat.engine.events import CHECKPOINT_FILES, TRAINING_STATE
+from specchat.engine.events import TRAINING_STATE
 from specchat.errors import SpecChatError
 from specchat.home import home
 
@@ -89,77 +88,93 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("model*.safetensors"))
 
 
-def head_weight_files(folder: Path) -> list[Path]:
-    """The files a draft head's weights (and its d2t, t2d) are read from:
-    a model's, or else any safetensors file but a training checkpoint's."""
-    return weight_files(folder) or [p for p in sorted(folder.glob("*.safetensors"))
-                                    if p.name not in CHECKPOINT_FILES]
+# The JSON files loading reads: mlx-lm's load_config (config, generation and
+# ModelOpt quantization configs), its sharded loading (the weight index), and
+# transformers' tokenizer (its files, special and added tokens, a BPE
+# vocabulary, a chat template kept as JSON). Named one by one rather than
+# "*.json": a repo's other JSON files are the author's, not the model's (a
+# hostfile.json in a model folder once made loading it connect to the hosts
+# it named), and nothing else reads them.
+MODEL_JSON = ["config.json", "generation_config.json", "hf_quant_config.json",
+              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json", "vocab.json", "chat_template.json"]
 
 
-HEADER_MAX = 100_000_000  # bytes of a safetensors header (its JSON) read at most
+def text_config(config: dict) -> dict:
+    """Multimodal configs keep the language model's numbers in text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        return {**config, **inner}
+    return config
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"tensor {key!r} is listed twice")
-        out[key] = value
-    return out
-
-
-def safetensors_header(path: Path, error: type[EngineError] = EngineError,
-                       shown: Path | None = None) -> tuple[dict, int]:
-    """(the JSON header of a safetensors file, the bytes of its data area):
-    tensor name -> {"dtype", "shape", "data_offsets"}, ``__metadata__`` left
-    out. The one reader of the format's header (the library checks the
-    tensors against the data area, library/checks.py): its length is bounded
-    before it is read, and a file cut short before its header ends is said
-    to be. Messages name ``shown`` (the file as the person gave it)."""
-    shown = shown or path
+def read_json_object(path: Path, error: type[SpecChatError] = EngineError,
+                     shown: Path | None = None) -> dict:
+    """A small JSON object of a model folder, read as ``specchat.records``
+    reads every file: only a regular file (a FIFO in its place would block
+    the reader forever), bounded, and JSON nested too deep to parse is
+    broken like any other. ``shown`` names it in the message."""
+    where = shown or path
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise error(f"{shown} is not a safetensors file (only {len(raw)} bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > HEADER_MAX:
-                raise error(f"{shown} is not a safetensors file (its header length {n:,} is "
-                            "implausible)")
-            if 8 + n > size:
-                raise error(f"{shown} is truncated: its header needs {8 + n:,} bytes but the "
-                            f"file has {size:,}. The download or copy was probably cut short; "
-                            "get it again")
-            blob = f.read(n)
+        data = records.read_json(path, records.MAX_JSON_BYTES)
+    except (OSError, records.BadRecord) as exc:
+        raise error(f"{where} is broken: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise error(f"{where} is broken: it is not a JSON object")
+    return data
+
+
+def check_files(folder: Path, error: type[SpecChatError] = EngineError,
+                shown: Path | None = None) -> None:
+    """Every file of a model or head folder can be read, before the folder
+    is handed to what opens its files itself (mlx-lm's loader, mx.load,
+    transformers' tokenizer): each is a regular file (or a link to one; a
+    FIFO would block them forever, a device never end), and each JSON file
+    they read (MODEL_JSON) is a JSON object that parses (nesting too deep
+    to parse is a RecursionError in Python's json, an internal error in
+    theirs); tokenizer.json also holds a vocabulary. The one check of a
+    folder's files, called by the engine's loader and the library's checks
+    alike, so both refuse the same files in the same words; remembered
+    (when it passes) until a file changes."""
+    shown = shown or folder
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         raise error(f"Cannot read {shown}: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(blob, object_pairs_hook=_no_duplicates)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise error(f"{shown} is not a valid safetensors file (its header is not valid JSON: "
-                    f"{exc})") from None
-    if not isinstance(header, dict):
-        raise error(f"{shown} is not a valid safetensors file (its header is not a JSON "
-                    "object)")
-    header.pop("__metadata__", None)
-    return header, size - 8 - n
+    for entry in entries:
+        where = shown / entry.name
+        try:
+            st = os.stat(entry.path)
+        except OSError as exc:
+            if entry.is_symlink():
+                raise error(f"{where} is broken: it is a link to {os.readlink(entry.path)}, "
+                            "which is not there") from None
+            raise error(f"Cannot read {where}: {exc.strerror or exc}") from exc
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{where} is broken: it is {records.file_kind(st.st_mode)}, not a "
+                        "regular file")
+        if entry.name in MODEL_JSON:
+            _json_passed(Path(entry.path), (st.st_mtime_ns, st.st_size, st.st_ino), error,
+                         where)
 
 
-MTP_PREFIX = "mtp."  # the weights of a model's own MTP head (Qwen3.5, Qwen3-Next: mtp.py)
-
-
-def mtp_keys(folder: Path) -> list[str]:
-    """The names of the MTP head's weights in a model folder (empty if it
-    ships none), read from the safetensors headers."""
-    return [k for f in weight_files(folder) for k in safetensors_header(f)[0]
-            if k.startswith(MTP_PREFIX)]
+@functools.lru_cache(maxsize=256)
+def _json_passed(path: Path, _stamp: tuple, error: type[SpecChatError], where: Path) -> None:
+    data = read_json_object(path, error, where)
+    if path.name == "tokenizer.json":
+        try:
+            tokenizer_vocab(data)
+        except records.BadRecord as exc:
+            raise error(f"{where} is broken: {exc}") from None
 
 
 def is_head(config: dict) -> bool:
     """Whether a folder's config.json is an EAGLE-3 draft head's (eagle3.py)
     rather than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
-    archs = " ".join(str(a) for a in config.get("architectures") or [])
+    archs = config.get("architectures")
+    archs = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs or "")
     return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
             or config.get("model_type") == "eagle3")
 
@@ -177,90 +192,37 @@ def not_a_target(folder: str | os.PathLike, made_for: str = "") -> str:
                else "with the target it was made for"))
 
 
-def _made_for(config: dict) -> str:
-    """The model a head's config says it drafts for, or ""."""
-    try:
-        return head_facts(config)["for"]
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return ""
+def made_for(config: dict) -> str:
+    """The model a head's config says it drafts for (vLLM's
+    ``speculators_config.verifier.name_or_path``), or "" where it says none."""
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return name if isinstance(name, str) else ""
 
 
-def head_facts(config: dict) -> dict:
-    """What a head's config says it needs of a target, for the check that
-    it fits one before anything loads: the hidden width it reads, the
-    target's hidden states it reads (the published ids: None means 2, n/2
-    and n - 3 of the target's n layers), the vocabulary it maps into, its
-    own draft vocabulary, and the model it was made for, where it says."""
-    layer = config.get("transformer_layer_config") or config
-    ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("target_layer_ids")
-    verifier = ((config.get("speculators_config") or {}).get("verifier") or {})
-    return {"reads_width": int(config.get("target_hidden_size") or layer["hidden_size"]),
-            "reads_layers": [int(i) for i in ids] if ids else None,
-            "vocab": int(layer.get("vocab_size", config.get("vocab_size", 0))),
-            "draft_vocab": int(config.get("draft_vocab_size") or layer.get("vocab_size", 0)),
-            "for": str(verifier.get("name_or_path") or "")}
-
-
-def vocab_map_problems(d2t: Sequence[int], t2d: Sequence[int] | bytes | None,
-                       draft_vocab: int, target_vocab: int, target: str) -> list[str]:
-    """What is wrong, in words, with an EAGLE-3 head's map from its draft
-    vocabulary to a target's ids (eagle3.py: draft id i is target id
-    i + d2t[i]; ``t2d``, where shipped, marks the target ids it drafts):
-    d2t must have one entry per draft id, every id either names must be one
-    of the target's ``target_vocab``, and both must name the same ids. Empty when the map fits. Shared by
-    the engine at load and the library's check, so both say the same."""
-    problems = []
-    if len(d2t) != draft_vocab:
-        problems.append(f"its d2t maps {len(d2t):,} draft ids, but it drafts over "
-                        f"{draft_vocab:,} (its draft_vocab_size)")
-    mapped = [i + int(offset) for i, offset in enumerate(d2t)]
-    outside = [(i, t) for i, t in enumerate(mapped) if not 0 <= t < target_vocab]
-    if outside:
-        i, t = max(outside, key=lambda it: abs(it[1]))
-        problems.append(f"its d2t maps {len(outside):,} draft ids outside {target}'s "
-                        f"{target_vocab:,} ids (draft id {i:,} to target id {t:,})")
-    if t2d is not None:
-        marked = [j for j, v in enumerate(t2d) if v]
-        past = [j for j in marked if j >= target_vocab]
-        if past:
-            problems.append(f"its t2d marks {len(past):,} target ids past {target}'s "
-                            f"{target_vocab:,} (up to {past[-1]:,})")
-        if set(marked) != set(mapped):
-            problems.append(f"its t2d marks {len(marked):,} target ids and its d2t maps to "
-                            f"{len(set(mapped)):,}, not the same ones")
-    return problems
-
-
-def read_config(folder: Path, error: type[EngineError] = EngineError,
+def read_config(folder: Path, error: type[SpecChatError] = EngineError,
                 shown: Path | None = None) -> dict:
-    """config.json of ``folder``; messages name ``shown`` (default
-    ``folder``): the folder the user gave, when ``folder`` is a copy."""
-    shown = shown or folder
+    """A model's or a head's config.json (read_json_object)."""
     path = folder / "config.json"
-    if not path.exists():
-        raise error(f"{shown} is not an MLX model folder (config.json is missing)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise error(f"{shown / path.name} is not valid JSON ({exc}); the model folder is "
-                    "damaged") from exc
-    if not isinstance(config, dict):
-        raise error(f"{shown / path.name} is not a model config (expected a JSON object)")
-    return config
+    if not path.exists() and not path.is_symlink():
+        raise error(f"{shown or folder} is not an MLX model folder (config.json is missing)")
+    return read_json_object(path, error, (shown or folder) / "config.json")
 
 
-def validate_folder(folder: Path, error: type[EngineError] = EngineError,
+def validate_folder(folder: Path, error: type[SpecChatError] = EngineError,
                     shown: Path | None = None) -> dict:
-    """Config, weights and tokenizer are all there; returns config.json.
-    Messages name ``shown`` (default ``folder``), as ``read_config``'s."""
-    shown = shown or folder
+    """Config, weights and tokenizer are all there and every file can be
+    read (check_files); returns config.json."""
     if not folder.exists():
-        raise error(f"Model folder not found: {shown}")
+        raise error(f"Model folder not found: {shown or folder}")
     if not folder.is_dir():
-        raise error(f"Not a model folder: {shown}")
+        raise error(f"Not a model folder: {shown or folder}")
+    check_files(folder, error, shown)
     config = read_config(folder, error, shown)
+    shown = shown or folder
     if is_head(config):  # no tokenizer of its own: it cannot be loaded as a model
-        raise error(not_a_target(shown, _made_for(config)))
+        raise error(not_a_target(folder, made_for(config)))
     if not weight_files(folder):
         pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
         if pickled:

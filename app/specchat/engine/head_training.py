@@ -55,7 +55,8 @@ from specchat import records
 from specchat.engine import chat, checkpoint, folders
 from specchat.engine.checkpoint import TrainingState
 from specchat.engine.compat import facts_from_tokenizer
-from specchat.engine.eagle3 import Eagle3Head, HeadConfig
+from specchat.engine.eagle3 import Eagle3Head
+from specchat.engine.eagle3_format import HeadConfig, published_config
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     TRAINING_OPTIMIZER,
@@ -143,23 +144,6 @@ def head_config(engine, draft_vocab: int, intermediate: int = 0) -> HeadConfig:
         vocab_size=int(engine.target_runner.trunk.embed_tokens.weight.shape[0]),
         draft_vocab_size=draft_vocab, target_hidden_size=hidden, layer_ids=None,
         norm_before_residual=False, tie_word_embeddings=False)
-
-
-def published_config(c: HeadConfig, target_layers: int, target_name: str) -> dict:
-    """config.json in vLLM's ``speculators`` layout (eagle3.py reads it)."""
-    ids = list(c.layer_ids or (2, target_layers // 2, target_layers - 3))
-    return {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-        "transformer_layer_config": {
-            "model_type": "llama", "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta, "vocab_size": c.vocab_size},
-        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": ids, "norm_before_residual": c.norm_before_residual,
-        "speculators_config": {"verifier": {"name_or_path": target_name}},
-    }
 
 
 def _padded(x: mx.array, n: int) -> mx.array:

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 
-from specchat.engine import compute
+from specchat.engine import compute, mtp_format
 from specchat.engine.drafter_kinds import MTP
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import MTP_PREFIX, mtp_keys, weight_files
+from specchat.engine.folders import weight_files
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
 
@@ -56,26 +57,37 @@ class MTPModule(nn.Module):
         return self.norm(h)
 
 
-def load_head(folder: Path, target, policy) -> MTPModule | None:
-    """The MTP module of a loaded target from its folder's ``mtp.*`` weights,
-    in the policy's dtype; None if the folder has none."""
-    keys = mtp_keys(folder)
-    if not keys:
-        return None
+def load_head(folder: Path, target, policy, config: dict,
+              name: str) -> tuple[MTPModule | None, str | None]:
+    """(the MTP module of a loaded target, from its folder's ``mtp.*``
+    weights, in the policy's dtype; None) when it has one that fits, else
+    (None, why it cannot draft for itself, in mtp_format's words). Its
+    weights are checked from their headers before any is read: against the
+    model's config (mtp_format.problem, as the library checks them), then
+    against the layer class the model is built with."""
+    tensors = mtp_format.read(folder)
+    own = mtp_format.head_tensors(tensors)
+    if not own:
+        return None, mtp_format.no_head(name)
+    why = mtp_format.problem(tensors, config)
     inner = getattr(target, "language_model", target)
     args = getattr(inner, "args", None)
     layers = getattr(getattr(inner, "model", None), "layers", None)
-    if args is None or not layers:
-        raise EngineError(f"{folder.name} has MTP weights, but SpecChat cannot run them for "
-                          f"its model type")
-    n = len({k.split(".")[2] for k in keys if k.startswith(MTP_PREFIX + "layers.")}) or 1
-    head = MTPModule(type(layers[0]), args, n)
+    if why is None and (args is None or not layers):
+        why = "SpecChat cannot run one for its model type"
+    if why is not None:
+        return None, mtp_format.cannot_draft(name, why)
+    n = len({k.split(".")[1] for k in own if k.startswith("layers.")})
+    head = MTPModule(type(layers[0]), args, n)  # lazy: nothing is computed before load_weights
+    why = _unlike(head, own)
+    if why is not None:
+        return None, mtp_format.cannot_draft(name, why)
     weights: dict[str, mx.array] = {}
     hub_layout = False
     for f in weight_files(folder):
         tensors = mx.load(str(f))
-        weights.update((k[len(MTP_PREFIX):], v) for k, v in tensors.items()
-                       if k.startswith(MTP_PREFIX))
+        weights.update((k[len(mtp_format.PREFIX):], v) for k, v in tensors.items()
+                       if k.startswith(mtp_format.PREFIX))
         hub_layout |= any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in tensors.items())
         del tensors
     if hub_layout:
@@ -83,10 +95,26 @@ def load_head(folder: Path, target, policy) -> MTPModule | None:
                    for k, v in weights.items()}
     try:
         head.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
+    except ValueError as exc:  # checked above: the files changed since
         raise EngineError(f"{folder.name}: its MTP weights do not fit the model ({exc})") from exc
     compute.apply(head, policy)
-    return head
+    return head, None
+
+
+def _unlike(head: MTPModule, tensors: dict) -> str | None:
+    """How the head's weights (their headers' shapes) differ from what the
+    model's layer class builds, in words; None when they are alike."""
+    want = {k: tuple(v.shape) for k, v in tree_flatten(head.parameters())}
+    for k, t in sorted(tensors.items()):
+        if k not in want:
+            return f"tensor {mtp_format.PREFIX}{k} is not part of the model's layer"
+        if t.shape != want[k]:
+            return (f"tensor {mtp_format.PREFIX}{k} has shape {list(t.shape)} but the model's "
+                    f"layer takes {list(want[k])}")
+    missing = sorted(set(want) - set(tensors))
+    if missing:
+        return f"its weights lack {mtp_format.PREFIX}{missing[0]}"
+    return None
 
 
 class MTPDrafter(HeadDrafter):

@@ -20,8 +20,10 @@ from specchat.engine import (
     compute,
     drafter_kinds,
     eagle3,
+    eagle3_format,
     modes,
     mtp,
+    mtp_format,
     request_check,
     threads,
     warmup,
@@ -50,6 +52,14 @@ from specchat.engine.loading import LoadedModel, count_params, load_folder
 from specchat.engine.runner import Runner
 
 
+def _head_files(path: str | None) -> eagle3_format.Head | None:
+    """The checked files of the EAGLE-3 head at ``path`` (eagle3_format.read);
+    None when ``path`` is none or not a head's folder."""
+    if path is None or not Path(path).is_dir() or not is_head(read_config(Path(path))):
+        return None
+    return eagle3_format.read(Path(path))
+
+
 class Engine:
     def __init__(self, compute_info: ComputeInfo | None = None):
         self.compute = compute_info or compute.detect()
@@ -64,6 +74,7 @@ class Engine:
         self._head: eagle3.Eagle3Drafter | None = None
         self.head: LoadedModel | None = None  # the one beside a draft model
         self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
+        self._no_mtp = ""  # why there is none (mtp_format's words)
         # Drafters other than the draft model's, built on first use and kept
         # (with their state: a suffix index, the MTP head's cache) while the
         # target stays loaded.
@@ -95,6 +106,20 @@ class Engine:
         if draft_path == target_path:  # it would "speculate" at twice the cost of plain decoding
             name = Path(target_path).name
             raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
+        if own_head and not is_cluster_folder(target_path) and Path(target_path).is_dir() \
+                and (self.target is None or self.target.info.path != target_path):
+            # Its own head's weights are checked before the target loads, as the library does.
+            config = read_config(Path(target_path))
+            why = mtp_format.verdict(Path(target_path), config, model_name(target_path))
+            if why is not None:
+                raise EngineError(why)
+        # A head's files are checked before anything loads, in the library's words.
+        draft_head = _head_files(draft_path)
+        head_path = str(Path(head).expanduser().resolve()) if head else None
+        side_head = _head_files(head_path)
+        if head_path is not None and side_head is None:
+            raise EngineError(f"{Path(head_path).name} is not an EAGLE-3 draft head (its "
+                              "config.json names no eagle3 architecture).")
         if self.target is None or self.target.info.path != target_path:
             self._drop_target()
             if is_cluster_folder(target_path):  # the target's layers spread over a cluster
@@ -108,9 +133,13 @@ class Engine:
                 say("target", f"warming up {self.target.info.name}")
                 warmup.warm(runner)
             self._slot = CacheSlot(runner)
-            self._mtp_head = mtp.load_head(Path(target_path), self.target.model, self.compute)
+            self._mtp_head, self._no_mtp = mtp.load_head(
+                Path(target_path), self.target.model, self.compute, self.target.config,
+                self.target.info.name)
             if self._mtp_head is not None:
                 say("target", f"{self.target.info.name} has an MTP head: it can draft for itself")
+            elif self._no_mtp != mtp_format.no_head(self.target.info.name):
+                say("target", self._no_mtp)  # it ships one, which cannot draft
             self._eos = chat.end_token_ids(self.target.tokenizer)
             self.history = History()  # ids of another tokenizer mean nothing
             w = runner.head_weight()
@@ -122,14 +151,14 @@ class Engine:
             self._drop_draft()
         elif self.draft is None or self.draft.info.path != draft_path:
             self._drop_draft()
-            if Path(draft_path).is_dir() and is_head(read_config(Path(draft_path))):
-                self.draft, self._head = self._load_head(Path(draft_path), say)
+            if draft_head is not None:
+                self.draft, self._head = self._load_head(draft_head, say)
                 self._model_drafter = self._head
             else:
                 self._load_draft_model(draft_path, say)
-        self._load_head_beside(head, say)
+        self._load_head_beside(head_path, side_head, say)
         if own_head and self._mtp_head is None:
-            raise EngineError(self._no_mtp_head())
+            raise EngineError(self._no_mtp)
         head_bytes = {}
         if self._mtp_head is not None:  # a layer, and the target's output layer
             head_bytes[drafter_kinds.MTP.name] = (compute.param_bytes(self._mtp_head)
@@ -174,8 +203,8 @@ class Engine:
         say("draft", f"warming up {loaded.info.name}")
         warmup.warm(self._model_drafter.runner)
 
-    def _load_head_beside(self, head: str | Path | None, say) -> None:
-        path = str(Path(head).expanduser().resolve()) if head else None
+    def _load_head_beside(self, path: str | None, files: eagle3_format.Head | None,
+                          say) -> None:
         draft_is_head = self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name
         if self.head is not None and (self.head.info.path != path or draft_is_head):
             if self._head is not self._model_drafter:  # not the head just loaded as the draft
@@ -189,17 +218,18 @@ class Engine:
                               "instead (one head at a time).")
         if self.head is not None:
             return
-        if not (Path(path).is_dir() and is_head(read_config(Path(path)))):
-            raise EngineError(f"{Path(path).name} is not an EAGLE-3 draft head (its config.json "
-                              "names no eagle3 architecture).")
-        self.head, self._head = self._load_head(Path(path), say)
+        self.head, self._head = self._load_head(files, say)
 
-    def _load_head(self, folder: Path, say) -> tuple[LoadedModel, eagle3.Eagle3Drafter]:
-        """An EAGLE-3 head: checked against the target in words, drafting
-        from the target's own hidden states (eagle3.py)."""
+    def _load_head(self, files: eagle3_format.Head,
+                   say) -> tuple[LoadedModel, eagle3.Eagle3Drafter]:
+        """An EAGLE-3 head (its folder checked: eagle3_format.read), checked
+        against the target in words, drafting from the target's own hidden
+        states (eagle3.py)."""
+        folder = files.folder
         name = model_name(folder)
         say("draft", f"loading the draft head {name}")
-        head = eagle3.load_head(folder, self.target.model, self.compute, self.target.info.name)
+        head = eagle3.load_head(files, self.target.model, self.compute, name,
+                                self.target.info.name)
         drafter = eagle3.Eagle3Drafter(head, self._slot)
         info = ModelInfo(name=name, path=str(folder), model_type=eagle3.EAGLE3.name,
                          n_params=count_params(head),
@@ -215,6 +245,7 @@ class Engine:
         self.target = None
         self._slot = None
         self._mtp_head = None
+        self._no_mtp = ""
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
@@ -309,7 +340,7 @@ class Engine:
         mode = mode.runs_with(have)
         if mode is None:
             if "mtp" in wanted.needs:
-                raise EngineError(self._no_mtp_head())
+                raise EngineError(self._no_mtp)
             if "head" in wanted.needs:
                 raise EngineError("This mode drafts with an EAGLE-3 head loaded beside the draft "
                                   "model, and none is: load one (--head), or choose the head "
@@ -320,11 +351,6 @@ class Engine:
         if len(chain) == 1:
             return chain[0], mode
         return HybridDrafter(*chain), mode
-
-    def _no_mtp_head(self) -> str:
-        return (f"{self.target.info.name} has no MTP head (no mtp.* weights in its folder), so "
-                "it cannot draft for itself: choose a draft model, or draft from the "
-                "conversation (suffix matching).")
 
     def _drafter_of(self, kind: DrafterKind) -> Drafter:
         parts = Parts(target=self._slot, draft_model=self._model_drafter,

@@ -25,22 +25,19 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat import records
-from specchat.engine import folders
+from specchat.engine import folders, safetensors_file
+from specchat.engine.folders import text_config
+from specchat.engine.safetensors_file import Tensor
+from specchat.engine.safetensors_file import whole as _whole
 from specchat.engine.template import TemplateError, compile_template
 from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
-
-# safetensors dtypes and their sizes in bytes (safetensors' README).
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
-               "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 
 # config.json numbers that must be whole and positive when present, and
 # numbers that must be positive.
@@ -69,127 +66,17 @@ INDEX_FILE = "model.safetensors.index.json"
 _SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<i>[0-9]{5})-of-(?P<n>[0-9]{5})\.safetensors")
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                    "mask_token")
-# The most of a small JSON file (the shard index, the tokenizer config) that
-# is read: the largest published are a few MB.
-MAX_JSON_BYTES = 64 * 2**20
 
 
 # -- safetensors files ---------------------------------------------------------
-@dataclass(frozen=True)
-class Tensor:
-    """One entry of a safetensors header (offsets are into the data area)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-    file: str  # the shard's file name, for messages
-
-
 def read_safetensors(path: Path, shown: Path | None = None) -> dict[str, Tensor]:
-    """Every tensor of one safetensors file, after checking what the format
-    requires: a header that fits in the file, known dtypes, shapes of whole
-    numbers, each tensor's bytes = its shape times its dtype size, and the
-    tensors tiling the data area exactly (no overlap, no gap, nothing
-    missing at the end, which is how a cut-short download shows)."""
-    shown = shown or path
-    header, data = folders.safetensors_header(path, LibraryError, shown)
-    tensors = {name: _tensor(name, info, path.name, shown) for name, info in header.items()}
-    at, last = 0, None
-    for t in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
-        if t.start < at:
-            raise LibraryError(f"{shown} is damaged: tensor {t.name!r} overlaps {last!r} "
-                               f"(bytes {t.start:,}-{t.end:,} of the data)")
-        if t.start > at:
-            raise LibraryError(f"{shown} is damaged: {t.start - at:,} bytes before tensor "
-                               f"{t.name!r} belong to no tensor")
-        at, last = t.end, t.name
-    if at > data:
-        raise LibraryError(
-            f"{shown} is truncated: its tensors need {at:,} bytes of data but the file has "
-            f"{data:,}. The download or copy was probably cut short; get it again")
-    if at < data:
-        raise LibraryError(f"{shown} is damaged: {data - at:,} bytes after its last tensor "
-                           "belong to no tensor")
-    return tensors
-
-
-# A head's d2t has one entry per draft id and its t2d one per target id:
-# the largest vocabularies are a few hundred thousand ids. A map past this
-# is refused before it is read into a list (a file may claim any size).
-MAP_MAX_IDS = 1 << 22
-# The integer dtypes a head's vocabulary map comes in, as struct formats
-# (little-endian, as safetensors stores them).
-_MAP_FORMATS = {"BOOL": "B", "U8": "B", "I8": "b", "I16": "h", "U16": "H", "I32": "i",
-                "U32": "I", "I64": "q", "U64": "Q"}
-
-
-def read_head_map(folder: Path) -> tuple[list[int] | None, list[int] | None]:
-    """An EAGLE-3 head's ``d2t`` and ``t2d`` (each None where it ships none),
-    read from its safetensors files without MLX: a few hundred kilobytes
-    at the offsets their headers give (read_safetensors checks them first)."""
-    found: dict[str, list[int]] = {}
-    for path in folders.head_weight_files(folder):
-        tensors = read_safetensors(path)
-        wanted = [tensors[n] for n in ("d2t", "t2d") if n in tensors]
-        if not wanted:
-            continue
-        data_at = path.stat().st_size - max((t.end for t in tensors.values()), default=0)
-        with open(path, "rb") as f:
-            for t in wanted:
-                fmt = _MAP_FORMATS.get(t.dtype)
-                if fmt is None:
-                    raise LibraryError(f"{path}: the head's {t.name} is of dtype {t.dtype}, "
-                                       "not whole numbers")
-                ids = (t.end - t.start) // struct.calcsize(fmt)
-                if ids > MAP_MAX_IDS:
-                    raise LibraryError(f"{path}: the head's {t.name} holds {ids:,} ids, more "
-                                       f"than any vocabulary ({MAP_MAX_IDS:,} at most)")
-                f.seek(data_at + t.start)
-                raw = f.read(t.end - t.start)
-                found[t.name] = list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}",
-                                                   raw))
-    return found.get("d2t"), found.get("t2d")
-
-
-def _tensor(name: str, info: object, file: str, shown: Path) -> Tensor:
-    def bad(what: str) -> LibraryError:
-        return LibraryError(f"{shown} is not a valid safetensors file: tensor {name!r} {what}")
-
-    if not isinstance(info, dict):
-        raise bad("has no description")
-    dtype = info.get("dtype")
-    if dtype not in DTYPE_BYTES:
-        raise bad(f"has unknown dtype {dtype!r}")
-    shape = info.get("shape")
-    if not isinstance(shape, list) or not all(_whole(s) and s >= 0 for s in shape):
-        raise bad(f"has shape {shape!r} (expected a list of whole numbers >= 0)")
-    offsets = info.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_whole, offsets))
-            and 0 <= offsets[0] <= offsets[1]):
-        raise bad(f"has data_offsets {offsets!r} (expected [start, end], 0 <= start <= end)")
-    start, end = offsets
-    need = DTYPE_BYTES[dtype] * math.prod(shape)
-    if end - start != need:
-        raise bad(f"has shape {shape} of {dtype}, which is {need:,} bytes, but its "
-                  f"data_offsets span {end - start:,}")
-    return Tensor(name, dtype, tuple(shape), start, end, file)
-
-
-def _whole(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """Every tensor of one safetensors file, checked as the format requires
+    (engine.safetensors_file.read: the one reader, which the engine's
+    loader uses too), refused as a LibraryError naming ``shown``."""
+    return safetensors_file.read(path, LibraryError, shown)
 
 
 # -- config.json ---------------------------------------------------------------
-def text_config(config: dict) -> dict:
-    """Multimodal configs keep the language model's numbers in text_config."""
-    inner = config.get("text_config")
-    if isinstance(inner, dict):
-        return {**config, **inner}
-    return config
-
-
 def check_config(config: dict, where: Path) -> None:
     """The numbers mlx-lm builds the model from are numbers, and positive;
     a known architecture has every key its ModelArgs requires. ``where`` is
@@ -416,17 +303,9 @@ def check_shards(folder: Path, by_file: dict[str, dict[str, Tensor]], shown: Pat
 
 
 def _read_json(path: Path, where: Path) -> dict:
-    """A small JSON object of the folder, read as ``specchat.records`` reads
-    every file: only a regular file (a FIFO in its place would block the
-    check forever), bounded, and JSON nested too deep to parse is broken
-    like any other. ``where`` names it in the message."""
-    try:
-        data = records.read_json(path, MAX_JSON_BYTES)
-    except (OSError, records.BadRecord) as exc:
-        raise LibraryError(f"{where} is broken: {exc}") from None
-    if not isinstance(data, dict):
-        raise LibraryError(f"{where} is broken: it is not a JSON object")
-    return data
+    """A small JSON object of the folder (folders.read_json_object: only a
+    regular file, bounded, nesting checked); ``where`` names it."""
+    return folders.read_json_object(path, LibraryError, where)
 
 
 def _check_index(index: Path, by_file: dict[str, dict[str, Tensor]], shown: Path) -> None:
@@ -472,9 +351,10 @@ def check_tokenizer_config(folder: Path, shown: Path) -> None:
     jinja = folder / "chat_template.jinja"
     if jinja.exists():
         try:
-            text = jinja.read_text(encoding="utf-8")
-        except (OSError, ValueError) as exc:
-            raise LibraryError(f"Cannot read {shown / jinja.name}: {exc}") from None
+            text = records.read_file(jinja, records.MAX_JSON_BYTES).decode("utf-8")
+        except (OSError, ValueError) as exc:  # records.BadRecord and UnicodeDecodeError included
+            raise LibraryError(f"{shown / jinja.name} is broken: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
         check_chat_template(text, shown / jinja.name)
     extra = folder / "chat_template.json"
     if extra.exists():

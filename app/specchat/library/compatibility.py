@@ -7,9 +7,12 @@ proposes means the same text to the target (same vocabulary, same ids, same
 special tokens; the words come from ``engine.compat.compare_tokenizers``,
 which the engine uses at load time too), or the draft is an EAGLE-3 head
 made for the target (the hidden width and layers it reads, the ids it maps
-into); (2) both caches can go back after rejected draft tokens (every kind
-mlx-lm makes can: engine/rollback.py); and (3) the draft is smaller than the
-target, or drafting costs as much as verifying.
+into: ``engine.eagle3_format``, the engine's own rules and words), or the
+draft is the target's own MTP head (``modes.OWN_HEAD``, "mtp": its weights
+checked by ``engine.mtp_format``, as the engine checks them); (2) both
+caches can go back after rejected draft tokens (every kind mlx-lm makes
+can: engine/rollback.py); and (3) the draft is smaller than the target, or
+drafting costs as much as verifying.
 
 Models not downloaded yet are judged from the catalog (tokenizer family and
 parameter counts) and the report says so (``verified=False``).
@@ -20,11 +23,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specchat.engine import folders
+from specchat.engine import eagle3_format, folders, modes, mtp_format
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers
+from specchat.engine.folders import text_config
 from specchat.library import index, memory, refs
 from specchat.library.catalog import load_catalog
-from specchat.library.checks import read_head_map, text_config
 from specchat.library.errors import LibraryError
 from specchat.library.facts import tokenizer_facts
 from specchat.library.memory import MemoryEstimate
@@ -108,56 +111,72 @@ def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str]
     return [], [], ["the tokenizers cannot be compared until both models are downloaded"]
 
 
+def _target_facts(t: ModelSide) -> eagle3_format.Target | None:
+    """What a head must fit of the target on disk, from its config.json
+    (None where it does not state them as whole numbers)."""
+    cfg = text_config(folders.read_config(Path(t.path), LibraryError))
+    sizes = [cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return None
+    return eagle3_format.Target(t.name, *sizes)
+
+
 def _head_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str], list[str]]:
     """(problems, good reasons, notes) for an EAGLE-3 head drafting for a
-    target: it reads the target's hidden states, so they must be as wide as
-    it expects, the layers it reads must exist, and its vocabulary must map
-    into the target's ids (the engine refuses the same at load, eagle3.fit)."""
+    target, by the engine's own rules and words (eagle3_format.fit_problem
+    and map_problem: the engine refuses the same at load)."""
     head = d.facts.head
     if not t.on_disk or not t.path:
         return [], [], ["the head is checked against the target once the target is downloaded"]
-    cfg = text_config(folders.read_config(Path(t.path), LibraryError))
-    width, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
-    problems = []
-    if width != head["reads_width"]:
-        problems.append(f"{d.name} reads hidden states of width {head['reads_width']}, {t.name} "
-                        f"has {width}")
-    ids = head["reads_layers"] or ([2, layers // 2, layers - 3] if isinstance(layers, int) else [])
-    if isinstance(layers, int) and any(not 0 <= i - 1 < layers for i in ids):
-        problems.append(f"{d.name} reads layers {ids}, {t.name} has {layers}")
-    if vocab != head["vocab"]:
-        problems.append(f"{d.name}'s vocabulary maps into {head['vocab']:,} ids, {t.name}'s "
-                        f"has {vocab:,}")
-    if problems:
-        return ([f"{d.name} is an EAGLE-3 head for another model"
-                 + (f" ({head['for']})" if head["for"] else "") + ": " + "; ".join(problems)],
-                [], [])
-    map_problems = _map_problems(d, head, vocab, t.name)
-    if map_problems:
-        return [f"{d.name}'s vocabulary map does not fit {t.name}: "
-                + "; ".join(map_problems)], [], []
+    target = _target_facts(t)
+    if target is None:
+        return [], [], [f"{t.name}'s config.json does not state its hidden size, layers and "
+                        "vocabulary, so the head is checked against it when the pair is loaded"]
+    problem = eagle3_format.fit_problem(head, target, d.name)
+    if problem is None and d.on_disk and d.path:
+        problem = eagle3_format.map_problem(eagle3_format.read(Path(d.path), LibraryError),
+                                            target, d.name)
+    if problem is not None:
+        return [problem], [], []
+    ids = head["reads_layers"] or list(eagle3_format.default_layer_ids(target.num_layers))
     return [], [f"an EAGLE-3 head that reads {t.name}'s hidden states at layers {ids} (width "
-                f"{width}) and drafts over {head['draft_vocab']:,} of its {vocab:,} ids"], []
+                f"{target.hidden_size}) and drafts over {head['draft_vocab']:,} of its "
+                f"{target.vocab_size:,} ids"], []
 
 
-def _map_problems(d: ModelSide, head: dict, vocab: int, target: str) -> list[str]:
-    """The head's own d2t and t2d against the target's vocabulary, read from
-    its files (the engine checks the same at load: folders.vocab_map_problems)."""
-    if not d.on_disk or not d.path or not isinstance(vocab, int):
-        return []
-    d2t, t2d = read_head_map(Path(d.path))
-    if d2t is None:
-        if head["draft_vocab"] != head["vocab"]:
-            return [f"it drafts over {head['draft_vocab']:,} ids but ships no d2t to map them "
-                    f"into {target}'s {vocab:,}"]
-        d2t = [0] * head["draft_vocab"]  # the whole vocabulary, in order (as the engine reads it)
-    return folders.vocab_map_problems(d2t, t2d, head["draft_vocab"], vocab, target)
+def _own_head(t: ModelSide, context_tokens: int) -> CompatReport:
+    """The verdict for the target drafting with its own MTP head
+    (``specchat models check T mtp``, the pair picker's own head): from its
+    files when it is on disk, in the engine's words (mtp_format.verdict, as
+    the engine checks it before it loads), else from the catalog. The head
+    is part of the target: its side is the target's."""
+    draft = ModelSide(modes.OWN_HEAD, f"{t.name}'s own MTP head", t.path, t.facts, t.catalog)
+    notes = []
+    if t.facts is not None and t.facts.head is not None:
+        problem = folders.not_a_target(t.path or t.ref, t.facts.head.get("for") or "")
+    elif t.on_disk and t.path:
+        path = Path(t.path)
+        problem = mtp_format.verdict(path, folders.read_config(path, LibraryError), t.name,
+                                     LibraryError)
+    elif t.catalog is not None:
+        problem = None if t.catalog.mtp else mtp_format.no_head(t.name)
+        notes.append("judged from the catalog; checked again from the files once downloaded")
+    else:
+        problem = f"{t.name} is not on disk, so whether it ships an MTP head is not known yet"
+    good = [f"{t.name} drafts for itself with its own MTP head: one layer, no second model to "
+            "download or hold"]
+    est = memory.estimate(t, None, context_tokens) if t.params else None
+    return CompatReport(compatible=problem is None, reasons=[problem] if problem else good,
+                        target=t, draft=draft, memory=est, notes=notes)
 
 
 def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
           allow_work: bool = True) -> CompatReport:
-    """The verdict for ``draft_ref`` speculating for ``target_ref``."""
+    """The verdict for ``draft_ref`` speculating for ``target_ref``
+    (``modes.OWN_HEAD``: the target's own MTP head)."""
     t = describe(target_ref, allow_work)
+    if draft_ref == modes.OWN_HEAD:
+        return _own_head(t, context_tokens)
     d = describe(draft_ref, allow_work)
     is_head = d.facts is not None and d.facts.head is not None
     problems, good, notes = (_head_verdict if is_head else _tokenizer_verdict)(t, d)

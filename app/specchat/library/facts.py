@@ -15,10 +15,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specchat.engine import folders
+from specchat.engine import eagle3_format, folders, mtp_format
 from specchat.engine.compat import facts_from_tokenizer_json
 from specchat.engine.events import CHECKPOINT_FILES
-from specchat.library.checks import Tensor, check_folder, read_safetensors, text_config
+from specchat.engine.folders import text_config
+from specchat.library.checks import Tensor, check_folder
 from specchat.library.disk import stamp
 from specchat.library.errors import LibraryError
 
@@ -60,10 +61,12 @@ class ModelFacts:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     max_context: int | None = None
-    mtp: bool | None  # it ships its own MTP head (mtp.* weights): it can draft for itself
+    # It ships its own MTP head (mtp.* weights) that passes mtp_format's
+    # check: it can draft for itself.
+    mtp: bool | None
     hidden_size: int | None  # the width of its hidden states (what a draft head reads)
     # For an EAGLE-3 draft head (engine/eagle3.py), what it needs of a target
-    # (engine.folders.head_facts); None for a model.
+    # (engine.eagle3_format.Head.facts); None for a model.
     head: dict | None = None
 
     def to_json(self) -> dict:
@@ -92,7 +95,7 @@ def validate_folder(folder: Path, shown: Path | None = None) -> dict:
     folder = Path(folder)
     head = _head_config(folder)
     if head is not None:
-        read_head(folder, head, shown)
+        read_head(folder, shown)
         return head
     return _validate(folder, shown)[0]
 
@@ -228,9 +231,9 @@ def tokenizer_facts(folder: Path, shown: Path | None = None):
     try:
         return _parsed_tokenizer(folder.resolve(), stamp(folder / "tokenizer.json"),
                                  stamp(folder / "tokenizer_config.json"))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:  # records.BadRecord says what, in words
         where = (shown or folder) / "tokenizer.json"
-        raise LibraryError(f"{where} could not be read ({exc})") from exc
+        raise LibraryError(f"{where} is broken: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 # Parsed tokenizer facts by (folder, file stamps). Parsing a 7 MB tokenizer.json
@@ -241,39 +244,22 @@ def _parsed_tokenizer(folder: Path, *_stamps: object):
     return facts_from_tokenizer_json(folder)
 
 
-HEAD_TENSORS = ("fc.weight", "lm_head.weight")  # besides its layer's (layers.0. or midlayer.)
-
-
-def read_head(folder: Path, config: dict, shown: Path | None = None) -> ModelFacts:
+def read_head(folder: Path, shown: Path | None = None) -> ModelFacts:
     """The facts of an EAGLE-3 draft head's folder (no tokenizer of its own:
-    it drafts with the target's), after checking its safetensors files are
-    whole and hold what a head is made of. A head trained here keeps its
-    training checkpoint beside it (events.CHECKPOINT_FILES: the optimizer's
-    state, as big as the head twice over): for resuming, not the head, so
-    neither its size nor its parameters count it."""
-    shown = shown or folder
-    files = folders.head_weight_files(folder)
-    if not files:
-        pickled = [p.name for p in folder.glob("*.bin")]
-        raise LibraryError(f"{shown} has no safetensors weights"
-                           + (f" (only pickled {pickled[0]}, which SpecChat does not open: "
-                              "pickled files can run code)" if pickled else ""))
-    tensors = {}
-    for f in files:
-        tensors.update(read_safetensors(f, shown / f.name))
-    missing = [n for n in HEAD_TENSORS if n not in tensors]
-    if missing or not any(n.startswith(("layers.0.", "midlayer.")) for n in tensors):
-        raise LibraryError(f"{shown} says it is an EAGLE-3 head but its weights lack "
-                           f"{', '.join(missing) or 'its layer'}")
-    try:
-        head = folders.head_facts(config)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LibraryError(f"{shown}/config.json is not an EAGLE-3 head's config ({exc})") from exc
-    params, label = count_params(config, tensors)
+    it drafts with the target's), after the engine's own check of its files
+    (eagle3_format.read: its config, its weights' shapes against it, its
+    vocabulary map), so the library and the engine refuse the same heads in
+    the same words. A head trained here keeps its training checkpoint
+    beside it (events.CHECKPOINT_FILES: the optimizer's state, as big as the
+    head twice over): for resuming, not the head, so neither its size nor
+    its parameters count it."""
+    head = eagle3_format.read(folder, LibraryError, shown)
+    params, label = count_params({}, head.tensors)
+    facts = head.facts()
     return ModelFacts(size_bytes=folder_size(folder, CHECKPOINT_FILES), params=params or None,
-                      quantization=label,
-                      model_type="eagle3", vocab_size=head["vocab"], attention="full", mtp=False,
-                      hidden_size=head["reads_width"], head=head)
+                      quantization=label, model_type=eagle3_format.NAME,
+                      vocab_size=facts["vocab"], attention="full", mtp=False,
+                      hidden_size=facts["reads_width"], head=facts)
 
 
 def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = None) -> ModelFacts:
@@ -283,9 +269,8 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
     ``shown`` if given."""
     folder = Path(folder)
     shown = Path(shown) if shown is not None else None
-    head = _head_config(folder)
-    if head is not None:
-        return read_head(folder, head, shown)
+    if _head_config(folder) is not None:
+        return read_head(folder, shown)
     config, tensors = _validate(folder, shown)
     params, label = count_params(config, tensors)
     tok = tokenizer_facts(folder, shown)
@@ -303,6 +288,6 @@ def read_folder(folder: str | os.PathLike, shown: str | os.PathLike | None = Non
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         max_context=max_context(config),
-        mtp=bool(folders.mtp_keys(folder)),
+        mtp=bool(mtp_format.head_tensors(tensors)) and mtp_format.problem(tensors, config) is None,
         hidden_size=_pos_int(text_config(config).get("hidden_size")),
     )

@@ -17,11 +17,13 @@ from __future__ import annotations
 import functools
 import math
 import mmap
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import records
 from specchat.library.errors import LibraryError
 
 MAGIC = b"GGUF"
@@ -147,33 +149,37 @@ def read_header(path: str | Path, arrays: Iterable[str] = (),
     where = Path(shown) if shown is not None else path
     keep = set(arrays)
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below, mmap needs it open
+        with records.open_file(path) as f:  # a regular file only: a FIFO would hang the read
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
+                raise LibraryError(f"{where} is not a GGUF file (only {size} bytes)")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                return _parse(path, where, buf, size, keep)
+            except TruncatedError as exc:
+                raise LibraryError(
+                    f"{where} is truncated: its header needs at least {exc.args[0]:,} bytes but "
+                    f"the file has {size:,}. The download or copy was probably cut short; "
+                    "get the file again") from None
+            except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
+                raise LibraryError(f"{where} is not a valid GGUF file ({exc})") from None
+            finally:
+                buf.close()
+    except records.BadRecord as exc:
+        raise LibraryError(f"{where} is broken: {exc}") from None
     except OSError as exc:
         raise LibraryError(f"Cannot read {where}: {exc.strerror or exc}") from exc
-    with f:
-        size = path.stat().st_size
-        if size < 24:
-            raise LibraryError(f"{where} is not a GGUF file (only {size} bytes)")
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return _parse(path, where, buf, size, keep)
-        except TruncatedError as exc:
-            raise LibraryError(
-                f"{where} is truncated: its header needs at least {exc.args[0]:,} bytes but "
-                f"the file has {size:,}. The download or copy was probably cut short; "
-                "get the file again") from None
-        except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
-            raise LibraryError(f"{where} is not a valid GGUF file ({exc})") from None
-        finally:
-            buf.close()
 
 
 def _parse(path: Path, where: Path, buf, size: int, keep: set[str]) -> Header:
     if bytes(buf[:4]) != MAGIC:
         raise LibraryError(f"{where} is not a GGUF file (it does not start with 'GGUF')")
     version = struct.unpack_from("<I", buf, 4)[0]
-    if version & 0xFFFF == 0:  # written on a big-endian machine
+    if struct.unpack_from(">I", buf, 4)[0] in (1, 2, 3):  # written on a big-endian machine
         raise LibraryError(f"{where} is a big-endian GGUF file; only little-endian is supported")
+    if version == 0:  # what a file of zeros after the magic reads as
+        raise LibraryError(f"{where} is not a valid GGUF file (its version is 0: the file is "
+                           "damaged)")
     if version not in (2, 3):
         raise LibraryError(f"{where}: GGUF version {version} is not supported (only 2 and 3)")
     cur = _Cursor(buf, size)

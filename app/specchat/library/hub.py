@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.engine.folders import MODEL_JSON  # the JSON files loading reads
 from specchat.errors import SpecChatError
 from specchat.library import disk, hub_files, hub_net, index, paths
 from specchat.library.catalog import load_catalog
@@ -60,16 +61,6 @@ from specchat.library.index import InstalledModel
 from specchat.library.progress import DownloadProgress
 from specchat.library.units import size_text
 
-# The JSON files loading reads: mlx-lm's load_config (config, generation and
-# ModelOpt quantization configs), its sharded loading (the weight index), and
-# transformers' tokenizer (its files, special and added tokens, a BPE
-# vocabulary, a chat template kept as JSON). Named one by one rather than
-# "*.json": a repo's other JSON files are the author's, not the model's (a
-# hostfile.json in a model folder once made loading it connect to the hosts
-# it named), and nothing else reads them.
-MODEL_JSON = ["config.json", "generation_config.json", "hf_quant_config.json",
-              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "added_tokens.json", "vocab.json", "chat_template.json"]
 # What mlx-lm needs from a repo (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS without
 # *.py, since SpecChat never runs repository code, and with MODEL_JSON for
 # *.json). Folder imports copy the same files (importing.wanted_files).

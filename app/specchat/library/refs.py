@@ -27,10 +27,12 @@ progress callback ``(message, fraction or None)`` and a cancel event.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from specchat import records
 from specchat.library import index
 from specchat.library.errors import LibraryError
 from specchat.library.index import InstalledModel
@@ -108,6 +110,15 @@ def _unknown(ref: str, path: Path) -> str:
     file that is not GGUF, a missing path, ``org/repo`` without ``hf:``)."""
     if path.is_file():  # a file the .gguf source did not claim
         return f"{path} is a file but not a GGUF model; pass {accepted()}."
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = None
+    if mode is not None:  # there, but neither a file nor a folder (a device, a FIFO)
+        return (f"{path} is {records.file_kind(mode)}, not a model file or folder: SpecChat "
+                "reads only regular files.")
+    if path.is_symlink():
+        return f"{path} is a link to {os.readlink(path)}, which is not there."
     names = [m.name for m in index.list_installed()]
     have = f" Installed: {', '.join(names)}." if names else " Nothing is installed yet."
     if ref.lower().endswith(".gguf") or ref.startswith(("/", "~", ".")):

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from specchat.engine import modes
 from specchat.library import bundled, compatibility, index
 from specchat.library import catalog as cat
 from specchat.library.bundled import PreparedModel
@@ -262,32 +261,13 @@ def cluster_choice(state: ClusterState, loaded_here: bool = False) -> ModelChoic
 OWN_HEAD_LABEL = "The model's own MTP head"
 
 
-def own_head_verdict(target: str) -> Verdict:
-    """Whether ``target`` ships an MTP head to draft with: from its files
-    when it is on disk, else from the catalog."""
-    try:
-        side = compatibility.describe(target, allow_work=False)
-    except Exception as exc:  # noqa: BLE001 - e.g. not downloaded yet
-        return Verdict(None, (f"Checked when the pair loads ({exc}).",))
-    has = side.facts.mtp if side.facts is not None else (
-        side.catalog.mtp if side.catalog is not None else None)
-    if has is None:
-        return Verdict(None, ("Whether it ships an MTP head is checked when it loads.",))
-    if not has:
-        return Verdict(False, (f"{side.name} ships no MTP head (no mtp.* weights): choose a "
-                               "draft model, or draft from the conversation",))
-    return Verdict(True, (f"{side.name} drafts for itself with its own MTP head: one layer, "
-                          "no second model to download or hold",))
-
-
 def check_pair(target: str, draft: str | None) -> Verdict:
-    """Can ``draft`` speculate for ``target``? Reads tokenizer files (and may
-    be slow for models not yet on disk): call it off the GUI thread."""
+    """Can ``draft`` speculate for ``target`` (``modes.OWN_HEAD``: its own MTP
+    head)? Reads tokenizer files (and may be slow for models not yet on
+    disk): call it off the GUI thread."""
     if not draft:
         return Verdict(True, ("No draft model: suffix matching drafts from the conversation "
                               "and your history.",))
-    if draft == modes.OWN_HEAD:
-        return own_head_verdict(target)
     try:
         # allow_work=False: a verdict must never start a minutes-long
         # conversion of a bundled model or a GGUF file.
