@@ -565,7 +565,7 @@ def _cut_in_place(f: Path) -> None:
 
 
 CHANGED = {"config.json": (_not_json, "is not valid JSON"),
-           "tokenizer.json": (_not_json, "could not be read"),
+           "tokenizer.json": (_not_json, "is not valid JSON"),
            "model.safetensors": (_cut_in_place, "is truncated")}
 
 

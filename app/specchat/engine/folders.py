@@ -23,6 +23,9 @@ from specchat.errors import SpecChatError
 from specchat.home import home
 
 HOSTFILE = "hostfile.json"  # distributed/hostfile.py: what makes a cluster folder one
+# A cluster folder's own files (the hostfile; distributed/secret.py's SECRET):
+# read by the cluster's code, which says what to do about a damaged one.
+CLUSTER_FILES = frozenset({HOSTFILE, "secret"})
 NAME = values.NAMES["a cluster name"].pattern  # a cluster's name (fullmatch)
 
 
@@ -141,7 +144,10 @@ def check_files(folder: Path, error: type[SpecChatError] = EngineError,
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         raise error(f"Cannot read {shown}: {exc.strerror or exc}") from exc
+    own = CLUSTER_FILES if any(e.name == HOSTFILE for e in entries) else frozenset()
     for entry in entries:
+        if entry.name in own:
+            continue
         where = shown / entry.name
         try:
             st = os.stat(entry.path)

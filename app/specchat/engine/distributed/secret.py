@@ -28,7 +28,7 @@ from typing import BinaryIO
 from specchat import records
 from specchat.engine.errors import EngineError
 
-SECRET = "secret"  # the file's name in the cluster folder
+SECRET = "secret"  # the file's name in the cluster folder (one of folders.CLUSTER_FILES)
 BYTES = 32
 MAX_FILE_BYTES = 4 * BYTES  # the file is one line of 2 * BYTES hex digits
 
