@@ -156,10 +156,9 @@ class FinderStrip(QWidget):
                                     clicked=self.cancel)
         hbox((self.status, 3), (self.bar, 2), self.cancel_button, parent=self, margins=0)
         self.hide()
-        finder.progressed.connect(self._progressed)
-        finder.finished.connect(lambda outcome: self.done(*outcome_text(outcome)))
-        finder.failed.connect(lambda message: self.done("✗ " + " ".join(message.split()),
-                                                        message))
+        finder.progressed.connect(self._progressed)  # bound methods: dropped with the strip
+        finder.finished.connect(self._finished)
+        finder.failed.connect(self._failed)
 
     def start(self, target: str) -> None:
         """Measure the installed drafts for ``target``, or say why not now."""
@@ -179,6 +178,12 @@ class FinderStrip(QWidget):
         self.running(message, fraction)
         if self.finder.cancelling:
             self.cancelling()
+
+    def _finished(self, outcome: rec.Recommendation) -> None:
+        self.done(*outcome_text(outcome))
+
+    def _failed(self, message: str) -> None:
+        self.done("✗ " + " ".join(message.split()), message)
 
     def running(self, message: str, fraction: float) -> None:
         self.bar.show()
