@@ -3,7 +3,7 @@ pair with its reason, the engine's own refusal, and cancelling a load."""
 
 from __future__ import annotations
 
-from ui_support import load, wait_until
+from ui_support import NoEngine, load, wait_until
 
 
 def _verdict(w):
@@ -174,7 +174,7 @@ def test_same_tokenizer_from_catalog_is_compatible(qtbot, window):
 def test_the_verdict_is_a_headline_with_the_reasoning_on_hover_and_click(qtbot, window):
     from PySide6.QtCore import Qt
     from specchat.ui.library_view import Verdict
-    from specchat.ui.pair_picker import verdict_headline
+    from specchat.ui.pair_lines import verdict_headline
 
     reasons = ("same tokenizer (151,665 tokens, identical ids and special tokens), so every "
                "draft token means the same to the target",
@@ -262,13 +262,6 @@ def test_a_cluster_is_a_target_once_its_ranks_answer(qtbot, window, tiny_target,
     assert entry()[1].isEnabled()  # chosen: it stays pickable
 
 
-class _Client:
-    """Stands in for EngineClient: nothing here loads or generates."""
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_pair_controller_answers_without_a_window_and_reads_off_the_gui_thread(
         qtbot, aloop, home, tiny_target, mismatched_draft, monkeypatch):
     """The picker's work is the session's PairController's: with no window
@@ -307,7 +300,7 @@ def test_the_pair_controller_answers_without_a_window_and_reads_off_the_gui_thre
                                plain_tokens_per_s=50.0, prompts=1)
     rec.remember(measured)
 
-    session = AppSession(_Client(), home / "c.sqlite3")
+    session = AppSession(NoEngine(), home / "c.sqlite3")
     pairs = session.pairs
     wait_until(pairs.reload_choices().done)
     assert "bundled:smollm2-135m" in [c.ref for c in pairs.choices]

@@ -7,6 +7,14 @@ from __future__ import annotations
 from spin import wait_until  # noqa: F401 - the UI tests import it from here
 
 
+class NoEngine:
+    """Stands in for EngineClient in an AppSession made without a window:
+    nothing there loads or generates."""
+
+    def close(self) -> None:
+        pass
+
+
 def make_view(qtbot, width: int, height: int, show: bool = True):
     """A chat view over an empty ChatModel, sized (and shown): (model, view)."""
     from specchat.ui.chat_model import ChatModel

@@ -31,7 +31,7 @@ BUNDLED_REFS = ("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b",
 class ModelChoice:
     ref: str
     label: str
-    group: str  # "bundled", "installed", "head", "catalog", "cluster"
+    group: str  # "bundled", "installed", "head", "catalog"
     detail: str = ""
     # A draft head (EAGLE-3): never a target. The model its files say it was
     # made for ("" when they do not say); None for a model.
@@ -158,8 +158,9 @@ def model_choices() -> list[ModelChoice]:
             continue
         detail = " · ".join(x for x in (params_text(m.params) if m.params else "",
                                          size_text(m.size_bytes) if m.size_bytes else "") if x)
-        if m.head:  # a draft head: the picker offers it as the draft of the target it fits
-            add(ModelChoice(m.ref, head_label(m.name), "head", source_text(m),
+        if m.head:  # a draft head: the picker offers it as a draft, labelled by whether
+            # it fits the chosen target (pair_choices.head_label)
+            add(ModelChoice(m.ref, m.name, "head", source_text(m),
                             head_for=m.head.get("for") or ""))
             continue
         add(ModelChoice(m.ref, f"{m.name}  (installed{', ' + detail if detail else ''})",
@@ -170,16 +171,6 @@ def model_choices() -> list[ModelChoice]:
         add(ModelChoice(m.ref, f"{m.name}  (download {size_text(m.download_bytes)})", "catalog",
                         m.ref))
     return out
-
-
-def head_label(name: str, target: str | None = None, fits: bool | None = None) -> str:
-    """A draft head's entry in the draft list: for the chosen target when it
-    fits it, for another model when it does not, plain while unknown."""
-    if fits is True and target:
-        return f"{name}  (draft head for {target})"
-    if fits is False:
-        return f"{name}  (draft head for another model)"
-    return f"{name}  (draft head)"
 
 
 @dataclass(frozen=True)
@@ -244,21 +235,7 @@ def cluster_states() -> list[ClusterState]:
     return _or_empty(cluster.states)
 
 
-def cluster_choice(state: ClusterState, loaded_here: bool = False) -> ModelChoice:
-    """A cluster as a target: pickable once its ranks answer, else labelled
-    with why not (the picker greys it out). Ranks serving this app's engine
-    stop answering probes, so the loaded cluster says so instead."""
-    where = f"{state.model} on cluster {state.name}"
-    if state.waiting is None:
-        return ModelChoice(state.ref, f"{where}  ({state.ranks} ranks)", "cluster",
-                           f"{state.ref}: every rank answers")
-    if loaded_here:
-        return ModelChoice(state.ref, f"{where}  (loaded)", "cluster",
-                           f"{state.ref}: its ranks are serving this window's engine")
-    return ModelChoice(state.ref, f"{where}  (not answering)", "cluster", state.waiting)
-
-
-OWN_HEAD_LABEL = "The model's own MTP head"
+NO_DRAFT = "No draft model: suffix matching drafts from the conversation and your history."
 
 
 def check_pair(target: str, draft: str | None) -> Verdict:
@@ -266,8 +243,7 @@ def check_pair(target: str, draft: str | None) -> Verdict:
     head)? Reads tokenizer files (and may be slow for models not yet on
     disk): call it off the GUI thread."""
     if not draft:
-        return Verdict(True, ("No draft model: suffix matching drafts from the conversation "
-                              "and your history.",))
+        return Verdict(True, (NO_DRAFT,))
     try:
         # allow_work=False: a verdict must never start a minutes-long
         # conversion of a bundled model or a GGUF file.

@@ -6,7 +6,8 @@ Why apart from the widget: each of these reads files or asks the network
 (the catalog and the index, tokenizer files, recommendations.json, every
 cluster rank), which the GUI thread must not wait for. Here every such read
 runs in the event loop's default executor and comes back as a signal; the
-widget (pair_picker.py) only draws what this holds and hands it clicks.
+widget (pair_picker.py) only draws the entries pair_choices.py makes of
+what this holds, and hands it clicks.
 The session owns one (``AppSession.pairs``), so a picker never has to find
 its session, and this can be driven and tested without any window.
 """
@@ -23,7 +24,7 @@ from specchat.library import recommendations as rec
 from specchat.library.sources.cluster import ClusterState
 from specchat.store.conversations import ConversationStore
 from specchat.store.worker import Remote
-from specchat.ui import library_view
+from specchat.ui import library_view, pair_choices
 from specchat.ui.draft_finder import DraftFinder
 from specchat.ui.engine_controller import EngineController
 from specchat.ui.library_view import HeadFits, ModelChoice, Verdict
@@ -108,6 +109,10 @@ class PairController(QObject):
         answer probes: the picker says "loaded" instead)."""
         return self.engine.target_ref if self.engine.pair is not None else None
 
+    def listing(self) -> pair_choices.Listing:
+        """What the picker's lists are made of now (pair_choices.py makes them)."""
+        return pair_choices.Listing(tuple(self.choices), tuple(self.clusters), self.loaded_target)
+
     # -- choices -----------------------------------------------------------------
     def reload_choices(self) -> asyncio.Future | None:
         """Read the models to choose from again (after an import, a download
@@ -169,7 +174,7 @@ class PairController(QObject):
         verdict), as last worked out. Worked out (it reads their files) once
         per target and set of heads, and again after the choices are read
         again; ``headsChanged`` says when an answer arrives."""
-        heads = tuple((c.ref, c.head_for) for c in self.choices if c.head_for is not None)
+        heads = pair_choices.heads(self.choices)
         if not target or not heads:
             return None
         key = (target, heads)
