@@ -29,7 +29,7 @@ ERROR = "specchat: error: "
 # The engine's side: each folder loaded by a fresh Engine (the API the
 # command line's jobs run), with what happened, as JSON lines.
 ENGINE_LOADS = r"""
-import json, sys, time
+import json, sys
 from specchat import startup
 startup.prepare()
 from specchat.engine.events import DraftSettings, GenerateRequest
@@ -38,7 +38,6 @@ from specchat.errors import SpecChatError
 target, mode = sys.argv[1], sys.argv[2]
 for arg in sys.argv[3:]:
     e = Engine()
-    t0 = time.perf_counter()
     try:
         if mode == "head":
             e.load(target, arg)
@@ -47,7 +46,7 @@ for arg in sys.argv[3:]:
         else:
             e.load(arg)
     except SpecChatError as exc:
-        print(json.dumps({"error": str(exc), "seconds": time.perf_counter() - t0,
+        print(json.dumps({"error": str(exc),
                           "target_loaded": e.target is not None,
                           "draft_built": e.draft is not None or e._mtp_head is not None}))
         continue
@@ -315,8 +314,7 @@ def test_a_damaged_head_is_refused_by_the_check_and_the_engine_in_the_same_words
         said = load.get("error")
         assert said is not None and words in said, (folder.name, load)
         assert _check_says(check) == said, folder.name
-        assert not load["draft_built"], folder.name
-        assert load["seconds"] < 1.0, (folder.name, load)
+        assert not load["draft_built"], folder.name  # refused before a weight is built
         # The head's own files are checked before the target loads; only a
         # head for another target needs the target's facts first.
         assert load["target_loaded"] == (folder.name in FIT_CASES), folder.name
@@ -415,7 +413,7 @@ def test_the_models_own_mtp_head_is_checked_by_both_in_the_same_words(lib_home, 
         assert said is not None and said.startswith(folder.name), (folder.name, load)
         assert DAMAGED_MTP[folder.name][1] in said, (folder.name, said)
         assert _check_says(check) == said
-        assert not load["target_loaded"] and load["seconds"] < 1.0, (folder.name, load)
+        assert not load["target_loaded"], (folder.name, load)  # before the target is read
     assert loads[-1].get("loaded") and loads[-1]["drafted"] > 0, loads[-1]
     assert checks[-1].returncode == 0 and ": compatible" in checks[-1].stdout, checks[-1].stdout
     generate, check = _commands(["generate", "--target", str(folders[0]), "--draft", "mtp",
