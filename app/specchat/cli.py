@@ -316,9 +316,10 @@ def _refuse_past_bounds(args) -> None:
 
 
 def _tools_file(args) -> str:
-    """``--tools FILE`` read (a regular file, up to the bound on a request's
-    tools) and checked by the rules the API checks ``tools`` by, as JSON text."""
-    limit = 4 * int(values.LIMITS["bytes of tools"].high)  # room for indentation
+    """``--tools FILE`` read (a regular file, at most four times the bound
+    on a request's tools, room for indentation) and checked by the rules the
+    API checks ``tools`` by, as JSON text."""
+    limit = 4 * int(values.LIMITS["bytes of tools"].high)
     try:
         data = records.read_file(args.tools, limit)
         return chat_rules.tools(records.parse_json(data, max_depth=chat_rules.JSON_DEPTH))

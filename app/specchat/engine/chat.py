@@ -65,7 +65,7 @@ def render(tokenizer: TokenizerWrapper, messages: Sequence[Message],
         raise EngineError("The prompt is empty: write a message first.")
     names = chat_rules.call_names(messages)
     msgs = [_as_dict(m, reasoning_key, names) for m in messages]
-    extra = {**(switches or {}), "tools": list(tools) if tools else None}
+    extra = {**(switches or {}), **({"tools": list(tools)} if tools else {})}
     hf = hf_of(tokenizer)
     if not getattr(tokenizer, "has_chat_template", False):
         # No template: a plain transcript the model can continue.
@@ -204,4 +204,5 @@ def _variables(tokenizer, hf, msgs: list[dict], extra: dict) -> dict:
     thinking = getattr(tokenizer, "_thinking_kwarg", None)
     if thinking:
         kwargs[thinking] = getattr(tokenizer, "has_thinking", False)
-    return {**kwargs, **extra, "messages": msgs, "documents": None, "add_generation_prompt": True}
+    return {**kwargs, "tools": None, **extra, "messages": msgs, "documents": None,
+            "add_generation_prompt": True}

@@ -226,7 +226,7 @@ class ReplySplitter:
         try:
             parsed = self._parse(head, text)
             items = parsed if isinstance(parsed, list) else [parsed]
-            return [_tool_call(item) for item in items], ""
+            return [_tool_call(item) for item in items], "" if items else "it holds no call"
         except Exception as exc:  # noqa: BLE001 - any parser's failure is the reply's, said in words
             return [], f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 

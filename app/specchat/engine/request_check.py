@@ -92,7 +92,6 @@ def _message(m: Message, i: int) -> Message:
                    tool_call_id=values.text(f"{where}.tool_call_id", m.tool_call_id))
 
 
-
 def _ids(name: str, ids) -> tuple[int, ...]:
     """Token ids must be whole numbers (their range is the vocabulary's,
     checked where the vocabulary is known)."""

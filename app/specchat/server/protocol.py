@@ -177,7 +177,11 @@ def _tool_choice(choice: object, names: list[str]) -> tuple[str, str]:
             raise bad_value("tool_choice must be auto, none, required or {\"type\": \"function\", "
                             "\"function\": {\"name\": ...}} (allowed_tools and custom tools are "
                             "not supported here)", "tool_choice")
-        return _ruled(chat_rules.tool_choice, "required", choice["function"].get("name"), names)
+        name = choice["function"].get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_value("tool_choice.function.name must name one of the request's tools",
+                            "tool_choice.function.name")
+        return _ruled(chat_rules.tool_choice, "required", name, names)
     return _ruled(chat_rules.tool_choice, choice, "", names)
 
 
@@ -510,8 +514,8 @@ class Chunks:
 
     def step(self, ev: StepEvent) -> list[dict]:
         """One engine step: a chat reply's parts, a completion's text."""
-        if self.req.kind != "chat" or (not ev.segments and not ev.tool_calls):
-            return self.text(ev.text) if self.req.kind != "chat" else []
+        if self.req.kind != "chat":
+            return self.text(ev.text)
         out = []
         for part, text in ev.segments:
             if part == ANSWER:
