@@ -318,17 +318,27 @@ def test_switches_and_tools_a_model_does_not_have_are_refused_in_words(engine):
 
 
 def test_bad_tool_values_are_refused_before_the_template_runs(agent_engine):
+    """The engine's own check, for every caller (the API's 400s name the
+    same rules: test_server_tools)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    call = ToolCall("a", "get_time", "{}")
     bad = [
-        {"tools": json.dumps([{"type": "function", "function": {"name": "f", "parameters": []}}])},
-        {"tools": "[" * 100_000 + "]" * 100_000},
-        {"tool_choice": "required", "tool_name": "nope"},
-        {"messages": (*ASK, Message("tool", "x", tool_call_id="call_9"))},
-        {"messages": (*ASK, Message("assistant", "", tool_calls=(ToolCall("a", "f", "{}"),)),
-                      Message("assistant", "", tool_calls=(ToolCall("a", "f", "{}"),)))},
-        {"messages": (*ASK, Message("assistant", "", tool_calls=(
-            ToolCall("a", "f", "[" * 100_000 + "]" * 100_000),)))},
-        {"template_switches": (("enable_thinking", [1]),)},
+        ({"tools": json.dumps([{"type": "function", "function": {"name": "f", "parameters": []}}])},
+         r"^tools\[0\]\.function\.parameters must be a JSON schema object; got a list$"),
+        ({"tools": deep}, "tools must be JSON text; it nests arrays and objects deeper than 64"),
+        ({"tools": json.dumps(TOOLS), "tool_choice": "required", "tool_name": "nope"},
+         r"^tool_choice\.function\.name nope is not one of the request's tools"),
+        ({"messages": (*ASK, Message("tool", "x", tool_call_id="call_9"))},
+         r"^messages\[1\]\.tool_call_id call_9 names no call an earlier assistant message"),
+        ({"messages": (*ASK, Message("assistant", "", tool_calls=(call,)),
+                       Message("assistant", "", tool_calls=(call,)))},
+         r"^messages\[2\]\.tool_calls\[0\]\.id a is the id of a call messages\[1\]"),
+        ({"messages": (*ASK, Message("assistant", "", tool_calls=(
+            ToolCall("a", "f", deep),)))}, "arguments must be JSON text; it nests"),
+        ({"template_switches": (("enable_thinking", [1]),)},
+         r"^chat_template_kwargs\.enable_thinking must be true, false, a number, text or null"),
     ]
-    for kw in bad:
-        with pytest.raises(SpecChatError):
+    for kw, words in bad:
+        with pytest.raises(SpecChatError, match=words):
             agent_engine.generate(GenerateRequest(**{"messages": ASK, "max_tokens": 2, **kw}))
+    assert agent_engine.generate(request()).tool_calls  # nothing lost
