@@ -49,21 +49,24 @@ def harmony_tok(tiny_dir):
     return load_tokenizer(build_harmony_tokenizer(tiny_dir / "tok-harmony"))
 
 
-def split(tok, text: str, req: GenerateRequest | None = None, prompt_ids=(), prefilled=""):
-    """``text`` as the model's ids, fed as the decoding loop feeds them:
-    (segments, each token's part, calls, the splitter)."""
+def streamed(tok, text: str, req: GenerateRequest | None = None, prompt_ids=(), prefilled=""):
+    """``text`` as the model's ids, streamed as the decoding loop streams
+    them: (what each token released, then the end's; the splitter)."""
     req = req or request()
     sp = reply_parts.splitter(tok, chat_format.read(tok), list(prompt_ids), req,
                               json.loads(req.tools or "[]"), prefilled)
-    stream = TextStream(tok)
-    labels, got = [], reply_parts.Released()
-    for t in tok.encode(text, add_special_tokens=False):
-        step = sp.feed(stream.add(t))
-        labels.append(step.part)
+    stream = TextStream(tok, parts=sp)
+    steps = [stream.step(t) for t in tok.encode(text, add_special_tokens=False)]
+    return [*steps, stream.end()], sp
+
+
+def split(tok, text: str, req: GenerateRequest | None = None, prompt_ids=(), prefilled=""):
+    """(segments, each token's part, calls, the splitter) of ``text`` streamed."""
+    steps, sp = streamed(tok, text, req, prompt_ids, prefilled)
+    got = reply_parts.Released()
+    for step in steps:
         got.add(step)
-    got.add(sp.feed(stream.finish()))
-    got.add(sp.finish())
-    return reply_parts.merged(got.segments), labels, got.calls, sp
+    return reply_parts.merged(got.segments), [s.part for s in steps[:-1]], got.calls, sp
 
 
 # -- the split -----------------------------------------------------------------------
@@ -106,8 +109,9 @@ def test_a_call_that_cannot_be_read_is_text_with_the_reason(agent_tok):
     segments, _, calls, sp = split(agent_tok, '<tool_call>\n{"name": "get_weather", "argu')
     assert calls == [] and "".join(sp.answer) == '\n{"name": "get_weather", "argu'
     assert sp.notes and sp.notes[0].startswith("the model's tool call could not be read (")
-    # A call nested 100,000 deep is refused before any parser recurses into it.
-    deep = "[" * 100_000 + "]" * 100_000
+    # A call nested 20,000 deep (past Python's recursion limit) is refused
+    # before any parser recurses into it.
+    deep = "[" * 20_000 + "]" * 20_000
     _, _, calls, sp = split(agent_tok, f'<tool_call>\n{{"name": "f", "arguments": {deep}}}'
                                        f'\n</tool_call>')
     assert calls == [] and "nests deeper than 64 levels" in sp.notes[0]
@@ -298,10 +302,30 @@ def test_the_scripted_replies_come_back_in_their_parts(agent_engine):
     assert off.summary.finish_reason == "stop"
 
 
-def test_a_stop_string_ends_the_reply_wherever_it_is_even_in_reasoning(agent_engine):
-    r = agent_engine.generate(request(stop_strings=("weather",)))
-    assert r.summary.finish_reason == "stop_string"
-    assert r.reasoning == "\nThe user wants the " and r.answer == "" and r.tool_calls == ()
+def test_stop_strings_end_the_answer_not_the_reasoning_or_a_call(agent_tok, agent_engine):
+    """As hosted APIs scope them to the content (vLLM's stops inside
+    reasoning are reported as its bug, and its fix skips them there): a
+    stop string the reasoning or a call restates does not end the reply."""
+    req = request(stop_strings=("STOP", "<END>", "ab"))
+    text = ("<think>a STOP b</think>\n\nHello a<tool_call>b</tool_call> <END> world STOP more")
+    steps, sp = streamed(agent_tok, text, req)
+    assert sp.stopped and "".join(sp.reasoning) == "a STOP b"
+    assert "".join(sp.answer) == "\n\nHello ab " and sp.calls == []  # "b" is no call
+    # The text handed out stops where the stop string begins, and never
+    # showed a character of it (nor of a marker's start that became one).
+    raw = "".join(s.raw for s in steps)
+    assert raw == "<think>a STOP b</think>\n\nHello a<tool_call>b</tool_call> "
+    shown = ""
+    for s in steps:
+        shown += s.raw
+        assert raw.startswith(shown)
+    # "ab" across a marker is no stop string: the answer's text around a
+    # call is not one text. Through the engine, with the scripted model:
+    r = agent_engine.generate(request(stop_strings=("weather", "Paris")))
+    assert r.reasoning == AGENT_TEXTS["reason"] and len(r.tool_calls) == 2
+    assert r.summary.finish_reason == "tool_calls"
+    off = agent_engine.generate(request(reasoning_effort="none", stop_strings=("sunny",)))
+    assert (off.answer, off.text, off.summary.finish_reason) == ("It is ", "It is ", "stop_string")
 
 
 def test_switches_and_tools_a_model_does_not_have_are_refused_in_words(engine):

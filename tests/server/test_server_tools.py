@@ -171,6 +171,16 @@ def test_a_bad_tools_file_is_a_usage_error_of_one_line(tmp_path):
         assert words in out.stderr, out.stderr
 
 
+def test_stop_strings_end_the_answer_not_the_reasoning(api, model):
+    r = ask(api, model, stop=["weather", "Paris"])  # both in the reasoning and the calls
+    assert r.choices[0].message.model_extra["reasoning_content"] == AGENT_TEXTS["reason"]
+    assert calls(r.choices[0].message) == CALLS and r.choices[0].finish_reason == "tool_calls"
+    off = ask(api, model, reasoning_effort="none", stop=["sunny"]).choices[0]
+    assert (off.message.content, off.finish_reason) == ("It is ", "stop")
+    streamed = list(ask(api, model, reasoning_effort="none", stop=["sunny"], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "It is "
+
+
 def test_the_same_replies_as_specchat_generate(api, model, agent_target, agent_draft, home,
                                                tmp_path, capsys):
     from specchat import cli

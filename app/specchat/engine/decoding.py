@@ -63,8 +63,9 @@ class Decoding:
     mode: str  # the mode's name, for the summary
     vocab: int  # the target's logits width
     cancelled: threading.Event | None = None
-    # Splits the reply's text into reasoning, answer and tool calls
-    # (reply_parts.py); none: a reply that is all answer.
+    # Splits the reply's text into reasoning, answer and tool calls and
+    # finds its stop strings (reply_parts.py); none: a reply that is all
+    # answer, with the request's stop strings.
     splitter: ReplySplitter | None = None
 
 
@@ -135,7 +136,6 @@ class Progress:
     prefill_s: float = 0.0  # reading the prompt: the target's prefill, then the drafter's
     reused: int = 0  # prompt tokens already in the cache
     prompt_read: bool = False  # the drafter has read the prompt
-    parts: ReplySplitter = field(default_factory=ReplySplitter)
     out: list[int] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # each kept token's part
     text: list[str] = field(default_factory=list)
@@ -152,7 +152,7 @@ def start(d: Decoding) -> Progress:
     t_start = time.perf_counter()
     threads.governor().take_counts()
     keys = KeyStream(d.request.sampling.seed)
-    stream = TextStream(d.tokenizer, d.request.stop_strings)
+    stream = TextStream(d.tokenizer, d.request.stop_strings, d.splitter)
     limit = d.drafter.reuse_limit(d.prompt_ids) if d.drafter is not None else None
     pending = d.slot.sync_to(d.prompt_ids, limit=limit)
     d.slot.prefill(pending[:-1])
@@ -162,8 +162,7 @@ def start(d: Decoding) -> Progress:
     d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)
     prefill_s = time.perf_counter() - t_start
     run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,
-                   prefill_s=prefill_s, reused=len(d.prompt_ids) - len(pending),
-                   parts=d.splitter or ReplySplitter())
+                   prefill_s=prefill_s, reused=len(d.prompt_ids) - len(pending))
     run.tally.forward_s += prefill_s
     return run
 
@@ -306,14 +305,14 @@ def _keep(d: Decoding, run: Progress, tokens: list[int]) -> tuple[list[int], lis
             run.finish, run.done = "stop", True
             break
         kept.append(tok)
-        pieces.append(run.stream.add(tok))
-        got = run.parts.feed(pieces[-1])
+        got = run.stream.step(tok)
+        pieces.append(got.raw)
         released.add(got)
         run.labels.append(got.part)
         if run.stream.stopped:
             run.finish, run.done = "stop_string", True
             break
-        if run.parts.done:
+        if run.stream.parts.done:
             run.finish, run.done = "tool_calls", True
             break
         if len(run.out) + len(kept) >= d.request.max_tokens:
@@ -323,12 +322,10 @@ def _keep(d: Decoding, run: Progress, tokens: list[int]) -> tuple[list[int], lis
 
 
 def _ending(run: Progress) -> tuple[str, Released]:
-    """The text held back when the reply ends, and what it and the end of
-    the reply release of its parts (an open call read as it stands)."""
-    tail = run.stream.finish()
-    released = run.parts.feed(tail) if tail else Released()
-    released.add(run.parts.finish())
-    return tail, released
+    """The text held back when the reply ends, and what the end of the
+    reply releases of its parts (an open call read as it stands)."""
+    released = run.stream.end()
+    return released.raw, released
 
 
 def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
@@ -386,7 +383,7 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
     wall = time.perf_counter() - run.started
     decode_s = max(wall - run.prefill_s, 1e-9)
     tally, n = run.tally, len(run.out)
-    parts = run.parts
+    parts = run.stream.parts
     # OpenAI's word for a reply that ended after calling tools.
     finish = "tool_calls" if parts.calls and run.finish in ("stop", "stop_string") else run.finish
     summary = Summary(

@@ -124,8 +124,9 @@ class StepEvent:
     draft token by the origin its drafter names (specchat/origins.py:
     "draft", "conversation", "history", ...).
     pieces has the text each token released (""-joined it is ``text``); a
-    token that ends inside a multi-byte character or a possible stop string
-    releases nothing, and the token that completes it releases it all.
+    token that ends inside a multi-byte character, a possible stop string
+    or a possible marker releases nothing, and the token that completes it
+    releases it all.
     """
 
     index: int

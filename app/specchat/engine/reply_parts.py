@@ -39,6 +39,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from specchat import records
 from specchat.engine import chat_rules
 from specchat.engine.events import ANSWER, REASONING, TOOL, ChatFormat, GenerateRequest, ToolCall
+from specchat.engine.stops import StopMatcher
 
 log = logging.getLogger("specchat.engine")
 
@@ -66,14 +67,18 @@ _HARMONY_NAME = re.compile(r"\s*([A-Za-z0-9_-]+)")
 
 @dataclass
 class Released:
-    """What one piece of text released: its (part, text) segments, the
-    part of the token that released it, and the calls it completed."""
+    """What one piece of text released: the text the reply wrote that is
+    now safe to hand out (``raw``: markers included), its (part, text)
+    segments, the part of the token that released it, and the calls it
+    completed."""
 
+    raw: str = ""
     segments: list[tuple[str, str]] = field(default_factory=list)
     part: str = ANSWER
     calls: list[ToolCall] = field(default_factory=list)
 
     def add(self, other: Released) -> None:
+        self.raw += other.raw
         self.segments += other.segments
         self.calls += other.calls
 
@@ -97,26 +102,40 @@ class ReplySplitter:
     ``machine``: mlx-lm's TextStateMachine for the format, or None for a
     reply that is all answer (a model without markers, a completion).
     ``parse(head, text)``: a call's text (and, in harmony, its header) as
-    mlx-lm's parsers return calls. ``refused``: why no call is taken (the
-    request offered no tools, or tool_choice none): a call the model
-    writes anyway is returned as text. ``required``/``tool_name``: what
-    tool_choice asked for, said in ``notes`` when the reply did not make it.
+    mlx-lm's parsers return calls. ``stops``: the request's stop strings,
+    found in the answer only (as hosted APIs scope them to the content):
+    the reply ends where the first one begins, and a tail of the answer
+    that may still become one is held back, with the text around it, so
+    nothing handed out is ever taken back. ``refused``: why no call is
+    taken (the request offered no tools, or tool_choice none): a call the
+    model writes anyway is returned as text. ``required``/``tool_name``:
+    what tool_choice asked for, said in ``notes`` when the reply did not.
+
+    The text fed is released again as ``Released.raw`` less what is held
+    back: a marker's start the machine has not decided on yet, and the
+    answer's possible stop string (both always the tail of what was fed).
     """
 
     def __init__(self, machine: TextStateMachine | None = None, initial: str = "normal",
-                 parse: Callable[[str, str], object] | None = None, *, refused: str = "",
-                 required: bool = False, tool_name: str = "", parallel: bool = True):
+                 parse: Callable[[str, str], object] | None = None, *,
+                 stops: Sequence[str] = (), refused: str = "", required: bool = False,
+                 tool_name: str = "", parallel: bool = True):
         self._machine = machine
         self._state = machine.make_state(initial) if machine is not None else None
         self._where = initial
         self._parse = parse
+        stops = [s for s in stops if s]
+        self._stops = StopMatcher(stops) if stops else None
         self._refused = refused  # why a call is not taken: no tools, tool_choice none
         self._required = required
         self._tool_name = tool_name
         self._parallel = parallel
+        self._raw = ""  # text fed and not released: the held answer, then the machine's buffer
+        self._held = ""  # the answer's tail that may still become a stop string
         self._call: list[str] = []  # the text of the call being written
         self._head: list[str] = []  # its header (harmony: the function's name)
         self._finished = False
+        self.stopped = False  # a stop string ended the reply
         self.answer: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
@@ -135,34 +154,58 @@ class ReplySplitter:
         if self._machine is None or not text:
             return
         self._state, segments = TextStateMachine.split(self._state, text)
-        for state, piece in segments:
-            self._enter(state, Released())
-            if state == "tool":
+        self._state, held, state = TextStateMachine.flush(self._state)
+        for piece_state, piece in [*segments, (state, held)]:
+            self._enter(piece_state, Released())
+            if piece_state == "tool":
                 self._call.append(piece)
-            elif state == "toolhead":
+            elif piece_state == "toolhead":
                 self._head.append(piece)
 
     def feed(self, text: str) -> Released:
-        """One token's text (possibly empty: held back)."""
+        """One token's text (possibly empty: held back by the detokenizer).
+        The machine reads it a character at a time, so that each piece of
+        answer it releases begins where the text it has not released yet
+        begins: a stop string's place in the text is then known."""
+        out = Released()
+        if self.stopped or self._finished:
+            return out
         if self._machine is None:
-            self.answer.append(text)
-            return Released([(ANSWER, text)] if text else [], ANSWER)
-        self._state, segments = TextStateMachine.split(self._state, text)
-        return self._take(segments)
+            self._raw += text
+            self._answer(text, out)
+            self._release(out)
+            return out
+        label = None
+        for ch in text or [""]:
+            self._raw += ch
+            self._state, segments = TextStateMachine.split(self._state, ch)
+            touched = self._take(segments, out)
+            label = label or touched
+            self._release(out)
+            if self.stopped:
+                break
+        out.part = label or ANSWER
+        return out
 
     def finish(self) -> Released:
         """The reply ended: what the machine held back (a marker's start
-        that never completed is text), an open call read as it stands, and
-        the notes for a tool_choice the reply did not honour. Idempotent."""
+        that never completed is text), the answer's held tail (no stop
+        string after all), an open call read as it stands, and the notes
+        for a tool_choice the reply did not honour. Idempotent."""
         out = Released()
         if self._finished:
             return out
-        self._finished = True
-        if self._machine is not None:
+        if self._machine is not None and not self.stopped:
             self._state, held, state = TextStateMachine.flush(self._state)
-            out = self._take([(state, held)])
+            self._take([(state, held)], out)
             if state in ("tool", "toolhead"):
                 self._close(out)
+        self._finished = True
+        if not self.stopped:
+            self._answer_out(self._held, out)
+            self._held = ""
+            out.raw += self._raw
+            self._raw = ""
         if self._required and not any(c.name == self._tool_name or not self._tool_name
                                        for c in self.calls):
             asked = f"a call of {self._tool_name}" if self._tool_name else "a tool call"
@@ -170,8 +213,22 @@ class ReplySplitter:
                        "could be read: its reply is returned as text")
         return out
 
-    def _take(self, segments: list[tuple[str | None, str]]) -> Released:
-        out = Released()
+    def _release(self, out: Released) -> None:
+        """Hand out the text fed but for its held tail (none once stopped:
+        the rest was cut already). After it, the text not handed out is the
+        held answer, then the machine's buffer: where the next character's
+        answer continues."""
+        if self.stopped:
+            return
+        buffered = len(self._state[3]) if self._machine is not None else 0
+        keep = len(self._held) + buffered
+        if len(self._raw) > keep:
+            out.raw += self._raw[:len(self._raw) - keep]
+            self._raw = self._raw[len(self._raw) - keep:]
+
+    def _take(self, segments: list[tuple[str | None, str]], out: Released) -> str | None:
+        """The machine's segments into the parts; the first part among
+        reasoning and calls they touch (the token's part), if any."""
         label = None
         for state, text in segments:
             self._enter(state, out)
@@ -183,17 +240,53 @@ class ReplySplitter:
                 out.segments.append((TOOL, text))
             elif state == "toolhead":
                 self._head.append(text)
-            elif part is not None:  # answer or reasoning
-                (self.reasoning if part == REASONING else self.answer).append(text)
-                out.segments.append((part, text))
-        out.part = label or ANSWER
-        return out
+            elif part == REASONING:
+                self.reasoning.append(text)
+                out.segments.append((REASONING, text))
+            elif part == ANSWER:
+                self._answer(text, out)
+            if self.stopped:
+                break
+        return label
+
+    def _answer(self, text: str, out: Released) -> None:
+        """Answer text, through the stop strings: what can no longer
+        become one goes out; a stop string cuts the answer, and the text
+        fed, where it begins (the held answer, then ``text``, are where the
+        text not released yet begins)."""
+        if self._stops is None:
+            self._answer_out(text, out)
+            return
+        combined = self._held + text
+        found = self._stops.feed(text)
+        if found is not None:
+            end, length = found
+            cut = len(self._held) + end - length
+            self._answer_out(combined[:cut], out)
+            out.raw += self._raw[:cut]
+            self._raw, self._held = "", ""
+            self.stopped = True
+            return
+        keep = self._stops.held
+        self._answer_out(combined[:len(combined) - keep], out)
+        self._held = combined[len(combined) - keep:]
+
+    def _answer_out(self, text: str, out: Released) -> None:
+        if text:
+            self.answer.append(text)
+            out.segments.append((ANSWER, text))
 
     def _enter(self, state: str | None, out: Released) -> None:
-        """Moving from one state to another: leaving a call reads it;
-        entering a call's header starts a new one."""
+        """Moving from one state to another: leaving the answer releases
+        its held tail (a stop string does not cross a marker); leaving a
+        call reads it; entering a call's header starts a new one."""
         if state == self._where:
             return
+        if self._where == "normal":
+            self._answer_out(self._held, out)
+            self._held = ""
+            if self._stops is not None:
+                self._stops.state = 0
         if self._where == "tool":
             self._close(out)
         if state == "toolhead" or (state == "tool" and self._where != "toolhead"):
@@ -212,8 +305,7 @@ class ReplySplitter:
         self._note(f"the model wrote a tool call, but {why}: it is returned as text"
                    if self._refused else
                    f"the model's tool call could not be read ({why}): it is returned as text")
-        self.answer.append(text)
-        out.segments.append((ANSWER, text))
+        self._answer_out(text, out)
 
     def _read(self, head: str, text: str) -> tuple[list[ToolCall], str]:
         """The calls in a call's text, or ([], why not)."""
@@ -276,7 +368,7 @@ def splitter(tokenizer, fmt: ChatFormat, prompt_ids: Sequence[int], request: Gen
     elif _has_transitions(tokenizer):
         machine = make_text_state_machine(tokenizer)
     else:
-        return ReplySplitter()
+        return ReplySplitter(stops=request.stop_strings)
     initial = "header" if harmony else _initial_state(tokenizer, prompt_ids, prefilled)
     if harmony:
         parse = harmony_call
@@ -287,8 +379,9 @@ def splitter(tokenizer, fmt: ChatFormat, prompt_ids: Sequence[int], request: Gen
         parse = None
     refused = ("the request offered no tools" if not tools else
                "tool_choice is none" if request.tool_choice == "none" else "")
-    out = ReplySplitter(machine, initial, parse, refused=refused, required=request.tool_choice == "required",
-                        tool_name=request.tool_name, parallel=request.parallel_tool_calls)
+    out = ReplySplitter(machine, initial, parse, stops=request.stop_strings, refused=refused,
+                        required=request.tool_choice == "required", tool_name=request.tool_name,
+                        parallel=request.parallel_tool_calls)
     out.prime(prefilled)
     return out
 
