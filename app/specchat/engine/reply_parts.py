@@ -14,10 +14,13 @@ the answer, ``commentary to=functions.NAME ... <|message|>`` a call).
 The split is only over what was decoded: the ids are the loop's, whatever
 the split makes of them, so speculation keeps greedy output token for token
 plain decoding's. Each piece of text a token releases goes in once
-(``feed``): it returns the (part, text) segments it released, the token's
-part (a marker belongs to the part it opens or closes), and the calls it
-completed. A call that cannot be read is kept as answer text, its reason
-said in ``notes`` and the log, never raised.
+(``feed``): it returns the text now safe to hand out, the (part, text)
+segments it released, the token's part (a marker belongs to the part it
+opens or closes), and the calls it completed. The request's stop strings
+are found here, in the answer only (one in the reasoning or a call does
+not end the reply), so a reply with no markers is all answer and stops as
+it always did. A call that cannot be read is kept as answer text, its
+reason said in ``notes`` and the log, never raised.
 
 A prompt may open a part itself: a template that ends its generation
 prompt with ``<think>`` (the reply starts as reasoning, as in mlx-lm's
