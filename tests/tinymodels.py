@@ -427,6 +427,11 @@ AGENT_TEXTS = {
     "broken": ' {"city": Paris}}\n',
 }
 AGENT_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+# The tools the agent model's calls are made to (OpenAI's shape).
+AGENT_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 # Each chain: the prompt's last token (a text of AGENT_TEXTS or a marker,
 # or the last token of the text given) and what the model writes after it.
 # With thinking on the generation prompt ends with "\n": reasoning, then two

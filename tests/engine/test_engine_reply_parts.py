@@ -27,11 +27,8 @@ from specchat.engine.session import Engine
 from specchat.engine.textstream import TextStream
 from specchat.errors import SpecChatError
 from tinymodels import AGENT_TEXTS, build_harmony_tokenizer
+from tinymodels import AGENT_TOOLS as TOOLS
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 ASK = (Message("user", "What's the weather in Paris?"),)
 
 

@@ -13,11 +13,8 @@ import json
 import openai
 import pytest
 from tinymodels import AGENT_TEXTS
+from tinymodels import AGENT_TOOLS as TOOLS
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
 
