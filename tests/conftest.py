@@ -28,7 +28,13 @@ from specchat import startup  # noqa: E402
 startup.prepare()  # the system BLAS before anything imports MLX
 from hubserver import HubServer  # noqa: E402
 from libtools import FAKE_TOKEN, pickled_repo_files  # noqa: E402
-from tinymodels import build_eagle3, build_model, build_tokenizer  # noqa: E402
+from tinymodels import (  # noqa: E402
+    build_agent_model,
+    build_agent_tokenizer,
+    build_eagle3,
+    build_model,
+    build_tokenizer,
+)
 
 
 def pytest_addoption(parser):
@@ -114,6 +120,27 @@ def tiny_qwen_draft(tiny_dir, tiny_tokenizer) -> Path:
     """A qwen2 draft with its own random weights and an unpadded vocabulary."""
     return build_model(tiny_dir / "draft-qwen2", tiny_tokenizer, model_type="qwen2", seed=4,
                        layers=1)
+
+
+@pytest.fixture(scope="session")
+def agent_tokenizer(tiny_dir) -> Path:
+    """Qwen3's template and <think>/<tool_call> markers (tinymodels.build_agent_tokenizer)."""
+    return build_agent_tokenizer(tiny_dir / "tokenizer-agent")
+
+
+@pytest.fixture(scope="session")
+def agent_target(tiny_dir, agent_tokenizer) -> Path:
+    """A target whose greedy replies are known (tinymodels.AGENT_CHAINS):
+    reasoning then two tool calls, or with thinking off an answer."""
+    return build_agent_model(tiny_dir / "target-agent", agent_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def agent_draft(tiny_dir, agent_tokenizer) -> Path:
+    """The agent target's script but for the tokens after </think> and the
+    first call: a draft that is right often, not always."""
+    return build_agent_model(tiny_dir / "draft-agent", agent_tokenizer,
+                             forget=("</think>", "call1"), seed=22)
 
 
 @pytest.fixture(scope="session")

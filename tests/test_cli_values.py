@@ -254,11 +254,13 @@ CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", 
             "held-out pieces", "draft vocabulary", "text characters", "replies", "reply tokens"}
 # Bounds on what one request carries (``values.size``, ``prompt_size``),
 # not values typed: the prompt's size and the stop strings and messages,
-# checked by the engine for every caller alike (request_check.py); the
-# parts and tools the API alone reads (protocol.py). The CLI's --stop is
-# held to the stop strings' bounds below.
+# checked by the engine for every caller alike (request_check.py), as are
+# tools, their calls and the template's switches (chat_rules.py; the CLI's
+# --tools file by the same rules); the content parts the API alone reads
+# (protocol.py). The CLI's --stop is held to the stop strings' bounds below.
 SIZES = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
-         "tools", "bytes of tools"}
+         "tools", "bytes of tools", "tool calls", "template switches",
+         "characters of template switches"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 

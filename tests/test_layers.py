@@ -55,8 +55,11 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
                 "specchat.engine.distributed.control"),
     "store": (*BASE, "specchat.home"),
     # The local API reaches the engine only through EngineClient (its jobs run
-    # on the engine thread); it knows no window and no store.
-    "server": (*BASE, *ENGINE_VALUE_TYPES, "specchat.engine.client", "specchat.library"),
+    # on the engine thread), and checks requests by the engine's own rules
+    # for tools and template switches (chat_rules: no MLX); it knows no
+    # window and no store.
+    "server": (*BASE, *ENGINE_VALUE_TYPES, "specchat.engine.client", "specchat.engine.chat_rules",
+               "specchat.library"),
     "ui": (*BASE, *ENGINE_VALUE_TYPES, "specchat.engine.drafter_kinds", "specchat.engine.worker",
            "specchat.library", "specchat.store", "specchat.server", "specchat.applog",
            "specchat.startup"),

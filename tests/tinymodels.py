@@ -315,3 +315,234 @@ def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vo
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+# Qwen3's chat template as it ships (tools in the system turn, calls as
+# <tool_call> JSON, results as <tool_response> in a user turn, the
+# reasoning of turns after the last query under reasoning_content, the
+# enable_thinking switch).
+QWEN3_TOOLS = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+# What the scripted agent model writes (build_agent_model): one text per
+# added token, so its greedy reply is a chain of distinct tokens.
+AGENT_TEXTS = {
+    "reason": "\nThe user wants the weather in Paris.\n",
+    "open1": "\n\n<tool_call>",
+    "call1": '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
+    "open2": "\n<tool_call>",
+    "call2": '\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}',
+    "close2": "\n</tool_call>",
+    "blank": "\n\n",
+    "answer": "It is sunny in Paris.",
+    "named": '\n{"name": "get_time", "arguments":',
+    "utc": ' {"tz": "UTC"}}\n',
+    "broken": ' {"city": Paris}}\n',
+}
+AGENT_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+# The tools the agent model's calls are made to (OpenAI's shape).
+AGENT_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+# Each chain: the prompt's last token (a text of AGENT_TEXTS or a marker,
+# or the last token of the text given) and what the model writes after it.
+# With thinking on the generation prompt ends with "\n": reasoning, then two
+# calls. With it off it ends "</think>" + "\n\n": an answer. A call started
+# by tool_choice required ends "<tool_call>"; one of get_time ends with
+# "named"; one of get_weather with the last token of its opening, after
+# which the model writes arguments that are not JSON.
+AGENT_CHAINS = [
+    ("\n", ["<think>", "reason", "</think>", "open1", "call1", "</tool_call>", "open2", "call2",
+            "close2", "<|im_end|>"]),
+    ("blank", ["answer", "<|im_end|>"]),
+    ("<tool_call>", ["call1"]),
+    ("named", ["utc", "</tool_call>"]),
+    ('<tool_call>\n{"name": "get_weather", "arguments":', ["broken", "</tool_call>"]),
+]
+
+
+def build_agent_tokenizer(folder: Path) -> Path:
+    """The tiny tokenizer with Qwen3's template, its <think> and
+    <tool_call> markers as ordinary added tokens (as Qwen3 has them), and
+    each text the scripted agent model writes as one added token."""
+    from transformers import PreTrainedTokenizerFast
+
+    build_tokenizer(folder, chat_template=QWEN3_TOOLS)
+    fast = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    fast.add_tokens(AGENT_MARKERS + list(AGENT_TEXTS.values()))
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def agent_script(tokenizer_dir: Path) -> dict[int, int]:
+    """AGENT_CHAINS as token ids: each token the model reads, and the one
+    it writes next."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+
+    def one(text: str) -> int:
+        ids = fast.encode(AGENT_TEXTS.get(text, text), add_special_tokens=False)
+        return ids[-1]
+
+    script: dict[int, int] = {}
+    for key, chain in AGENT_CHAINS:
+        ids = [one(key), *map(one, chain)]
+        for a, b in zip(ids, ids[1:], strict=False):
+            assert script.get(a, b) == b, f"the agent script reads {a} twice"
+            script[a] = b
+    return script
+
+
+def build_agent_model(folder: Path, tokenizer_dir: Path, *, forget: tuple[str, ...] = (),
+                      seed: int = 21) -> Path:
+    """A model whose greedy reply is known: every layer's output
+    projections are zero, so it reads only the last token, and each token
+    of ``agent_script`` has its own direction in the embedding that the
+    output layer maps to the token it writes next (a bigram model; any
+    other token gives a random next one). ``forget``: texts (of AGENT_TEXTS,
+    or markers) after which it has no script, and writes a random token: a
+    draft that is right often, not always."""
+    import mlx.core as mx
+    import numpy as np
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    build_model(folder, tokenizer_dir, layers=1, seed=seed, vocab=len(fast))
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    embed = np.array(weights["model.embed_tokens.weight"])
+    head = np.array(weights["lm_head.weight"]) * 0.01
+    hidden = embed.shape[1]
+    forgotten = {fast.encode(AGENT_TEXTS.get(t, t), add_special_tokens=False)[-1] for t in forget}
+    script = {a: b for a, b in agent_script(tokenizer_dir).items() if a not in forgotten}
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(hidden, len(script))))
+    for i, (read, writes) in enumerate(script.items()):
+        embed[read] = basis[:, i]
+        head[writes] += 4.0 * basis[:, i] * np.sqrt(hidden)
+    weights["model.embed_tokens.weight"] = mx.array(embed)
+    weights["lm_head.weight"] = mx.array(head)
+    for k in weights:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[k] = mx.zeros_like(weights[k])
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+HARMONY_SPECIALS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                    "<|constrain|>", "<|return|>", "<|call|>"]
+# gpt-oss's harmony chat template, shortened: its reasoning switch
+# (reasoning_effort), tools in the system turn, an earlier turn's reasoning
+# under "thinking", calls on the commentary channel.
+HARMONY = """<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}
+{%- if tools %}
+# Tools
+{%- for tool in tools %}
+{{ tool.function.name }}: {{ tool.function.parameters | tojson }}
+{%- endfor %}
+{%- endif %}<|end|>
+{%- for message in messages %}
+  {%- if message.role == 'assistant' %}
+    {%- if message.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>{%- endif %}
+    {%- for tc in message.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ tc.function.name }} <|constrain|>json<|message|>{{ tc.function.arguments | tojson }}<|call|>{%- endfor %}
+    {%- if message.content %}<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>{%- endif %}
+  {%- elif message.role == 'tool' %}<|start|>functions.{{ message.name }} to=assistant<|channel|>commentary<|message|>{{ message.content }}<|end|>
+  {%- else %}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"""
+
+
+def build_harmony_tokenizer(folder: Path) -> Path:
+    """The tiny tokenizer with gpt-oss's harmony tokens (special, as its
+    tokenizer has them) and a harmony template."""
+    return build_tokenizer(folder, chat_template=HARMONY, specials=HARMONY_SPECIALS,
+                           eos="<|return|>")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from specchat import applog, cluster_cmd, records, startup, values
-from specchat.engine import modes
+from specchat.engine import chat_rules, modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     DraftSettings,
@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_k(g)
     g.add_argument("--stop", action="append", default=[], type=_text("a stop string"),
                    help="stop string (repeatable)")
+    g.add_argument("--tools", type=_readable_file, metavar="FILE",
+                   help="a JSON file of tools the model may call (OpenAI's shape: a list of "
+                        '{"type": "function", "function": {...}}), rendered by its chat template')
+    g.add_argument("--no-thinking", action="store_true",
+                   help="turn the model's reasoning off with its chat template's own switch "
+                        "(the API's reasoning_effort none)")
     g.add_argument("--acceptance", choices=["rejection", "equality"], default="rejection",
                    help=argparse.SUPPRESS)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -315,6 +321,21 @@ def _refuse_past_bounds(args) -> None:
             values.stop_strings(args.stop)
         except values.BadValue as exc:
             args.subparser.error(f"argument --stop: {exc}")
+        args.tools_json = _tools_file(args) if args.tools else ""
+
+
+def _tools_file(args) -> str:
+    """``--tools FILE`` read (a regular file, at most four times the bound
+    on a request's tools, room for indentation) and checked by the rules the
+    API checks ``tools`` by, as JSON text."""
+    limit = 4 * int(values.LIMITS["bytes of tools"].high)
+    try:
+        data = records.read_file(args.tools, limit)
+        return chat_rules.tools(records.parse_json(data, max_depth=chat_rules.JSON_DEPTH))
+    except (OSError, records.BadRecord) as exc:
+        args.subparser.error(f"argument --tools: {args.tools}: {exc}")
+    except values.BadValue as exc:
+        args.subparser.error(f"argument --tools: {exc}")
 
 
 def _failed(exc: BaseException) -> int:
@@ -390,6 +411,8 @@ def _request_from(args) -> tuple:
         sampling=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
         draft=DraftSettings(mode=mode.name, k=args.k, acceptance=args.acceptance),
         stop_strings=tuple(args.stop),
+        tools=args.tools_json,
+        reasoning_effort="none" if args.no_thinking else "",
     )
     return request, mode
 

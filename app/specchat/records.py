@@ -9,15 +9,19 @@ type its dataclass declares (``fields_of``); a bad one is left out and said
 once in the log (``report``), and the rest load. A file is read only if it is
 a regular file (a FIFO in its place would block the reader forever, a device
 would never end) and only up to a bound (``read_file``); JSON nested too
-deep to parse is a damaged file like any other (``parse_json``). A small
+deep to parse is a damaged file like any other (``parse_json``), and JSON
+text from anywhere can be held to a nesting depth before it is parsed
+(``nested_deeper``: the API's bodies, the tools and tool calls a request
+carries). A small
 JSON file is written whole or not at all (``write_json``), and one that is
 only a cache of work done before reads as {} when it is missing or garbage
 (``read_record``). A file that two processes read, change and write back (the
 model index, the records of checked files) is changed only while holding its
 lock (``locked``, ``update_record``), so neither loses what the other wrote.
 
-Only the standard library and ``specchat.values`` here: every layer imports
-it, the engine's history index too.
+Only the standard library and ``specchat.values`` here (and numpy, imported
+only when JSON nesting is counted): every layer imports it, the engine's
+history index too.
 """
 
 from __future__ import annotations
@@ -111,16 +115,47 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n:,} bytes"
 
 
-def parse_json(data: str | bytes) -> object:
+def parse_json(data: str | bytes, max_depth: int | None = None) -> object:
     """JSON text as Python values; ``BadRecord`` for anything that is not
     JSON, including nesting too deep to parse (a ``RecursionError``, which is
-    no ``ValueError``)."""
+    no ``ValueError``), or with ``max_depth`` deeper than that (counted
+    before parsing: ``nested_deeper``)."""
+    if max_depth is not None and nested_deeper(data, max_depth):
+        raise BadRecord(f"it nests arrays and objects deeper than {max_depth} levels")
     try:
         return json.loads(data)
     except RecursionError:
         raise BadRecord("it is nested too deeply to read") from None
     except ValueError as exc:  # UnicodeDecodeError included
         raise BadRecord(f"it is not valid JSON ({exc})") from None
+
+
+_ONLY_QUOTES_AND_BRACKETS = bytes(b for b in range(256) if b not in b'"[]{}')
+
+
+def nested_deeper(data: str | bytes, limit: int) -> bool:
+    """Whether JSON text nests arrays and objects deeper than ``limit``,
+    found without parsing it: ``json.loads`` recurses once per level, and a
+    few hundred levels can exhaust a thread's stack (512 KiB on macOS), a
+    few thousand Python's recursion limit. Linear and in C, about as long
+    as parsing: escaped backslashes and quotes go first, then every byte
+    but quotes and brackets; the pieces between quotes are strings; the
+    deepest level is the running count of the brackets outside them.
+    (In UTF-8 these bytes never occur inside another character; a
+    backslash outside a string is not JSON, which ``json.loads`` says at
+    that point, before it nests further.)"""
+    import numpy as np
+
+    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    pieces = unescaped.translate(None, _ONLY_QUOTES_AND_BRACKETS).split(b'"')
+    outside = np.frombuffer(b"".join(pieces[::2]), np.uint8)  # odd pieces are strings
+    if not outside.size:
+        return False
+    step = np.zeros(256, np.int8)  # +1 opens a level, -1 closes one
+    step[list(b"[{")] = 1
+    step[list(b"]}")] = -1
+    return bool(np.cumsum(step[outside], dtype=np.int32).max() > limit)
 
 
 def read_json(path: str | os.PathLike, limit: int) -> object:

@@ -103,9 +103,9 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     # hundreds. A message's text parts are joined into one text.
     Limit("messages", int, 0, 10_000, "in one request"),
     Limit("content parts", int, 0, 1_000, "in one message"),
-    # Ignored today, rendered into the prompt by the chat template once the
-    # API serves them: OpenAI's own bound on their count, the prompt's on
-    # their JSON.
+    # Rendered into the prompt by the chat template: OpenAI's own bound on
+    # their count, the prompt's on their JSON. The calls an assistant turn
+    # made are turns of the template's loop too, bounded as OpenAI's tools.
     Limit("tools", int, 0, 128, "in one request"),
     Limit("bytes of tools", int, 0, 1_000_000, "in one request, as UTF-8 JSON"),
     # specchat models recommend: the recent prompts each draft is measured on.
@@ -126,6 +126,11 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("text characters", int, 0, 100_000_000, "read from files; 0 = none"),
     Limit("replies", int, 0, 100_000, "requests the target answers itself"),
     Limit("reply tokens", int, 1, 32_768, "the longest reply to one request"),
+    Limit("tool calls", int, 0, 128, "in one message"),
+    # The chat template's switches a request sets (chat_template_kwargs):
+    # a template reads a handful; a text value may be written into the prompt.
+    Limit("template switches", int, 0, 32, "in one request"),
+    Limit("characters of template switches", int, 0, 4096, "in one request"),
 )}
 
 

@@ -45,6 +45,10 @@ def test_defaults_follow_openai_and_the_cap():
     assert protocol.parse("completion", {"model": "m", "prompt": [[1, 2]]}).prompt_ids == (1, 2)
 
 
+def tool(name: str, description: str = "") -> dict:
+    return {"type": "function", "function": {"name": name, "description": description}}
+
+
 @pytest.mark.parametrize("kind,body,param", [
     ("chat", {"messages": USER, "temperature": -1}, "temperature"),
     ("chat", {"messages": USER, "temperature": "0.5"}, "temperature"),
@@ -68,7 +72,7 @@ def test_defaults_follow_openai_and_the_cap():
     ("completion", {"prompt": "x", "echo": True}, "echo"),
     ("completion", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("chat", {"messages": USER, "tools": {"type": "function"}}, "tools"),
-    ("chat", {"messages": USER, "tools": ["f"]}, "tools"),
+    ("chat", {"messages": USER, "tools": ["f"]}, "tools[0]"),
     # Each list one past its bound (specchat.values).
     ("chat", {"messages": USER, "stop": ["x"] * 65}, "stop"),
     ("chat", {"messages": USER, "stop": ["x" * 4096, "y"]}, "stop"),
@@ -76,7 +80,7 @@ def test_defaults_follow_openai_and_the_cap():
     ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 1001}]},
      "messages[0].content"),
     ("chat", {"messages": USER, "tools": [{}] * 129}, "tools"),
-    ("chat", {"messages": USER, "tools": [{"d": "é" * 500_000}]}, "tools"),
+    ("chat", {"messages": USER, "tools": [tool("f", "é" * 500_000)]}, "tools"),
     ("chat", {"messages": [{"role": "user", "content": "é" * 500_001}]}, "messages"),
     ("completion", {"prompt": "é" * 500_001}, "prompt"),
     ("completion", {"prompt": [1] * 1_000_001}, "prompt"),
@@ -88,11 +92,11 @@ def test_bad_fields_are_refused_by_name(kind, body, param):
 def test_lists_at_their_bounds_are_taken():
     """One item or byte less than each refusal above."""
     req = protocol.parse("chat", {
-        "model": "m", "stop": ["x" * 64] * 64, "tools": [{}] * 128,
+        "model": "m", "stop": ["x" * 64] * 64, "tools": [tool(f"f{i}") for i in range(128)],
         "messages": USER * 9_999 + [{"role": "user", "content": [
             {"type": "text", "text": "é"}] * 1000}]})
     assert len(req.messages) == 10_000 and len(req.stop) == 64
-    protocol.parse("chat", {"model": "m", "messages": USER, "tools": [{"d": "é" * 499_990}]})
+    protocol.parse("chat", {"model": "m", "messages": USER, "tools": [tool("f", "é" * 499_950)]})
     assert len(protocol.parse("completion", {"model": "m", "prompt": "é" * 500_000}).prompt) \
         == 500_000
     assert len(protocol.parse("completion", {"model": "m", "prompt": [1] * 1_000_000})

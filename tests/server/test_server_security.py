@@ -226,10 +226,11 @@ def test_deep_json_is_refused_before_it_is_parsed(quiet, tiny_target):
     assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
     assert len(recorder.seen) == before
     nested: object = 1
-    for _ in range(61):  # 63 levels with the tools' list and the body's object: under the bound
+    for _ in range(61):  # 63 levels with the metadata's and the body's objects: under the bound
         nested = {"a": nested}
     status, _, text = call(server.port, "POST", "/chat/completions",
-                           chat_body(tiny_target.name, "[[[[{{{{ \\\" ]]" * 50, tools=[nested]))
+                           chat_body(tiny_target.name, "[[[[{{{{ \\\" ]]" * 50,
+                                     metadata={"a": nested}))
     assert status == 200, text
 
 
@@ -310,14 +311,24 @@ _PAST = [
      "too many content parts: 1,001; at most 1,000 in one message"),
     ("/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}] * 129},
      "tools", "too many tools: 129; at most 128 in one request"),
-    ("/chat/completions", {"tools": [{"d": "x" * 999_991}]}, "tools",
+    ("/chat/completions", {"tools": [{"type": "function", "function": {
+        "name": "f", "description": "x" * 999_939}}]}, "tools",
      "too many bytes of tools: 1,000,001; at most 1,000,000 in one request, as UTF-8 JSON"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}, {
+        "role": "assistant", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
+            "name": "f", "arguments": "{}"}} for i in range(129)]}]}, "messages[1].tool_calls",
+     "too many tool calls: 129; at most 128 in one message"),
+    ("/chat/completions", {"chat_template_kwargs": {f"s{i}": True for i in range(33)}},
+     "chat_template_kwargs", "too many template switches: 33; at most 32 in one request"),
+    ("/chat/completions", {"chat_template_kwargs": {"a": "x" * 2048, "b": "y" * 2049}},
+     "chat_template_kwargs",
+     "too many characters of template switches: 4,097; at most 4,096 in one request"),
 ]
 
 
 def test_every_list_a_request_carries_is_bounded(quiet, tiny_target):
-    """Stop strings, messages, a message's parts and tools, each bounded in
-    count and in length (``specchat.values``), refused with a 400 naming
+    """Stop strings, messages, a message's parts and calls, tools and
+    template switches, each bounded in count and in length (``specchat.values``), refused with a 400 naming
     the field before the request is queued. The request of issue 47 (400,000
     stop strings, 79 s of the engine thread) is refused at once."""
     server, recorder, before = quiet
@@ -350,12 +361,13 @@ def test_a_long_model_name_is_not_sent_back(quiet):
 
 def test_lists_at_their_bounds_are_served(api, tiny_target):
     """The same lists at their bounds are answered: the most stop strings
-    (as long as they may be together), parts and tools (ignored). (As many
-    messages as the bound allows render to more tokens than the tiny
+    (as long as they may be together), parts and tools (not offered to the
+    model, tool_choice none: the tiny target's template takes none). (As
+    many messages as the bound allows render to more tokens than the tiny
     target reads: ``test_server_protocol`` takes them.)"""
     stops = [f"{i:02d}" + "#" * 62 for i in range(64)]
     r = api.chat.completions.create(
-        model=tiny_target.name, max_tokens=2, temperature=0, stop=stops,
+        model=tiny_target.name, max_tokens=2, temperature=0, stop=stops, tool_choice="none",
         tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(128)],
         messages=[{"role": "user", "content": [{"type": "text", "text": "h"}] * 1_000}])
     assert r.usage.completion_tokens <= 2 and r.usage.prompt_tokens > 100

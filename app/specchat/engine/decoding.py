@@ -37,6 +37,7 @@ from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
 from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
 from specchat.engine.kv import CacheSlot
+from specchat.engine.reply_parts import Released, ReplySplitter, merged
 from specchat.engine.sampling import KeyStream
 from specchat.engine.textstream import TextStream
 from specchat.engine.verifier import Verifier
@@ -57,6 +58,10 @@ class Decoding:
     mode: str  # the mode's name, for the summary
     vocab: int  # the target's logits width
     cancelled: threading.Event | None = None
+    # Splits the reply's text into reasoning, answer and tool calls and
+    # finds its stop strings (reply_parts.py); none: a reply that is all
+    # answer, with the request's stop strings.
+    splitter: ReplySplitter | None = None
 
 
 @dataclass
@@ -127,6 +132,7 @@ class Progress:
     reused: int = 0  # prompt tokens already in the cache
     prompt_read: bool = False  # the drafter has read the prompt
     out: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # each kept token's part
     text: list[str] = field(default_factory=list)
     finish: str = "length"
     done: bool = False
@@ -141,7 +147,7 @@ def start(d: Decoding) -> Progress:
     t_start = time.perf_counter()
     threads.governor().take_counts()
     keys = KeyStream(d.request.sampling.seed)
-    stream = TextStream(d.tokenizer, d.request.stop_strings)
+    stream = TextStream(d.tokenizer, d.request.stop_strings, d.splitter)
     limit = d.drafter.reuse_limit(d.prompt_ids) if d.drafter is not None else None
     pending = d.slot.sync_to(d.prompt_ids, limit=limit)
     d.slot.prefill(pending[:-1])
@@ -282,35 +288,51 @@ def verified_blocks(d: Decoding, run: Progress) -> Iterator[Block]:
         verifier.close()
 
 
-def _keep(d: Decoding, run: Progress, tokens: list[int]) -> tuple[list[int], list[str]]:
-    """A block's tokens up to an end token, a stop string or the token
-    budget (which end the reply: ``run.done``), and the text each released."""
+def _keep(d: Decoding, run: Progress, tokens: list[int]) -> tuple[list[int], list[str], Released]:
+    """A block's tokens up to an end token, a stop string, the call that
+    ends a reply of one call, or the token budget (which end the reply:
+    ``run.done``); the text each released, and its parts."""
     kept: list[int] = []
     pieces: list[str] = []
+    released = Released()
     for tok in tokens:
         if tok in d.end_ids:
             run.finish, run.done = "stop", True
             break
         kept.append(tok)
-        pieces.append(run.stream.add(tok))
+        got = run.stream.step(tok)
+        pieces.append(got.raw)
+        released.add(got)
+        run.labels.append(got.part)
         if run.stream.stopped:
             run.finish, run.done = "stop_string", True
+            break
+        if run.stream.parts.done:
+            run.finish, run.done = "tool_calls", True
             break
         if len(run.out) + len(kept) >= d.request.max_tokens:
             run.finish, run.done = "length", True
             break
-    return kept, pieces
+    return kept, pieces, released
+
+
+def _ending(run: Progress) -> tuple[str, Released]:
+    """The text held back when the reply ends, and what the end of the
+    reply releases of its parts (an open call read as it stands)."""
+    released = run.stream.end()
+    return released.raw, released
 
 
 def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
     """Add a block's kept tokens to the reply (flushing the text when the
     reply ends) and describe the step."""
-    kept, pieces = _keep(d, run, block.tokens)
+    kept, pieces, released = _keep(d, run, block.tokens)
     run.tally.emitted(block.origins[:len(kept)])
     run.out.extend(kept)
     run.context.extend(kept)
     if run.done:
-        tail = run.stream.finish()
+        tail, end = _ending(run)
+        released.add(end)
         if pieces:
             pieces[-1] += tail
         elif tail:
@@ -337,24 +359,31 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
         paused=block.paused,
         probe=block.probe,
         origin_totals=tuple(run.tally.by_origin.items()),
+        segments=merged(released.segments),
+        parts=tuple(run.labels[len(run.labels) - len(kept):]),
+        tool_calls=tuple(released.calls),
     )
 
 
-def _tail_event(run: Progress, tail: str) -> StepEvent:
+def _tail_event(run: Progress, tail: str, released: Released) -> StepEvent:
     """Text held back when the reply ended between steps (cancelled, or
-    the budget ran out): no tokens, just the rest of the text."""
+    the budget ran out), and its parts: no tokens, just the rest."""
     return StepEvent(index=run.tally.steps, token_ids=(), text=tail, origins=(), drafted=0,
                      accepted=0, k=0, drafter=None, step_s=0.0,
-                     elapsed_s=time.perf_counter() - run.started, total_tokens=len(run.out))
+                     elapsed_s=time.perf_counter() - run.started, total_tokens=len(run.out),
+                     segments=merged(released.segments), tool_calls=tuple(released.calls))
 
 
 def summarize(d: Decoding, run: Progress) -> GenerationResult:
     wall = time.perf_counter() - run.started
     decode_s = max(wall - run.prefill_s, 1e-9)
     tally, n = run.tally, len(run.out)
+    parts = run.stream.parts
+    # OpenAI's word for a reply that ended after calling tools.
+    finish = "tool_calls" if parts.calls and run.finish in ("stop", "stop_string") else run.finish
     summary = Summary(
         mode=d.mode,
-        finish_reason=run.finish,
+        finish_reason=finish,
         new_tokens=n,
         steps=tally.steps,
         drafted=tally.drafted,
@@ -376,7 +405,10 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
         paused_steps=tally.paused,
         auto_off=d.policy.break_even.report(),
     )
-    return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary)
+    return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary,
+                            answer="".join(parts.answer), reasoning="".join(parts.reasoning),
+                            tool_calls=tuple(parts.calls), notes=tuple(parts.notes),
+                            parts=tuple(run.labels))
 
 
 def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> GenerationResult:
@@ -396,8 +428,8 @@ def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> G
         d.slot.settle(run.context)
         if d.drafter is not None:
             d.drafter.finish(run.context)
-    tail = run.stream.finish()
-    if tail:
+    tail, released = _ending(run)
+    if tail or released.segments or released.calls:
         run.text.append(tail)
-        emit(_tail_event(run, tail))
+        emit(_tail_event(run, tail, released))
     return summarize(d, run)

@@ -11,7 +11,13 @@ from typing import Literal
 
 from specchat import values
 
-FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "stop_string", "cancelled", "error", "tool_calls"]
+
+# The parts a reply is split into (engine/reply_parts.py): the model's
+# reasoning, its answer, and the tool calls it writes. Each token of a reply
+# is labelled with one of them, each piece of its text belongs to one.
+REASONING, ANSWER, TOOL = "reasoning", "answer", "tool"
+PARTS = (REASONING, ANSWER, TOOL)
 
 
 @dataclass(frozen=True)
@@ -49,9 +55,29 @@ class DraftSettings:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call of one of a request's tools: made in an earlier assistant
+    turn, or read from a reply. ``arguments`` is JSON text of an object, as
+    OpenAI's API carries it (plain text crosses threads; the chat template
+    gets it parsed)."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass(frozen=True)
 class Message:
+    """One turn of a conversation. Beside its text, an assistant turn may
+    carry the reasoning it wrote before its answer and the tool calls it
+    made; a ``tool`` turn is the result of the call ``tool_call_id`` names.
+    The defaults are a plain turn, as every caller made them before tools."""
+
     role: str
     content: str
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,25 @@ class GenerateRequest:
     # store's id): the history index leaves it out of history matches (it is
     # the conversation itself) and, when the reply ends, stores it under it.
     history_key: str | None = None
+    # Tools the model may call: JSON text of a list of tools in OpenAI's
+    # shape ({"type": "function", "function": {"name", "description",
+    # "parameters"}}), "" for none; rendered by the model's chat template.
+    tools: str = ""
+    # "auto" (the model decides), "none" (the tools are not offered, and a
+    # call the model writes anyway is returned as text), "required" (the
+    # reply starts with a call: of ``tool_name`` if one is named).
+    tool_choice: Literal["auto", "none", "required"] = "auto"
+    tool_name: str = ""
+    # False: the reply ends after its first tool call.
+    parallel_tool_calls: bool = True
+    # Variables for the chat template that switch what it writes
+    # (transformers' and mlx-lm's ``chat_template_kwargs``): (name, JSON
+    # scalar) pairs, each one a variable the template reads.
+    template_switches: tuple[tuple[str, bool | int | float | str | None], ...] = ()
+    # OpenAI's reasoning_effort ("none", "minimal", "low", "medium", "high",
+    # "xhigh"), mapped onto the template's own switch (ChatFormat.effort); ""
+    # leaves the template's default.
+    reasoning_effort: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,8 +126,9 @@ class StepEvent:
     draft token by the origin its drafter names (specchat/origins.py:
     "draft", "conversation", "history", ...).
     pieces has the text each token released (""-joined it is ``text``); a
-    token that ends inside a multi-byte character or a possible stop string
-    releases nothing, and the token that completes it releases it all.
+    token that ends inside a multi-byte character, a possible stop string
+    or a possible marker releases nothing, and the token that completes it
+    releases it all.
     """
 
     index: int
@@ -106,6 +152,16 @@ class StepEvent:
     # The reply's tokens per origin so far, this step's included: the
     # engine counts them, the gauges show them.
     origin_totals: tuple[tuple[str, int], ...] = ()
+    # ``text`` split into the reply's parts, in order: (part, text) with
+    # part one of PARTS, marker tokens (``<think>``, ``<tool_call>``) left
+    # out. A tool call's raw text streams as TOOL; the call itself arrives
+    # in ``tool_calls`` of the step that completes it, or, if it cannot be
+    # read, as ANSWER text of that step.
+    segments: tuple[tuple[str, str], ...] = ()
+    # The part of each token in ``token_ids`` (a marker token belongs to
+    # the part it opens or closes), to count speed and acceptance per part.
+    parts: tuple[str, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,13 +212,33 @@ class Summary:
 
 @dataclass(frozen=True)
 class GenerationResult:
+    """A whole reply. ``text`` is everything it wrote, markers included;
+    ``answer``, ``reasoning`` and ``tool_calls`` are its parts
+    (engine/reply_parts.py). ``notes`` says in words what did not go as
+    asked (a tool call that could not be read, a required call the model
+    did not make)."""
+
     text: str
     token_ids: tuple[int, ...]
     summary: Summary
+    answer: str | None = None  # None: the reply was not split, its answer is ``text``
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    notes: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()  # each token's part, aligned with token_ids
+
+    def __post_init__(self):
+        if self.answer is None:
+            object.__setattr__(self, "answer", self.text)
 
     def to_json(self) -> dict:
         return {
             "text": self.text,
+            "answer": self.answer,
+            "reasoning": self.reasoning,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                           for c in self.tool_calls],
+            "notes": list(self.notes),
             "token_ids": list(self.token_ids),
             "mode": self.summary.mode,
             "finish_reason": self.summary.finish_reason,
@@ -196,6 +272,36 @@ class ComputeInfo:
 
 
 @dataclass(frozen=True)
+class ChatFormat:
+    """What the target's chat template and tokenizer do with tools and
+    reasoning (engine/chat_format.py reads it at load), so that a request
+    can be checked, and refused in words, before it waits for its turn.
+
+    tools: the template reads ``tools``. tool_format: how replies write a
+    call: one of mlx-lm's tool parsers ("json_tools", "qwen3_coder", ...),
+    "harmony" (gpt-oss's channels), or "" (none SpecChat can read).
+    reasoning: "markers" (a thinking start and end, mlx-lm's
+    ``has_thinking``), "harmony", or "". reasoning_key: the message key
+    the template reads an earlier turn's reasoning from ("" if it reads
+    none). switches: the variables a request may set (those the template
+    reads that are not the conversation itself). effort: the switch
+    reasoning_effort maps onto ("" if none)."""
+
+    template: bool = False
+    tools: bool = False
+    tool_format: str = ""
+    reasoning: str = ""
+    reasoning_key: str = ""
+    switches: tuple[str, ...] = ()
+    effort: str = ""
+
+    @property
+    def calls_tools(self) -> bool:
+        """Tools reach the model and its calls can be read back."""
+        return self.tools and bool(self.tool_format)
+
+
+@dataclass(frozen=True)
 class LoadedPair:
     target: ModelInfo
     draft: ModelInfo | None
@@ -207,6 +313,7 @@ class LoadedPair:
     # An EAGLE-3 head loaded beside a draft model (``specchat bench --head``);
     # a head chosen as the draft is ``draft`` (model_type "eagle3").
     head: ModelInfo | None = None
+    chat: ChatFormat = ChatFormat()  # the target's tools and reasoning
 
     def loaded(self) -> set[str]:
         """What drafters can use (drafter_kinds.DrafterKind.needs): "draft"

@@ -15,14 +15,14 @@ import operator
 from dataclasses import replace
 
 from specchat import values
-from specchat.engine import modes
+from specchat.engine import chat_rules, modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 
 ACCEPTANCE = ("rejection", "equality")
 # How each role's text is named in a message about it.
 _ROLE_NAMES = {"system": "the system prompt", "user": "the message",
-               "assistant": "an earlier reply"}
+               "assistant": "an earlier reply", "tool": "a tool result"}
 
 
 def checked(request: GenerateRequest) -> GenerateRequest:
@@ -50,8 +50,15 @@ def checked(request: GenerateRequest) -> GenerateRequest:
     # before the template and the tokenizer, which would hold the engine
     # thread for seconds, only to find it longer than the model reads.
     values.size("messages", len(request.messages))
-    messages = tuple(_message(m) for m in request.messages)
-    values.prompt_size(values.utf8_size(m.content for m in messages))
+    messages = tuple(_message(m, i) for i, m in enumerate(request.messages))
+    chat_rules.conversation(messages)
+    values.prompt_size(values.utf8_size(t for m in messages for t in chat_rules.texts(m)))
+    if not isinstance(request.parallel_tool_calls, bool):
+        raise EngineError(f"parallel_tool_calls must be true or false; got "
+                          f"{request.parallel_tool_calls!r}")
+    tools = chat_rules.tool_list(values.text("tools", request.tools))
+    choice, tool_name = chat_rules.tool_choice(request.tool_choice, request.tool_name,
+                                               [t["function"]["name"] for t in tools])
     prompt_ids = request.prompt_ids
     if prompt_ids is not None:
         values.prompt_tokens(len(prompt_ids))
@@ -65,14 +72,24 @@ def checked(request: GenerateRequest) -> GenerateRequest:
         draft=draft,
         stop_strings=values.stop_strings(request.stop_strings),
         stop_token_ids=_ids("stop token", request.stop_token_ids),
+        tool_choice=choice,
+        tool_name=tool_name,
+        template_switches=chat_rules.switches(request.template_switches),
+        reasoning_effort=chat_rules.effort(request.reasoning_effort),
     )
 
 
-def _message(m: Message) -> Message:
+def _message(m: Message, i: int) -> Message:
     if not isinstance(m.role, str):
         raise EngineError(f"a message role must be text; got {type(m.role).__name__}")
     name = _ROLE_NAMES.get(m.role, f"the {values.text('a message role', m.role)} message")
-    return Message(m.role, values.text(name, m.content))
+    where = f"messages[{i}]"
+    values.size("tool calls", len(m.tool_calls))
+    return Message(m.role, values.text(name, m.content),
+                   reasoning=values.text(f"{where}'s reasoning", m.reasoning),
+                   tool_calls=tuple(chat_rules.tool_call(c, f"{where}.tool_calls[{j}]")
+                                    for j, c in enumerate(m.tool_calls)),
+                   tool_call_id=values.text(f"{where}.tool_call_id", m.tool_call_id))
 
 
 def _ids(name: str, ids) -> tuple[int, ...]:

@@ -17,6 +17,8 @@ import mlx.core as mx
 
 from specchat.engine import (
     chat,
+    chat_format,
+    chat_rules,
     compute,
     drafter_kinds,
     eagle3,
@@ -24,6 +26,7 @@ from specchat.engine import (
     modes,
     mtp,
     mtp_format,
+    reply_parts,
     request_check,
     threads,
     warmup,
@@ -37,6 +40,7 @@ from specchat.engine.drafter_kinds import DrafterKind
 from specchat.engine.drafters import Drafter, Parts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
+    ChatFormat,
     ComputeInfo,
     GenerateRequest,
     GenerationResult,
@@ -81,6 +85,7 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
+        self._chat = ChatFormat()  # the target's tools and reasoning (chat_format.py)
         # The user's earlier conversations, for suffix drafting (history.py):
         # tied to the target's tokenizer, filled by sync_history.
         self.history = History()
@@ -141,6 +146,7 @@ class Engine:
             elif self._no_mtp != mtp_format.no_head(self.target.info.name):
                 say("target", self._no_mtp)  # it ships one, which cannot draft
             self._eos = chat.end_token_ids(self.target.tokenizer)
+            self._chat = chat_format.read(self.target.tokenizer)
             self.history = History()  # ids of another tokenizer mean nothing
             w = runner.head_weight()
             self._vocab = int(w.shape[0]) if w is not None else int(
@@ -185,6 +191,7 @@ class Engine:
             mtp=self._mtp_head is not None,
             own_head=own_head,
             head=self.head.info if self.head is not None else None,
+            chat=self._chat,
         )
         return self._pair
 
@@ -246,6 +253,7 @@ class Engine:
         self._slot = None
         self._mtp_head = None
         self._no_mtp = ""
+        self._chat = ChatFormat()
         self._drafters.clear()
         gc.collect()
         mx.clear_cache()
@@ -299,12 +307,29 @@ class Engine:
     # -- generation ------------------------------------------------------
     def prompt_ids(self, request: GenerateRequest,
                    cancelled: threading.Event | None = None) -> list[int]:
+        return self._prompt(request, cancelled)[0]
+
+    def _prompt(self, request: GenerateRequest, cancelled: threading.Event | None = None
+                ) -> tuple[list[int], reply_parts.ReplySplitter | None]:
+        """The prompt's ids, and for a chat the splitter of its reply (which
+        has read what SpecChat wrote of the reply at the prompt's end to
+        honour tool_choice: reply_parts.prefill)."""
         if self.target is None:
             raise EngineError("No model is loaded.")
         if request.prompt_ids is None:
-            ids = chat.render(self.target.tokenizer, request.messages, cancelled)
+            tok, fmt = self.target.tokenizer, self._chat
+            switches = chat_rules.template_variables(fmt, request.template_switches,
+                                                     request.reasoning_effort)
+            chat_rules.offered(fmt, bool(request.tools), request.tool_choice)
+            tools = chat_rules.tool_list(request.tools)
+            ids = chat.render(tok, request.messages, cancelled,
+                              tools=tools if request.tool_choice != "none" else None,
+                              switches=switches, reasoning_key=fmt.reasoning_key)
+            started = reply_parts.prefill(tok, fmt, ids, request)
+            if started:
+                ids += tok.encode(started, add_special_tokens=False)
             self._fits(ids)
-            return ids
+            return ids, reply_parts.splitter(tok, fmt, ids, request, tools, started)
         ids = list(request.prompt_ids)
         if not ids:
             raise EngineError("The prompt is empty: write a message first.")
@@ -314,7 +339,7 @@ class Engine:
         if bad is not None:
             raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
                               f"vocabulary (ids 0 to {rows - 1}).")
-        return ids
+        return ids, None
 
     def _fits(self, ids: list[int]) -> None:
         """The prompt's tokens against the target's context (its bytes, a
@@ -397,7 +422,7 @@ class Engine:
     ) -> GenerationResult:
         request = request_check.checked(request)  # every value in range, before MLX sees one
         mode = modes.get(request.draft.mode)
-        ids = self.prompt_ids(request, cancelled)
+        ids, parts = self._prompt(request, cancelled)
         limit = self.target.max_context
         if limit is not None:  # the reply cannot run past the model's context
             request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))
@@ -405,7 +430,7 @@ class Engine:
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
         result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
-                                 policy, mode.name, self._vocab, cancelled), on_step)
+                                 policy, mode.name, self._vocab, cancelled, parts), on_step)
         if request.history_key and result.token_ids:
             # Finished (or stopped) replies join the history as they end.
             self.history.put(request.history_key, [*ids, *result.token_ids])

@@ -81,7 +81,8 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
             authorize(request)
             body = await read_json(request, max_body)
             req = protocol.parse(kind, body, service.max_tokens_cap)
-            service.model(req.model)  # 404 or 503 now, before the request waits its turn
+            # 404 or 503 now, and what the model cannot do, before the request waits its turn
+            protocol.check_format(req, service.model(req.model).chat)
             return await _answer(request, service, req)
 
         return complete
@@ -153,7 +154,7 @@ async def _sse(req: protocol.ApiRequest, model: str, first, events: asyncio.Queu
             yield _data(c)
         while True:
             if isinstance(item, StepEvent):
-                for c in chunks.text(item.text):
+                for c in chunks.step(item):
                     yield _data(c)
             elif isinstance(item, GenerationResult):
                 for c in chunks.end(item):

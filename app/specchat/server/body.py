@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-import numpy as np
 from starlette.requests import Request
 
+from specchat import records
 from specchat.server.errors import ApiError
 
 MAX_BODY = 8 * 1024 * 1024  # bytes; a long file pasted into a prompt fits easily
@@ -64,25 +64,8 @@ def require_json(request: Request) -> None:
                             "'Content-Type: application/json'.", code="unsupported_media_type")
 
 
-_ONLY_QUOTES_AND_BRACKETS = bytes(b for b in range(256) if b not in b'"[]{}')
-_DEPTH_STEP = np.zeros(256, np.int8)  # +1 opens a level, -1 closes one
-_DEPTH_STEP[list(b"[{")] = 1
-_DEPTH_STEP[list(b"]}")] = -1
-
-
 def check_nesting(body: bytes, limit: int = MAX_DEPTH) -> None:
     """400 if ``body`` nests arrays and objects deeper than ``limit``,
-    found without parsing it: ``json.loads`` recurses once per level, and a
-    few hundred levels can exhaust a thread's stack (512 KiB on macOS), a
-    few thousand Python's recursion limit. Linear and in C, about as long
-    as parsing: escaped backslashes and quotes go first, then every byte
-    but quotes and brackets; the pieces between quotes are strings; the
-    deepest level is the running count of the brackets outside them.
-    (``body`` is UTF-8, where these bytes never occur inside another
-    character; a backslash outside a string is not JSON, which
-    ``json.loads`` says at that point, before it nests further.)"""
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    pieces = unescaped.translate(None, _ONLY_QUOTES_AND_BRACKETS).split(b'"')
-    outside = np.frombuffer(b"".join(pieces[::2]), np.uint8)  # odd pieces are strings
-    if outside.size and np.cumsum(_DEPTH_STEP[outside], dtype=np.int32).max() > limit:
+    counted before it is parsed (``records.nested_deeper``)."""
+    if records.nested_deeper(body, limit):
         raise ApiError(400, f"The request body nests JSON deeper than {limit} levels.")

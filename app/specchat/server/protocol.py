@@ -9,33 +9,47 @@ line here as anywhere else, as a 400 naming its parameter.
 Fields this server cannot honour (``n`` above 1, log-probabilities, several
 prompts at once) are refused by name rather than ignored, so a client never
 gets less than it asked for without knowing; fields that only shape the
-reply's form (``user``, ``tools`` and the like) are ignored, as OpenAI-style
-local servers do.
+reply's form for OpenAI's own service (``user`` and the like) are ignored,
+as OpenAI-style local servers do.
+
+Tools, tool calls and the chat template's switches follow the engine's own
+rules (``engine/chat_rules.py``): the same checks, each refusal a 400 naming
+its field (``messages[3].tool_call_id``). What depends on the model (does
+its template take tools, which switches does it read) is checked against
+the served pair's ``ChatFormat`` before the request waits (``check_format``).
+A reply comes back in its parts: ``content``, ``reasoning_content`` (the
+name DeepSeek's API, vLLM and LM Studio use) and ``tool_calls``, streamed as
+OpenAI streams them; what did not go as asked is said in ``warnings``.
 
 Every list a request carries is bounded in count and in total length
-(``specchat.values``: stop strings, messages, a message's content parts,
-the prompt in UTF-8 bytes or token ids; tools too, which are ignored today
-but will be rendered into the prompt), each before its items are read, so
-no request costs the engine thread more than those bounds allow: one past
-a bound never waits for its turn.
+(``specchat.values``: stop strings, messages, a message's content parts and
+tool calls, tools, template switches, the prompt in UTF-8 bytes or token
+ids), each before its items are read, so no request costs the engine
+thread more than those bounds allow: one past a bound never waits for its
+turn.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Literal
 
 from specchat import values
+from specchat.engine import chat_rules
 from specchat.engine.events import (
+    ANSWER,
+    REASONING,
+    ChatFormat,
     DraftSettings,
     GenerateRequest,
     GenerationResult,
     Message,
     SamplingParams,
+    StepEvent,
     Summary,
+    ToolCall,
 )
 from specchat.server.errors import ApiError, bad_value
 
@@ -62,6 +76,12 @@ class ApiRequest:
     max_tokens: int | None = None  # None: as many as the cap and the context allow
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    tools: str = ""  # JSON text (chat_rules.tools)
+    tool_choice: str = "auto"
+    tool_name: str = ""
+    parallel_tool_calls: bool = True
+    switches: tuple[tuple[str, chat_rules.Scalar], ...] = ()  # chat_template_kwargs
+    reasoning_effort: str = ""
 
     def generate_request(self, mode: str, k: int | None, cap: int = MAX_TOKENS_CAP,
                          prompt_ids: tuple[int, ...] | None = None) -> GenerateRequest:
@@ -75,6 +95,12 @@ class ApiRequest:
             sampling=self.sampling,
             draft=DraftSettings(mode=mode, k=k),
             stop_strings=self.stop,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            tool_name=self.tool_name,
+            parallel_tool_calls=self.parallel_tool_calls,
+            template_switches=self.switches,
+            reasoning_effort=self.reasoning_effort,
         )
 
 
@@ -103,14 +129,60 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
                   include_usage=include_usage, max_tokens=_max_tokens(kind, body, cap),
                   sampling=_sampling(body), stop=_stop(body.get("stop")))
     if kind == "chat":
-        _tools(body.get("tools"))
+        tools = _ruled(chat_rules.tools, body.get("tools"))
+        names = [t["function"]["name"] for t in body["tools"]] if tools else []
+        choice, name = _tool_choice(body.get("tool_choice"), names)
         messages = _messages(body.get("messages"))
-        _bounded(values.utf8_size(m.content for m in messages), "messages")
-        return ApiRequest(messages=messages, **fields)
+        _ruled(chat_rules.conversation, messages)
+        _bounded(values.utf8_size(t for m in messages for t in chat_rules.texts(m)), "messages")
+        parallel = body.get("parallel_tool_calls") is None or _flag(body, "parallel_tool_calls")
+        return ApiRequest(messages=messages, tools=tools, tool_choice=choice, tool_name=name,
+                          parallel_tool_calls=parallel,
+                          switches=_ruled(chat_rules.switches, body.get("chat_template_kwargs")),
+                          reasoning_effort=_ruled(chat_rules.effort, body.get("reasoning_effort")),
+                          **fields)
     text, ids = _prompt(body.get("prompt"))
     if text is not None:
         _bounded(values.utf8_size([text]), "prompt")
     return ApiRequest(prompt=text, prompt_ids=ids, **fields)
+
+
+def check_format(req: ApiRequest, fmt: ChatFormat) -> None:
+    """What depends on the served model, checked before the request waits
+    for its turn: each template switch one its template reads, a
+    reasoning effort it has a switch for, and tools it can take (a 400
+    naming the field; the engine checks the same for every caller)."""
+    if req.kind != "chat":
+        return
+    _ruled(chat_rules.template_variables, fmt, req.switches, req.reasoning_effort)
+    _ruled(chat_rules.offered, fmt, bool(req.tools), req.tool_choice)
+
+
+def _ruled(rule, *args):
+    """``rule(*args)`` from ``engine/chat_rules.py``, a refusal a 400
+    naming the field it names."""
+    try:
+        return rule(*args)
+    except chat_rules.BadField as exc:
+        raise bad_value(str(exc), exc.param) from None
+
+
+def _tool_choice(choice: object, names: list[str]) -> tuple[str, str]:
+    """OpenAI's tool_choice: a word, or {"type": "function", "function":
+    {"name": ...}} (a call of that function is required)."""
+    if choice is None:
+        return "auto", ""
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("function"), dict):
+            raise bad_value("tool_choice must be auto, none, required or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}} (allowed_tools and custom tools are "
+                            "not supported here)", "tool_choice")
+        name = choice["function"].get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_value("tool_choice.function.name must name one of the request's tools",
+                            "tool_choice.function.name")
+        return _ruled(chat_rules.tool_choice, "required", name, names)
+    return _ruled(chat_rules.tool_choice, choice, "", names)
 
 
 def _bounded(size_bytes: int, param: str) -> None:
@@ -140,6 +212,11 @@ def _refuse_unsupported(kind: Kind, body: dict) -> None:
     for name in ("logprobs", "top_logprobs"):
         if body.get(name) not in (None, False, 0):  # absent or off
             raise bad_value("log-probabilities are not supported by this server", name)
+    if kind == "chat":
+        for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools
+            if body.get(name) is not None:
+                raise bad_value(f"{name} is the deprecated form of tools; send tools (and "
+                                "tool_choice) instead", name)
     if kind == "completion":
         if body.get("echo"):
             raise bad_value("echo is not supported by this server", "echo")
@@ -208,21 +285,6 @@ def _stop(stop: object) -> tuple[str, ...]:
     return _as_400("stop", values.stop_strings, items)
 
 
-def _tools(tools: object) -> None:
-    """Tools are ignored (the chat template does not see them yet), but
-    bounded as they will be once it does: their count, and their JSON's
-    UTF-8 bytes, which a template writes into the prompt."""
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise bad_value("tools must be a list of tool objects", "tools")
-    _sized("tools", "tools", len(tools))
-    if not all(isinstance(t, dict) for t in tools):
-        raise bad_value("tools must be a list of tool objects", "tools")
-    text = json.dumps(tools, ensure_ascii=False, separators=(",", ":"))
-    _sized("tools", "bytes of tools", values.utf8_size([text]))
-
-
 def _messages(messages: object) -> tuple[Message, ...]:
     if not isinstance(messages, list) or not messages:
         raise bad_value("messages must be a non-empty list of {role, content} objects",
@@ -237,9 +299,43 @@ def _messages(messages: object) -> tuple[Message, ...]:
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "
                             f"got {_shown(m.get('role'))}", f"{where}.role")
-        out.append(Message(role, _content(m.get("content"), f"{where}.content")))
+        reasoning_key = "reasoning_content" if m.get("reasoning_content") is not None \
+            else "reasoning"  # DeepSeek's and vLLM's name, or vLLM's newer one
+        reasoning = m.get(reasoning_key)
+        out.append(Message(
+            role, _content(m.get("content"), f"{where}.content"),
+            reasoning=_text(f"{where}.{reasoning_key}", reasoning, f"{where}.{reasoning_key}")
+            if reasoning is not None else "",
+            tool_calls=_tool_calls(m.get("tool_calls"), f"{where}.tool_calls"),
+            tool_call_id=_text(f"{where}.tool_call_id", m.get("tool_call_id"),
+                               f"{where}.tool_call_id") if m.get("tool_call_id") is not None
+            else ""))
     if not any(m.role == "user" and m.content.strip() for m in out):
         raise bad_value("messages must include a user message with some text", "messages")
+    return tuple(out)
+
+
+def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's calls in OpenAI's shape: {id, type:
+    "function", function: {name, arguments}}."""
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise bad_value(f"{where} must be a list of tool calls", where)
+    _sized(where, "tool calls", len(calls))
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise bad_value(f"{at} must be a tool call: {{id, type: \"function\", function: "
+                            "{name, arguments}}", at)
+        if call.get("type", "function") != "function":
+            raise bad_value(f"{at}.type must be \"function\"; got {_shown(call.get('type'))}",
+                            f"{at}.type")
+        fn = call["function"]
+        arguments = _ruled(chat_rules.arguments, fn.get("arguments"), f"{at}.function.arguments")
+        out.append(_ruled(chat_rules.tool_call, ToolCall(call.get("id"), fn.get("name"),
+                                                         arguments), at))
     return tuple(out)
 
 
@@ -287,9 +383,12 @@ def _shown(v: object) -> str:
 # -- responses ----------------------------------------------------------------------
 
 def finish_reason(summary: Summary) -> str:
-    """OpenAI's words: "length" when the token budget ran out, "stop" for an
-    end token or a stop string."""
-    return "length" if summary.finish_reason == "length" else "stop"
+    """OpenAI's words: "length" when the token budget ran out, "tool_calls"
+    for a reply that ended calling tools, "stop" for an end token or a stop
+    string."""
+    if summary.finish_reason in ("length", "tool_calls"):
+        return summary.finish_reason
+    return "stop"
 
 
 def usage(summary: Summary) -> dict:
@@ -313,18 +412,48 @@ def _head(req: ApiRequest, obj: str, created: int, model: str) -> dict:
     return {"id": req.id, "object": obj, "created": created, "model": model}
 
 
+def tool_call(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def content(result: GenerationResult) -> str | None:
+    """A reply's answer; none (null, as OpenAI's) for one that only calls
+    tools, whatever whitespace it wrote around its calls."""
+    return None if result.tool_calls and not result.answer.strip() else result.answer
+
+
+def _extras(result: GenerationResult) -> dict:
+    """What did not go as asked (a call that could not be read, a required
+    call not made), in words: an extension clients keep as they find it."""
+    return {"warnings": list(result.notes)} if result.notes else {}
+
+
 def response(req: ApiRequest, result: GenerationResult, model: str) -> dict:
     """The whole answer of a request that did not stream."""
     s, chat = result.summary, req.kind == "chat"
-    text = {"message": {"role": "assistant", "content": result.text}} if chat \
-        else {"text": result.text}
+    if chat:
+        message = {"role": "assistant", "content": content(result)}
+        if result.reasoning:
+            message["reasoning_content"] = result.reasoning
+        if result.tool_calls:
+            message["tool_calls"] = [tool_call(c) for c in result.tool_calls]
+        text = {"message": message}
+    else:
+        text = {"text": result.text}
     choice = {"index": 0, **text, "logprobs": None, "finish_reason": finish_reason(s)}
     return {**_head(req, "chat.completion" if chat else "text_completion", int(time.time()), model),
-            "choices": [choice], "usage": usage(s), "speculative": speculative(s)}
+            "choices": [choice], "usage": usage(s), "speculative": speculative(s),
+            **_extras(result)}
 
 
 class Chunks:
-    """The streamed form of one answer: the chunks, in order."""
+    """The streamed form of one answer: the chunks, in order. A chat reply
+    streams its parts as OpenAI's deltas: ``content``, ``reasoning_content``
+    and each tool call once it is complete (its id and name, then its
+    arguments), so what a client assembles is the call the whole answer
+    carries. Answer text that is only whitespace waits for more: a reply
+    that only calls tools has no content, streamed or not."""
 
     def __init__(self, req: ApiRequest, model: str):
         self.req = req
@@ -333,39 +462,95 @@ class Chunks:
         # The text streamed so far, in its pieces: joined once, at the end
         # (adding each piece to one string copied all of it every step).
         self._sent: list[str] = []
+        self._reasoning: list[str] = []
+        self._held: list[str] = []  # whitespace answer text not sent yet
+        self._calls = 0  # tool calls streamed
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
         return {**_head(self.req, obj, self.created, self.model),
                 "choices": [choice] if choice is not None else [], **extra}
 
-    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict:
+    def _choice(self, delta: dict, finish: str | None = None) -> dict:
         if self.req.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else (
-                {"content": text} if text is not None else {})
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": delta.get("content") or "", "logprobs": None,
+                "finish_reason": finish}
+
+    def _delta(self, delta: dict) -> dict:
+        return self._chunk(self._choice(delta))
 
     def start(self) -> list[dict]:
         """A chat stream opens with the assistant's role, as OpenAI's does."""
-        return [self._chunk(self._choice(None, None, role=True))] if self.req.kind == "chat" else []
+        return [self._delta({"role": "assistant", "content": ""})] if self.req.kind == "chat" \
+            else []
 
     def text(self, text: str) -> list[dict]:
         if not text:
             return []
+        if self.req.kind == "chat" and not self._sent and not text.strip():
+            self._held.append(text)
+            return []
+        if self._held:
+            text = "".join(self._held) + text
+            self._held.clear()
         self._sent.append(text)
-        return [self._chunk(self._choice(text, None))]
+        return [self._delta({"content": text})]
+
+    def reasoning(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        self._reasoning.append(text)
+        return [self._delta({"reasoning_content": text})]
+
+    def call(self, call: ToolCall) -> list[dict]:
+        """A complete call: its index, id and name, then its arguments."""
+        index = self._calls
+        self._calls += 1
+        return [self._delta({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                             "function": {"name": call.name, "arguments": ""}}]}),
+                self._delta({"tool_calls": [{"index": index,
+                                             "function": {"arguments": call.arguments}}]})]
+
+    def step(self, ev: StepEvent) -> list[dict]:
+        """One engine step: a chat reply's parts, a completion's text."""
+        if self.req.kind != "chat":
+            return self.text(ev.text)
+        out = []
+        for part, text in ev.segments:
+            if part == ANSWER:
+                out += self.text(text)
+            elif part == REASONING:
+                out += self.reasoning(text)
+        for call in ev.tool_calls:
+            out += self.call(call)
+        return out
 
     def end(self, result: GenerationResult) -> list[dict]:
-        """Any text the steps held back, the finish reason with the
-        ``speculative`` extension, and the usage chunk if it was asked for."""
+        """Anything the steps did not carry, the finish reason with the
+        ``speculative`` extension (and ``warnings``), and the usage chunk
+        if it was asked for."""
         s = result.summary
         out = []
-        sent = "".join(self._sent)
-        if result.text.startswith(sent) and len(result.text) > len(sent):
-            out += self.text(result.text[len(sent):])
-        out.append(self._chunk(self._choice(None, finish_reason(s)),
-                               speculative=speculative(s)))
+        if self.req.kind == "chat":
+            out += self.reasoning(_rest(result.reasoning, self._reasoning))
+            out += self.text(_rest(result.answer, self._sent + self._held))
+            for call in result.tool_calls[self._calls:]:
+                out += self.call(call)
+            if self._held and not result.tool_calls:  # an answer of whitespace is still one
+                self._sent.append("".join(self._held))
+                out.append(self._delta({"content": self._sent[-1]}))
+        else:
+            out += self.text(_rest(result.text, self._sent))
+        out.append(self._chunk(self._choice({}, finish_reason(s)), speculative=speculative(s),
+                               **_extras(result)))
         if self.req.include_usage:
             out.append(self._chunk(None, usage=usage(s), speculative=speculative(s)))
         return out
+
+
+def _rest(whole: str, sent: list[str]) -> str:
+    """What of ``whole`` the stream has not carried (nothing if what it
+    carried is not where ``whole`` starts)."""
+    have = "".join(sent)
+    return whole[len(have):] if whole.startswith(have) else ""

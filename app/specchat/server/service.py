@@ -28,7 +28,7 @@ from typing import Literal
 from specchat import values
 from specchat.engine.client import EngineClient
 from specchat.engine.errors import EngineError
-from specchat.engine.events import GenerationResult, LoadedPair, StepEvent
+from specchat.engine.events import ChatFormat, GenerationResult, LoadedPair, StepEvent
 from specchat.server.errors import ApiError
 from specchat.server.protocol import MAX_TOKENS_CAP, ApiRequest
 
@@ -44,6 +44,7 @@ class Served:
     k: int | None = None  # None: adaptive draft length
     draft: str | None = None
     aliases: frozenset[str] = field(default_factory=frozenset)  # other names it answers to
+    chat: ChatFormat = ChatFormat()  # what its chat template does with tools and reasoning
 
     @classmethod
     def of(cls, pair: LoadedPair, mode: str, k: int | None = None,
@@ -52,7 +53,7 @@ class Served:
         reference it was loaded from as another name for it."""
         aliases = frozenset({target_ref} if target_ref else ())
         return cls(model=pair.target.name, mode=mode, k=k,
-                   draft=pair.draft.name if pair.draft else None, aliases=aliases)
+                   draft=pair.draft.name if pair.draft else None, aliases=aliases, chat=pair.chat)
 
     def answers_to(self, name: str) -> bool:
         return name == self.model or name in self.aliases
