@@ -503,7 +503,9 @@ def serve_pair(args) -> tuple[str, str | None]:
     the app."""
     if args.target or args.draft:
         return args.target or bundled.DEFAULT_TARGET, args.draft
-    return bundled.DEFAULT_TARGET, None if args.lookup else bundled.DEFAULT_DRAFT
+    # --plain and --lookup never draft with a model: none is loaded (its
+    # gigabytes would sit unused).
+    return bundled.DEFAULT_TARGET, None if args.lookup or args.plain else bundled.DEFAULT_DRAFT
 
 
 def cmd_serve(args) -> int:

@@ -115,6 +115,35 @@ def test_a_call_that_cannot_be_read_is_text_with_the_reason(agent_tok):
     assert deep in "".join(sp.answer)
 
 
+def test_a_call_written_without_its_markers_is_read_as_one(agent_tok):
+    """A small model offered tools often writes the call as its whole
+    reply, bare or in a ```json fence (the bundled Qwen2.5-Coder 1.5B does):
+    held back until the reply ends, then read as a call of an offered
+    function; anything else is the answer, an ordinary one streamed as ever."""
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    for text in (call, f"```json\n{call}\n```", f"\n```json\n[{call}]\n```\n"):
+        steps, sp = streamed(agent_tok, text)
+        assert [(c.name, json.loads(c.arguments)) for c in sp.calls] == [
+            ("get_weather", {"city": "Paris"})], text
+        assert sp.answer == [] and all(not s.segments for s in steps)
+        assert steps[-1].calls == sp.calls and "without the format's markers" in sp.notes[0]
+    # Not a call: an unknown function, arguments that are no object, prose
+    # after it, JSON that does not parse: the answer, whole, at the end.
+    for text in ('{"name": "rm_rf", "arguments": {}}', '{"name": "get_time", "arguments": 3}',
+                 f"```json\n{call}\n```\nDone.", '{"name": "get_time", "argu'):
+        steps, sp = streamed(agent_tok, text)
+        assert sp.calls == [] and "".join(sp.answer) == text and sp.notes == [], text
+        assert all(not s.segments for s in steps[:-1])  # held, then handed out at the end
+    # An answer that does not start like a call streams as it comes.
+    steps, sp = streamed(agent_tok, "```python\nprint(1)\n```")
+    assert sp.calls == [] and any(s.segments for s in steps[:-1])
+    # No tools offered, or tool_choice none: never read as a call, never held.
+    for req in (GenerateRequest(messages=ASK), request(tool_choice="none")):
+        steps, sp = streamed(agent_tok, call, req)
+        assert sp.calls == [] and "".join(sp.answer) == call
+        assert any(s.segments for s in steps[:-1])
+
+
 def test_calls_are_text_when_no_tools_were_offered_or_tool_choice_is_none(agent_tok):
     text = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     for req, why in ((GenerateRequest(messages=ASK), "the request offered no tools"),

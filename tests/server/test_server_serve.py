@@ -143,6 +143,7 @@ def test_serve_defaults_to_the_built_in_pair():
     parse = cli.build_parser().parse_args
     assert cli.serve_pair(parse(["serve"])) == (bundled.DEFAULT_TARGET, bundled.DEFAULT_DRAFT)
     assert cli.serve_pair(parse(["serve", "--lookup"])) == (bundled.DEFAULT_TARGET, None)
+    assert cli.serve_pair(parse(["serve", "--plain"])) == (bundled.DEFAULT_TARGET, None)
     assert cli.serve_pair(parse(["serve", "--target", "t"])) == ("t", None)
     assert cli.serve_pair(parse(["serve", "--target", "t", "--draft", "d"])) == ("t", "d")
     with pytest.raises(SystemExit):

@@ -22,6 +22,15 @@ not end the reply), so a reply with no markers is all answer and stops as
 it always did. A call that cannot be read is kept as answer text, its
 reason said in ``notes`` and the log, never raised.
 
+A small model offered tools in a JSON format (Qwen 2.5's and Hermes'
+``<tool_call>{...}</tool_call>``) often writes the call without its
+markers, as its whole reply, bare or in a ```json fence (the bundled
+Qwen2.5-Coder 1.5B does, every time). Such a reply is held back until it
+ends and read as the call it is when it is one: an object (or a list of
+them) naming an offered function and its arguments (``bare``); anything
+else is the answer, handed out at the end. Only a reply that starts like
+one (``{`` or ```json) is held, so an ordinary answer streams as ever.
+
 A prompt may open a part itself: a template that ends its generation
 prompt with ``<think>`` (the reply starts as reasoning, as in mlx-lm's
 server), or a tool call SpecChat starts for ``tool_choice`` (``prefill``:
@@ -39,7 +48,7 @@ from dataclasses import dataclass, field
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
-from specchat import records
+from specchat import records, values
 from specchat.engine import chat_rules
 from specchat.engine.events import ANSWER, REASONING, TOOL, ChatFormat, GenerateRequest, ToolCall
 from specchat.engine.stops import StopMatcher
@@ -66,6 +75,8 @@ HARMONY = {
     "between": [("<|start|>", "header")],
 }
 _HARMONY_NAME = re.compile(r"\s*([A-Za-z0-9_-]+)")
+# mlx-lm's tool-call formats whose calls are a JSON object of a name and arguments.
+JSON_CALLS = frozenset({"json_tools"})
 
 
 @dataclass
@@ -122,7 +133,7 @@ class ReplySplitter:
     def __init__(self, machine: TextStateMachine | None = None, initial: str = "normal",
                  parse: Callable[[str, str], object] | None = None, *,
                  stops: Sequence[str] = (), refused: str = "", required: bool = False,
-                 tool_name: str = "", parallel: bool = True):
+                 tool_name: str = "", parallel: bool = True, bare: Sequence[str] = ()):
         self._machine = machine
         self._state = machine.make_state(initial) if machine is not None else None
         self._where = initial
@@ -138,6 +149,12 @@ class ReplySplitter:
         self._call: list[str] = []  # the text of the call being written
         self._head: list[str] = []  # its header (harmony: the function's name)
         self._finished = False
+        # A call written without its markers (``bare``: the offered functions'
+        # names): "unknown" until the answer's start says, "candidate" while
+        # held, "no" once handed out as answer.
+        self._offered = frozenset(bare)
+        self._bare_state = "unknown" if bare and not refused else "no"
+        self._bare: list[str] = []
         self.stopped = False  # a stop string ended the reply
         self.answer: list[str] = []
         self.reasoning: list[str] = []
@@ -207,6 +224,8 @@ class ReplySplitter:
         if not self.stopped:
             self._answer_out(self._held, out)
             self._held = ""
+        self._resolve_bare(out, at_end=True)
+        if not self.stopped:
             out.raw += self._raw
             self._raw = ""
         if self._required and not any(c.name == self._tool_name or not self._tool_name
@@ -224,7 +243,7 @@ class ReplySplitter:
         if self.stopped:
             return
         buffered = len(self._state[3]) if self._machine is not None else 0
-        keep = len(self._held) + buffered
+        keep = len(self._raw) if self._bare else len(self._held) + buffered
         if len(self._raw) > keep:
             out.raw += self._raw[:len(self._raw) - keep]
             self._raw = self._raw[len(self._raw) - keep:]
@@ -275,9 +294,31 @@ class ReplySplitter:
         self._held = combined[len(combined) - keep:]
 
     def _answer_out(self, text: str, out: Released) -> None:
-        if text:
-            self.answer.append(text)
-            out.segments.append((ANSWER, text))
+        if not text:
+            return
+        if self._bare_state != "no":  # a reply that may be a bare call: held
+            self._bare.append(text)
+            if self._bare_state == "unknown":
+                self._bare_state = _bare_start("".join(self._bare))
+                if self._bare_state == "no":
+                    self._resolve_bare(out)
+            return
+        self.answer.append(text)
+        out.segments.append((ANSWER, text))
+
+    def _resolve_bare(self, out: Released, at_end: bool = False) -> None:
+        """The held answer, as the call it is (at the reply's end) or as
+        the answer text it turned out to be."""
+        text, self._bare, state = "".join(self._bare), [], self._bare_state
+        self._bare_state = "no"
+        calls = _bare_calls(text, self._offered) if at_end and state == "candidate" else []
+        if calls:
+            self.calls += calls
+            out.calls += calls
+            self._note("the model wrote its tool call without the format's markers; it was "
+                       "read as a call")
+        else:
+            self._answer_out(text, out)
 
     def _enter(self, state: str | None, out: Released) -> None:
         """Moving from one state to another: leaving the answer releases
@@ -288,6 +329,8 @@ class ReplySplitter:
         if self._where == "normal":
             self._answer_out(self._held, out)
             self._held = ""
+            if self._bare:  # markers after it: it was no bare call
+                self._resolve_bare(out)
             if self._stops is not None:
                 self._stops.state = 0
         if self._where == "tool":
@@ -348,6 +391,45 @@ def _tool_call(item: object) -> ToolCall:
     return ToolCall(cid, name, chat_rules.json_text(args, "its arguments"))
 
 
+_FENCE = re.compile(r"\A```(?:json)?[ \t]*\n(.*?)\n?```\s*\Z", re.S)
+
+
+def _bare_start(text: str) -> str:
+    """Whether an answer that starts with ``text`` may be a bare call:
+    "candidate" (it opens a JSON object or a ```json fence), "unknown" (too
+    little to say), or "no"."""
+    t = text.lstrip()
+    if t.startswith("{") or t.startswith("```json"):
+        return "candidate"
+    return "unknown" if not t or "```json".startswith(t) else "no"
+
+
+def _bare_calls(text: str, offered: frozenset[str]) -> list[ToolCall]:
+    """The calls a whole reply is, written without markers: JSON (fenced
+    or not) of one call or a list of them, each naming an offered function
+    and its arguments (an object); [] if it is anything else."""
+    t = text.strip()
+    fenced = _FENCE.match(t)
+    t = fenced.group(1).strip() if fenced else t
+    if not t.startswith(("{", "[")) or records.nested_deeper(t, chat_rules.JSON_DEPTH):
+        return []
+    try:
+        data = records.parse_json(t, max_depth=chat_rules.JSON_DEPTH)
+    except records.BadRecord:
+        return []
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(i, dict) and i.get("name") in offered
+                            and isinstance(i.get("arguments", i.get("parameters")), dict)
+                            for i in items):
+        return []
+    try:
+        return [_tool_call({"name": i["name"], "arguments": i.get("arguments",
+                                                                  i.get("parameters"))})
+                for i in items]
+    except (ValueError, values.BadValue):
+        return []
+
+
 def harmony_call(head: str, text: str) -> dict:
     """A harmony call: the function's name from its header
     (``to=functions.NAME``), its arguments the message's JSON."""
@@ -382,9 +464,14 @@ def splitter(tokenizer, fmt: ChatFormat, prompt_ids: Sequence[int], request: Gen
         parse = None
     refused = ("the request offered no tools" if not tools else
                "tool_choice is none" if request.tool_choice == "none" else "")
+    # Formats whose calls are JSON objects: a small model may write one bare.
+    bare = [t["function"]["name"] for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)] if fmt.tool_format in JSON_CALLS \
+        and parse is not None else []
     out = ReplySplitter(machine, initial, parse, stops=request.stop_strings, refused=refused,
                         required=request.tool_choice == "required", tool_name=request.tool_name,
-                        parallel=request.parallel_tool_calls)
+                        parallel=request.parallel_tool_calls, bare=bare)
     out.prime(prefilled)
     return out
 
