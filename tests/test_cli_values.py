@@ -257,10 +257,11 @@ CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", 
 # checked by the engine for every caller alike (request_check.py), as are
 # tools, their calls and the template's switches (chat_rules.py; the CLI's
 # --tools file by the same rules); the content parts the API alone reads
-# (protocol.py). The CLI's --stop is held to the stop strings' bounds below.
+# (protocol.py), and the Responses API's input items (responses.py). The
+# CLI's --stop is held to the stop strings' bounds below.
 SIZES = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
          "tools", "bytes of tools", "tool calls", "template switches",
-         "characters of template switches"}
+         "characters of template switches", "input items"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
 

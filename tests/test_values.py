@@ -186,6 +186,7 @@ def test_a_prompt_is_bounded_in_utf8_bytes():
     ("stop strings", 64, "in one request"),
     ("characters of stop strings", 4096, "in one request"),
     ("messages", 10_000, "in one request"),
+    ("input items", 10_000, "in one request"),
     ("content parts", 1_000, "in one message"),
     ("tools", 128, "in one request"),
     ("bytes of tools", 1_000_000, "in one request, as UTF-8 JSON"),

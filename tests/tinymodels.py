@@ -427,6 +427,8 @@ AGENT_TEXTS = {
     "broken": ' {"city": Paris}}\n',
 }
 AGENT_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+# The calls its greedy reply makes (thinking on): (name, arguments).
+AGENT_CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
 # The tools the agent model's calls are made to (OpenAI's shape).
 AGENT_TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",

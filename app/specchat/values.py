@@ -102,6 +102,9 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     # Each message is a turn of the chat template's loop; a long chat has
     # hundreds. A message's text parts are joined into one text.
     Limit("messages", int, 0, 10_000, "in one request"),
+    # The Responses API's input: its items make the turns (a reply's reasoning,
+    # message and calls one turn), so they are bounded as the messages are.
+    Limit("input items", int, 0, 10_000, "in one request"),
     Limit("content parts", int, 0, 1_000, "in one message"),
     # Rendered into the prompt by the chat template: OpenAI's own bound on
     # their count, the prompt's on their JSON. The calls an assistant turn

@@ -379,7 +379,7 @@ def test_bad_tool_values_are_refused_before_the_template_runs(agent_engine):
         ({"tools": json.dumps(TOOLS), "tool_choice": "required", "tool_name": "nope"},
          r"^tool_choice\.function\.name nope is not one of the request's tools"),
         ({"messages": (*ASK, Message("tool", "x", tool_call_id="call_9"))},
-         r"^messages\[1\]\.tool_call_id call_9 names no call an earlier assistant message"),
+         r"^messages\[1\]\.tool_call_id call_9 names no call made before it"),
         ({"messages": (*ASK, Message("assistant", "", tool_calls=(call,)),
                        Message("assistant", "", tool_calls=(call,)))},
          r"^messages\[2\]\.tool_calls\[0\]\.id a is the id of a call messages\[1\]"),

@@ -48,6 +48,40 @@ def live(tiny_client, tiny_target):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def agent_server(agent_target, agent_draft):
+    """The scripted agent pair (tinymodels.AGENT_CHAINS: reasoning, then
+    tool calls) served on 127.0.0.1, drafting 4 tokens at a time."""
+    from specchat.engine import modes
+    from specchat.engine.client import EngineClient
+    from specchat.server.listener import LocalServer
+    from specchat.server.service import ApiService, Served
+
+    client = EngineClient()
+    pair = client.load(str(agent_target), str(agent_draft)).wait(120)
+    service = ApiService(client, Served.of(pair, modes.HYBRID.name, 4))
+    server = LocalServer(service, port=0)
+    server.start()
+    yield server
+    server.stop()
+    client.close()
+
+
+@pytest.fixture
+def agent_model(agent_target) -> str:
+    """The agent pair's model id, as GET /v1/models lists it."""
+    return agent_target.name
+
+
+@pytest.fixture
+def agent_api(agent_server):
+    """The real ``openai`` client of the agent pair's server."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=agent_server.url, api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
 @pytest.fixture
 def api(live):
     from openai import OpenAI

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from specchat import records, values
 from specchat.engine.events import ChatFormat, Message, ToolCall
@@ -30,6 +30,8 @@ JSON_DEPTH = 64
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ID_CHARS = 256  # a tool call's id, as clients make them (OpenAI's are 30-odd characters)
 TOOL_CHOICES = ("auto", "none", "required")
+# A function tool's fields a chat template reads (under "function" in chat's shape).
+FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
 # OpenAI's reasoning_effort words. A template's on/off switch is off for the
 # first two (no reasoning, or as little as possible: a switch has no
 # "little"), on for the rest; a template that takes levels (gpt-oss) takes
@@ -107,12 +109,15 @@ def name(value: object, where: str) -> str:
 
 # -- tools ----------------------------------------------------------------------------
 
-def tools(value: object, where: str = "tools") -> str:
+def tools(value: object, where: str = "tools", flat: bool = False) -> str:
     """A list of tools in OpenAI's shape, checked, as JSON text ("" for
     none): its count before its items, each a function with a name, an
     optional description and an optional schema object, no name twice,
-    then its JSON's bytes."""
-    if value is None:
+    then its JSON's bytes. ``flat``: the Responses API's shape, a function's
+    fields on the tool itself (``{"type": "function", "name": ...}``),
+    named so in a refusal and returned in chat's shape, the one the
+    engine and the chat templates read."""
+    if value is None or value == []:  # none, as some clients say it
         return ""
     if not isinstance(value, list):
         _wrong(where, "a list of tool objects", value)
@@ -121,24 +126,27 @@ def tools(value: object, where: str = "tools") -> str:
     for i, tool in enumerate(value):
         at = f"{where}[{i}]"
         if not isinstance(tool, dict):
-            _wrong(at, 'a tool object ({"type": "function", "function": {...}})', tool)
+            _wrong(at, 'a tool object ({"type": "function", ...})', tool)
         if tool.get("type", "function") != "function":
             raise BadField(f"{at}.type must be \"function\" (the only kind of tool a model "
                            f"here can call); got {values.shown(tool.get('type'))}", f"{at}.type")
-        fn = tool.get("function")
+        fn, fat = (tool, at) if flat else (tool.get("function"), f"{at}.function")
         if not isinstance(fn, dict):
-            _wrong(f"{at}.function", "an object with the function's name", fn)
-        fname = name(fn.get("name"), f"{at}.function.name")
+            _wrong(fat, "an object with the function's name", fn)
+        fname = name(fn.get("name"), f"{fat}.name")
         if fname in seen:
-            raise BadField(f"{at}.function.name {fname!r} is the name of {where}[{seen[fname]}] "
-                           "too; each tool needs its own", f"{at}.function.name")
+            raise BadField(f"{fat}.name {fname!r} is the name of {where}[{seen[fname]}] "
+                           "too; each tool needs its own", f"{fat}.name")
         seen[fname] = i
         if fn.get("description") is not None:
-            _text(fn["description"], f"{at}.function.description")
+            _text(fn["description"], f"{fat}.description")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            _wrong(f"{at}.function.parameters", "a JSON schema object", fn["parameters"])
+            _wrong(f"{fat}.parameters", "a JSON schema object", fn["parameters"])
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-            _wrong(f"{at}.function.strict", "true or false", fn["strict"])
+            _wrong(f"{fat}.strict", "true or false", fn["strict"])
+    if flat:
+        value = [{"type": "function", "function": {
+            k: t[k] for k in FUNCTION_FIELDS if t.get(k) is not None}} for t in value]
     text = json_text(value, where, (",", ":"))
     _sized(where, "bytes of tools", values.utf8_size([text]))
     return text
@@ -156,18 +164,21 @@ def tool_list(text: str) -> list[dict]:
 
 
 def tool_choice(choice: object, tool: object, names: Sequence[str],
-                where: str = "tool_choice") -> tuple[str, str]:
+                where: str = "tool_choice", name_where: str = "") -> tuple[str, str]:
     """(choice, the one function's name or "") checked: a required or named
-    call needs tools, and a named one must be among them."""
+    call needs tools, and a named one must be among them. ``name_where``:
+    the field that names the function (chat's ``tool_choice.function.name``
+    by default)."""
+    name_where = name_where or f"{where}.function.name"
     if choice not in TOOL_CHOICES:
         raise BadField(f"{where} must be one of {', '.join(TOOL_CHOICES)} or a named function; "
                        f"got {values.shown(choice)}", where)
-    tool = _text(tool, f"{where}.function.name") if tool else ""
+    tool = _text(tool, name_where) if tool else ""
     if choice == "required" and not names:
         raise BadField(f"{where} asks for a tool call, but the request has no tools", where)
     if tool and tool not in names:
-        raise BadField(f"{where}.function.name {values.shown(tool)} is not one of the request's "
-                       f"tools ({', '.join(names)})", f"{where}.function.name")
+        raise BadField(f"{name_where} {values.shown(tool)} is not one of the request's "
+                       f"tools ({', '.join(names)})", name_where)
     if tool and choice != "required":
         raise BadField(f"{where} names a function, so it asks for a call; got {choice!r} with it",
                        where)
@@ -195,48 +206,76 @@ def arguments(value: object, where: str) -> str:
     return text
 
 
+def call_id(value: object, where: str) -> str:
+    """A tool call's id: what the call's result names it by."""
+    cid = _text(value, where)
+    if not cid.strip() or len(cid) > ID_CHARS:
+        raise BadField(f"{where} must be text of 1 to {ID_CHARS} characters", where)
+    return cid
+
+
 def tool_call(call: ToolCall, where: str) -> ToolCall:
     """A call an earlier assistant turn made, each field checked."""
     if not isinstance(call, ToolCall):
         _wrong(where, "a tool call", call)
-    cid = _text(call.id, f"{where}.id")
-    if not cid.strip() or len(cid) > ID_CHARS:
-        raise BadField(f"{where}.id must be text of 1 to {ID_CHARS} characters", f"{where}.id")
-    return ToolCall(cid, name(call.name, f"{where}.function.name"),
+    return ToolCall(call_id(call.id, f"{where}.id"), name(call.name, f"{where}.function.name"),
                     arguments(call.arguments, f"{where}.function.arguments"))
 
 
-def conversation(messages: Sequence[Message],
-                 where: Callable[[int], str] = lambda i: f"messages[{i}]") -> None:
+class Names:
+    """How a request names the fields of its turns in a refusal: chat
+    completions' ``messages[3].tool_calls[0].id``, by default. Another API
+    whose turns are made from items of its own (the Responses API's
+    ``input``) names the item each came from."""
+
+    def turn(self, i: int) -> str:
+        return f"messages[{i}]"
+
+    def field(self, i: int, field: str) -> str:
+        """A field of turn ``i`` by chat's name (``tool_call_id``, ``reasoning_content``)."""
+        return f"{self.turn(i)}.{field}"
+
+    def call(self, i: int, j: int) -> str:
+        """Call ``j`` of turn ``i``."""
+        return f"{self.turn(i)}.tool_calls[{j}]"
+
+    def call_id(self, i: int, j: int) -> str:
+        return f"{self.call(i, j)}.id"
+
+
+def conversation(messages: Sequence[Message], names: Names | None = None) -> None:
     """What ties the turns together: calls only in assistant turns, each
     call's id used once in the conversation, and every ``tool`` turn the
     result of a call an earlier turn made (what a template writes for it
-    names that call)."""
+    names that call). ``names``: how the request names its fields (chat's,
+    by default)."""
+    names = names or Names()
     made: dict[str, str] = {}  # call id -> where it was made
     for i, m in enumerate(messages):
-        at = where(i)
+        at = names.turn(i)
         if m.tool_calls and m.role != "assistant":
             raise BadField(f"{at} is a {m.role} message; only an assistant message makes tool "
-                           "calls", f"{at}.tool_calls")
+                           "calls", names.field(i, "tool_calls"))
         if m.reasoning and m.role != "assistant":
             raise BadField(f"{at} is a {m.role} message; only an assistant message has reasoning",
-                           f"{at}.reasoning_content")
+                           names.field(i, "reasoning_content"))
         for j, call in enumerate(m.tool_calls):
             if call.id in made:
-                raise BadField(f"{at}.tool_calls[{j}].id {values.shown(call.id)} is the id of a "
+                raise BadField(f"{names.call_id(i, j)} {values.shown(call.id)} is the id of a "
                                f"call {made[call.id]} made already; each call needs its own",
-                               f"{at}.tool_calls[{j}].id")
-            made[call.id] = f"{at}.tool_calls[{j}]"
+                               names.call_id(i, j))
+            made[call.id] = names.call(i, j)
+        result_id = names.field(i, "tool_call_id")
         if m.role == "tool":
             if not m.tool_call_id:
                 raise BadField(f"{at} is a tool result without the id of the call it answers "
-                               "(tool_call_id)", f"{at}.tool_call_id")
+                               f"({result_id})", result_id)
             if m.tool_call_id not in made:
-                raise BadField(f"{at}.tool_call_id {values.shown(m.tool_call_id)} names no call "
-                               "an earlier assistant message made", f"{at}.tool_call_id")
+                raise BadField(f"{result_id} {values.shown(m.tool_call_id)} names no call "
+                               "made before it", result_id)
         elif m.tool_call_id:
             raise BadField(f"{at} is a {m.role} message; only a tool message answers a call",
-                           f"{at}.tool_call_id")
+                           result_id)
 
 
 def texts(m: Message):
@@ -314,9 +353,9 @@ def template_variables(fmt: ChatFormat, pairs: Sequence[tuple[str, Scalar]], wan
         return out
     if not fmt.effort:
         raise BadField("this model's chat template has no reasoning switch, so "
-                       f"reasoning_effort {wanted!r} cannot be honoured; leave it out", effort_where)
+                       f"{effort_where} {wanted!r} cannot be honoured; leave it out", effort_where)
     if fmt.effort in out:
-        raise BadField(f"reasoning_effort and {where}.{fmt.effort} both set this model's "
+        raise BadField(f"{effort_where} and {where}.{fmt.effort} both set this model's "
                        "reasoning switch; send one of them", effort_where)
     if fmt.effort in ON_OFF_SWITCHES:
         out[fmt.effort] = wanted not in EFFORT_OFF

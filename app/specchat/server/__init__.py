@@ -4,7 +4,8 @@
 Layer: it may import the engine (through ``EngineClient``: it never touches
 MLX itself), the library, ``specchat.values`` and ``specchat.errors``;
 never the store or the window. ``protocol`` maps OpenAI's bodies to engine
-requests and back, ``service`` queues requests onto the engine thread,
+requests and back, ``responses`` the Responses API's onto the same
+requests, ``service`` queues requests onto the engine thread,
 ``app`` is the HTTP side (Starlette), ``guard`` keeps web pages out (Host
 and Origin), ``body`` reads a request's JSON within its bounds,
 ``listener`` binds and runs it (uvicorn, with ``connections``' deadline for

@@ -1,4 +1,4 @@
-"""The HTTP side: OpenAI's three endpoints on Starlette.
+"""The HTTP side: OpenAI's endpoints on Starlette.
 
 Why Starlette (with uvicorn): it is the small, well-kept ASGI toolkit that
 FastAPI itself is built on, with streaming responses that notice a client
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.events import GenerationResult, StepEvent
-from specchat.server import protocol
+from specchat.server import protocol, responses
 from specchat.server.body import MAX_BODY, read_json
 from specchat.server.errors import ApiError
 from specchat.server.guard import Cors, LocalOnly
@@ -83,14 +83,25 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
             req = protocol.parse(kind, body, service.max_tokens_cap)
             # 404 or 503 now, and what the model cannot do, before the request waits its turn
             protocol.check_format(req, service.model(req.model).chat)
-            return await _answer(request, service, req)
+            return await _answer(request, service, req, partial(protocol.response, req),
+                                 partial(protocol.Chunks, req))
 
         return complete
+
+    async def respond(request: Request) -> Response:
+        """OpenAI's Responses API (``responses.py``): the same request to
+        the engine, answered in its items and typed events."""
+        authorize(request)
+        asked = responses.parse(await read_json(request, max_body), service.max_tokens_cap)
+        responses.check_format(asked, service.model(asked.request.model).chat)
+        return await _answer(request, service, asked.request, partial(responses.response, asked),
+                             partial(responses.Events, asked))
 
     return Starlette(
         routes=[Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", completions("chat"), methods=["POST"]),
-                Route("/v1/completions", completions("completion"), methods=["POST"])],
+                Route("/v1/completions", completions("completion"), methods=["POST"]),
+                Route("/v1/responses", respond, methods=["POST"])],
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the
@@ -106,9 +117,13 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
     )
 
 
-async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest) -> Response:
-    """Run the request; answer as one JSON body or as a stream, naming the
-    model that runs it (in the app, the pair may change while it waits)."""
+async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest,
+                  whole: Callable[[GenerationResult, str], dict],
+                  stream: Callable[[str], protocol.Chunks | responses.Events]) -> Response:
+    """Run the request; answer as one JSON body (``whole(result, model)``)
+    or as a stream (``stream(model)``: its events from the steps, framed as
+    server-sent events), naming the model that runs it (in the app, the
+    pair may change while it waits)."""
     events: asyncio.Queue = asyncio.Queue()
 
     async def produce() -> None:
@@ -139,40 +154,38 @@ async def _answer(request: Request, service: ApiService, req: protocol.ApiReques
             return Response(status_code=499)  # nobody reads it
         if isinstance(first, ApiError):
             return _api_error(request, first)
-        return JSONResponse(protocol.response(req, first, model))
-    return StreamingResponse(_sse(req, model, first, events, task, watcher),
+        return JSONResponse(whole(first, model))
+    return StreamingResponse(_sse(stream(model), first, events, task, watcher),
                              media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _sse(req: protocol.ApiRequest, model: str, first, events: asyncio.Queue,
+async def _sse(chunks: protocol.Chunks | responses.Events, first, events: asyncio.Queue,
                task: asyncio.Task, watcher: asyncio.Task):
-    """The stream's ``data:`` lines, from the first step to ``[DONE]``."""
-    chunks = protocol.Chunks(req, model)
+    """The stream's events, from the first step to the last (and the
+    closing line its API ends with)."""
     item = first
     try:
         for c in chunks.start():
-            yield _data(c)
+            yield chunks.frame(c)
         while True:
             if isinstance(item, StepEvent):
                 for c in chunks.step(item):
-                    yield _data(c)
+                    yield chunks.frame(c)
             elif isinstance(item, GenerationResult):
                 for c in chunks.end(item):
-                    yield _data(c)
+                    yield chunks.frame(c)
                 break
             elif isinstance(item, ApiError):
-                yield _data(item.body())
+                for c in chunks.error(item):
+                    yield chunks.frame(c)
                 break
             else:  # the client went away
                 return
             item = await events.get()
-        yield "data: [DONE]\n\n"
+        if chunks.closing:
+            yield chunks.closing
     finally:
         _stop(task, watcher)  # a client gone mid-stream ends up here: its job stops
-
-
-def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 def _stop(task: asyncio.Task, watcher: asyncio.Task) -> None:
@@ -196,7 +209,8 @@ def _api_error(_request: Request, exc: ApiError) -> Response:
 def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (no such path, wrong method), in OpenAI's shape."""
     message = (f"There is no {request.method} {request.url.path} here; this server has "
-               "GET /v1/models, POST /v1/chat/completions and POST /v1/completions."
+               "GET /v1/models, POST /v1/chat/completions, POST /v1/completions and "
+               "POST /v1/responses (it stores no responses to get back)."
                if exc.status_code in (404, 405) else str(exc.detail))
     return _api_error(request, ApiError(exc.status_code, message))
 

@@ -31,8 +31,10 @@ turn.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,6 +43,7 @@ from specchat.engine import chat_rules
 from specchat.engine.events import (
     ANSWER,
     REASONING,
+    TOOL,
     ChatFormat,
     DraftSettings,
     GenerateRequest,
@@ -113,20 +116,16 @@ def new_id(kind: Kind) -> str:
 def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
     """A chat or completion request body, checked; ``ApiError`` (400) names
     the first field that is not acceptable."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise bad_value("you must provide a model parameter (GET /v1/models lists it)",
-                        "model")
+    model = _model(body)
     _refuse_unsupported(kind, body)
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_value("stream_options must be an object", "stream_options")
     include_usage = stream and _flag(options or {}, "include_usage", "stream_options")
+    budget = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
     fields = dict(kind=kind, id=new_id(kind), model=model, stream=stream,
-                  include_usage=include_usage, max_tokens=_max_tokens(kind, body, cap),
+                  include_usage=include_usage, max_tokens=_max_tokens(body, cap, budget),
                   sampling=_sampling(body), stop=_stop(body.get("stop")))
     if kind == "chat":
         tools = _ruled(chat_rules.tools, body.get("tools"))
@@ -147,22 +146,34 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
     return ApiRequest(prompt=text, prompt_ids=ids, **fields)
 
 
-def check_format(req: ApiRequest, fmt: ChatFormat) -> None:
+def _model(body: object) -> str:
+    """The model a request body names (a body that is not an object is refused)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise bad_value("you must provide a model parameter (GET /v1/models lists it)",
+                        "model")
+    return model
+
+
+def check_format(req: ApiRequest, fmt: ChatFormat, effort_where: str = "reasoning_effort") -> None:
     """What depends on the served model, checked before the request waits
     for its turn: each template switch one its template reads, a
     reasoning effort it has a switch for, and tools it can take (a 400
     naming the field; the engine checks the same for every caller)."""
     if req.kind != "chat":
         return
-    _ruled(chat_rules.template_variables, fmt, req.switches, req.reasoning_effort)
+    _ruled(chat_rules.template_variables, fmt, req.switches, req.reasoning_effort,
+           effort_where=effort_where)
     _ruled(chat_rules.offered, fmt, bool(req.tools), req.tool_choice)
 
 
-def _ruled(rule, *args):
-    """``rule(*args)`` from ``engine/chat_rules.py``, a refusal a 400
-    naming the field it names."""
+def _ruled(rule, *args, **kwargs):
+    """``rule(*args, **kwargs)`` from ``engine/chat_rules.py``, a refusal a
+    400 naming the field it names."""
     try:
-        return rule(*args)
+        return rule(*args, **kwargs)
     except chat_rules.BadField as exc:
         raise bad_value(str(exc), exc.param) from None
 
@@ -245,13 +256,14 @@ def _checked(limit: str, value: object, param: str):
     return _as_400(param, values.check, limit, value)
 
 
-def _max_tokens(kind: Kind, body: dict, cap: int) -> int | None:
-    param = "max_tokens"
-    value = body.get("max_tokens")
-    if kind == "chat" and body.get("max_completion_tokens") is not None:
-        param, value = "max_completion_tokens", body.get("max_completion_tokens")
-    if value is None:
+def _max_tokens(body: dict, cap: int, names: tuple[str, ...]) -> int | None:
+    """The reply's token budget from the first of ``names`` the body sets
+    (chat's ``max_completion_tokens`` over its older ``max_tokens``), at
+    most ``cap``; None if it sets none."""
+    param = next((n for n in names if body.get(n) is not None), None)
+    if param is None:
         return None
+    value = body[param]
     n = _checked("max tokens", value, param)
     if n > cap:
         raise bad_value(f"{param} must be at most {cap} on this server; got {n}", param)
@@ -310,9 +322,14 @@ def _messages(messages: object) -> tuple[Message, ...]:
             tool_call_id=_text(f"{where}.tool_call_id", m.get("tool_call_id"),
                                f"{where}.tool_call_id") if m.get("tool_call_id") is not None
             else ""))
-    if not any(m.role == "user" and m.content.strip() for m in out):
-        raise bad_value("messages must include a user message with some text", "messages")
+    _asks(out, "messages")
     return tuple(out)
+
+
+def _asks(messages: Sequence[Message], param: str) -> None:
+    """A conversation must ask something: a user turn with some text."""
+    if not any(m.role == "user" and m.content.strip() for m in messages):
+        raise bad_value(f"{param} must include a user message with some text", param)
 
 
 def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
@@ -339,16 +356,17 @@ def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _content(content: object, where: str) -> str:
+def _content(content: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
     """A message's text: a string, or a list of text parts (what newer
-    clients send); an image or audio part is refused, not dropped."""
+    clients send; ``kinds``: the types a text part has in this API); an
+    image or audio part is refused, not dropped."""
     if content is None:
         return ""
     if isinstance(content, list):
         _sized(where, "content parts", len(content))
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
+            if not isinstance(part, dict) or part.get("type") not in kinds:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise bad_value(f"{where} has a {_shown(kind)} part; this server takes text "
                                 "only", where)
@@ -447,24 +465,99 @@ def response(req: ApiRequest, result: GenerationResult, model: str) -> dict:
             **_extras(result)}
 
 
-class Chunks:
-    """The streamed form of one answer: the chunks, in order. A chat reply
-    streams its parts as OpenAI's deltas: ``content``, ``reasoning_content``
-    and each tool call once it is complete (its id and name, then its
-    arguments), so what a client assembles is the call the whole answer
-    carries. Answer text that is only whitespace waits for more: a reply
-    that only calls tools has no content, streamed or not."""
+Part = tuple[str, str | ToolCall]  # (ANSWER or REASONING, text) or (TOOL, a complete call)
 
-    def __init__(self, req: ApiRequest, model: str):
-        self.req = req
-        self.model = model
-        self.created = int(time.time())
+
+class ReplyStream:
+    """A reply's parts in the order a stream sends them, from the engine's
+    steps: answer text, reasoning text, and each tool call once it is
+    complete. Answer text that is only whitespace waits for more: a reply
+    that only calls tools has no answer, streamed or not (``content``).
+    ``end`` adds what the steps did not carry, so what a client assembles
+    is what the whole answer carries. ``split=False``: a completion's text,
+    as it comes. Every API face streams through this (``Chunks`` here, the
+    Responses API's events in ``responses.py``)."""
+
+    def __init__(self, split: bool = True):
+        self.split = split
         # The text streamed so far, in its pieces: joined once, at the end
         # (adding each piece to one string copied all of it every step).
         self._sent: list[str] = []
         self._reasoning: list[str] = []
         self._held: list[str] = []  # whitespace answer text not sent yet
         self._calls = 0  # tool calls streamed
+
+    def answer(self, text: str) -> list[Part]:
+        if not text:
+            return []
+        if self.split and not self._sent and not text.strip():
+            self._held.append(text)
+            return []
+        if self._held:
+            text = "".join(self._held) + text
+            self._held.clear()
+        self._sent.append(text)
+        return [(ANSWER, text)]
+
+    def reasoning(self, text: str) -> list[Part]:
+        if not text:
+            return []
+        self._reasoning.append(text)
+        return [(REASONING, text)]
+
+    def call(self, call: ToolCall) -> list[Part]:
+        self._calls += 1
+        return [(TOOL, call)]
+
+    def step(self, ev: StepEvent) -> list[Part]:
+        """One engine step: a chat reply's parts, a completion's text."""
+        if not self.split:
+            return self.answer(ev.text)
+        out = []
+        for part, text in ev.segments:
+            if part == ANSWER:
+                out += self.answer(text)
+            elif part == REASONING:
+                out += self.reasoning(text)
+        for call in ev.tool_calls:
+            out += self.call(call)
+        return out
+
+    def end(self, result: GenerationResult) -> list[Part]:
+        """Anything the steps did not carry."""
+        if not self.split:
+            return self.answer(_rest(result.text, self._sent))
+        out = self.reasoning(_rest(result.reasoning, self._reasoning))
+        out += self.answer(_rest(result.answer, self._sent + self._held))
+        for call in result.tool_calls[self._calls:]:
+            out += self.call(call)
+        if self._held and not result.tool_calls:  # an answer of whitespace is still one
+            self._sent.append("".join(self._held))
+            self._held.clear()
+            out.append((ANSWER, self._sent[-1]))
+        return out
+
+
+class Chunks:
+    """The streamed form of one answer: the chunks, in order. A chat reply
+    streams its parts (``ReplyStream``) as OpenAI's deltas: ``content``,
+    ``reasoning_content`` and each tool call once it is complete (its id
+    and name, then its arguments), so what a client assembles is the call
+    the whole answer carries."""
+
+    closing = "data: [DONE]\n\n"  # the line after the last chunk
+
+    def __init__(self, req: ApiRequest, model: str):
+        self.req = req
+        self.model = model
+        self.created = int(time.time())
+        self.parts = ReplyStream(split=req.kind == "chat")
+        self._calls = 0  # tool calls streamed
+
+    @staticmethod
+    def frame(chunk: dict) -> str:
+        """One chunk as a server-sent event."""
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
@@ -485,68 +578,46 @@ class Chunks:
         return [self._delta({"role": "assistant", "content": ""})] if self.req.kind == "chat" \
             else []
 
+    def _deltas(self, parts: list[Part]) -> list[dict]:
+        out = []
+        for part, value in parts:
+            if part == ANSWER:
+                out.append(self._delta({"content": value}))
+            elif part == REASONING:
+                out.append(self._delta({"reasoning_content": value}))
+            else:  # a complete call: its index, id and name, then its arguments
+                index = self._calls
+                self._calls += 1
+                out += [self._delta({"tool_calls": [{"index": index, "id": value.id,
+                                                     "type": "function", "function": {
+                                                         "name": value.name, "arguments": ""}}]}),
+                        self._delta({"tool_calls": [{"index": index,
+                                                     "function": {"arguments": value.arguments}}]})]
+        return out
+
     def text(self, text: str) -> list[dict]:
-        if not text:
-            return []
-        if self.req.kind == "chat" and not self._sent and not text.strip():
-            self._held.append(text)
-            return []
-        if self._held:
-            text = "".join(self._held) + text
-            self._held.clear()
-        self._sent.append(text)
-        return [self._delta({"content": text})]
-
-    def reasoning(self, text: str) -> list[dict]:
-        if not text:
-            return []
-        self._reasoning.append(text)
-        return [self._delta({"reasoning_content": text})]
-
-    def call(self, call: ToolCall) -> list[dict]:
-        """A complete call: its index, id and name, then its arguments."""
-        index = self._calls
-        self._calls += 1
-        return [self._delta({"tool_calls": [{"index": index, "id": call.id, "type": "function",
-                                             "function": {"name": call.name, "arguments": ""}}]}),
-                self._delta({"tool_calls": [{"index": index,
-                                             "function": {"arguments": call.arguments}}]})]
+        """Answer text (a completion's text) as its deltas."""
+        return self._deltas(self.parts.answer(text))
 
     def step(self, ev: StepEvent) -> list[dict]:
-        """One engine step: a chat reply's parts, a completion's text."""
-        if self.req.kind != "chat":
-            return self.text(ev.text)
-        out = []
-        for part, text in ev.segments:
-            if part == ANSWER:
-                out += self.text(text)
-            elif part == REASONING:
-                out += self.reasoning(text)
-        for call in ev.tool_calls:
-            out += self.call(call)
-        return out
+        return self._deltas(self.parts.step(ev))
 
     def end(self, result: GenerationResult) -> list[dict]:
         """Anything the steps did not carry, the finish reason with the
         ``speculative`` extension (and ``warnings``), and the usage chunk
         if it was asked for."""
         s = result.summary
-        out = []
-        if self.req.kind == "chat":
-            out += self.reasoning(_rest(result.reasoning, self._reasoning))
-            out += self.text(_rest(result.answer, self._sent + self._held))
-            for call in result.tool_calls[self._calls:]:
-                out += self.call(call)
-            if self._held and not result.tool_calls:  # an answer of whitespace is still one
-                self._sent.append("".join(self._held))
-                out.append(self._delta({"content": self._sent[-1]}))
-        else:
-            out += self.text(_rest(result.text, self._sent))
+        out = self._deltas(self.parts.end(result))
         out.append(self._chunk(self._choice({}, finish_reason(s)), speculative=speculative(s),
                                **_extras(result)))
         if self.req.include_usage:
             out.append(self._chunk(None, usage=usage(s), speculative=speculative(s)))
         return out
+
+    def error(self, exc: ApiError) -> list[dict]:
+        """A failure after the stream began: OpenAI's error body, which its
+        clients raise."""
+        return [exc.body()]
 
 
 def _rest(whole: str, sent: list[str]) -> str:
