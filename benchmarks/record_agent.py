@@ -103,6 +103,11 @@ TASKS = {
                 "and run the tests.",
     "add-docs": "Add a docstring to word_count in text.py that says what it counts, keeping "
                 "the code the same, then show me the new file.",
+    "review": "List the files, read calc.py, and tell me which functions have a bug, quoting "
+              "the lines.",
+    "test-clamp": "Read calc.py and test_calc.py, then add a test for clamp with a value above "
+                  "the range to test_calc.py and run the tests.",
+    "explain": "Read text.py and explain what each function does, quoting its code.",
 }
 
 INSTRUCTIONS = ("You are a coding agent working in a small Python repository. Use the tools "

@@ -125,6 +125,12 @@ def test_a_call_written_without_its_markers_is_read_as_one(agent_tok):
         steps, sp = streamed(agent_tok, text)
         assert [(c.name, json.loads(c.arguments)) for c in sp.calls] == [
             ("get_weather", {"city": "Paris"})], text
+    # Several in a row, as it writes parallel calls.
+    steps, sp = streamed(agent_tok, f'```json\n{call}\n{{"name": "get_time", "arguments": {{}}}}'
+                                    '\n```')
+    assert [c.name for c in sp.calls] == ["get_weather", "get_time"]
+    for text in (call, f"```json\n{call}\n```"):
+        steps, sp = streamed(agent_tok, text)
         assert sp.answer == [] and all(not s.segments for s in steps)
         assert steps[-1].calls == sp.calls and "without the format's markers" in sp.notes[0]
     # Not a call: an unknown function, arguments that are no object, prose

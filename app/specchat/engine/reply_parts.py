@@ -40,6 +40,7 @@ first, appended to the prompt), which ``prime`` reads before the reply.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -406,18 +407,17 @@ def _bare_start(text: str) -> str:
 
 def _bare_calls(text: str, offered: frozenset[str]) -> list[ToolCall]:
     """The calls a whole reply is, written without markers: JSON (fenced
-    or not) of one call or a list of them, each naming an offered function
-    and its arguments (an object); [] if it is anything else."""
+    or not) of one call, a list of them or several in a row, each naming an
+    offered function and its arguments (an object); [] if it is anything
+    else (its depth was bounded before it is parsed)."""
     t = text.strip()
     fenced = _FENCE.match(t)
     t = fenced.group(1).strip() if fenced else t
     if not t.startswith(("{", "[")) or records.nested_deeper(t, chat_rules.JSON_DEPTH):
         return []
-    try:
-        data = records.parse_json(t, max_depth=chat_rules.JSON_DEPTH)
-    except records.BadRecord:
-        return []
-    items = data if isinstance(data, list) else [data]
+    items = _json_values(t)
+    if len(items) == 1 and isinstance(items[0], list):  # a list of calls
+        items = items[0]
     if not items or not all(isinstance(i, dict) and i.get("name") in offered
                             and isinstance(i.get("arguments", i.get("parameters")), dict)
                             for i in items):
@@ -428,6 +428,21 @@ def _bare_calls(text: str, offered: frozenset[str]) -> list[ToolCall]:
                 for i in items]
     except (ValueError, values.BadValue):
         return []
+
+
+def _json_values(text: str) -> list:
+    """The JSON values ``text`` is, one after another with only white space
+    between them (several calls a small model wrote in a row), or []."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return []
+        out.append(value)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return out
 
 
 def harmony_call(head: str, text: str) -> dict:
