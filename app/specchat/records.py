@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -156,6 +157,59 @@ def nested_deeper(data: str | bytes, limit: int) -> bool:
     step[list(b"[{")] = 1
     step[list(b"]}")] = -1
     return bool(np.cumsum(step[outside], dtype=np.int32).max() > limit)
+
+
+# A JSON string (escapes included), or one of JSON's structural characters.
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
+_SHOWN_STEPS = 8  # of a path too deep to show whole
+
+
+def deep_path(data: str | bytes, limit: int) -> str:
+    """Where JSON text first nests deeper than ``limit``: the path of the
+    value that opens the level past it, as a field is named in a request
+    (``messages[1].content[0].content``, its first steps when it is long),
+    "" if it never does. Read token by token up to that point (strings
+    skipped whole in C), so only a body ``nested_deeper`` refused costs
+    this, and only as far as its deep place."""
+    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    steps: list[list] = []  # per open level: [the key or index its current value is at]
+    last = b'""'  # the last string read: an object's key, once a colon follows it
+    for token in _JSON_TOKENS.finditer(body):
+        t = token.group()
+        if t[0] == 0x22:  # '"'
+            last = t
+        elif t in b"[{":
+            if len(steps) == limit:
+                return _path(steps)
+            steps.append([0 if t == b"[" else ""])
+        elif t in b"]}":
+            if steps:
+                steps.pop()
+        elif t == b":" and steps:
+            steps[-1][0] = _key(last)
+        elif t == b"," and steps and isinstance(steps[-1][0], int):
+            steps[-1][0] += 1
+    return ""
+
+
+def _key(token: bytes) -> str:
+    try:
+        key = json.loads(token)
+    except ValueError:
+        key = token[1:-1].decode("utf-8", "replace")
+    return key if isinstance(key, str) else ""
+
+
+def _path(steps: list[list]) -> str:
+    parts = []
+    for (step,) in steps[:_SHOWN_STEPS]:
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+        elif step.isidentifier():
+            parts.append(f".{step}" if parts else step)
+        else:
+            parts.append(f"[{json.dumps(shown(step))}]")
+    return "".join(parts) + ("..." if len(steps) > _SHOWN_STEPS else "")
 
 
 def read_json(path: str | os.PathLike, limit: int) -> object:

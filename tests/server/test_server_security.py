@@ -216,14 +216,21 @@ def test_listed_origins_get_cors_and_others_none(tiny_client, tiny_target):
 
 def test_deep_json_is_refused_before_it_is_parsed(quiet, tiny_target):
     """Nesting is counted before ``json.loads`` (whose recursion a deep
-    enough body exhausts): a 400 that says so, not an internal error.
-    Brackets inside strings do not count."""
+    enough body exhausts): a 400 that says so, and where, not an internal
+    error. Brackets inside strings do not count."""
     server, recorder, before = quiet
     deep = (b'{"model": "%s", "tools": ' % tiny_target.name.encode()
             + b"[" * 100_000 + b"]" * 100_000 + b"}")
     status, _, text = call(server.port, "POST", "/chat/completions", deep)
     assert status == 400, text
-    assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
+    assert error(text)["message"] == ("The request body nests JSON deeper than 64 levels (at "
+                                      "tools[0][0][0][0][0][0][0]...).")
+    assert error(text)["param"] == "tools[0][0][0][0][0][0][0]..."
+    messages = json.dumps([{"role": "user", "content": [{"type": "text", "text": "[[{{\"]"}]},
+                           {"role": "user", "content": "@"}]).replace('"@"', "[" * 70 + "]" * 70)
+    status, _, text = call(server.port, "POST", "/chat/completions",
+                           b'{"model": "m", "messages": %s}' % messages.encode())
+    assert status == 400 and error(text)["param"] == "messages[1].content[0][0][0][0][0]..."
     assert len(recorder.seen) == before
     nested: object = 1
     for _ in range(61):  # 63 levels with the metadata's and the body's objects: under the bound
