@@ -392,8 +392,12 @@ def finish_reason(summary: Summary) -> str:
 
 
 def usage(summary: Summary) -> dict:
+    """The token counts; ``cached_tokens``: the prompt's tokens the
+    target's cache already held (a conversation's earlier turns), which
+    were not read again."""
     return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.new_tokens,
-            "total_tokens": summary.prompt_tokens + summary.new_tokens}
+            "total_tokens": summary.prompt_tokens + summary.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": summary.reused_prompt_tokens}}
 
 
 def speculative(summary: Summary) -> dict:
