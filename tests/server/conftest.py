@@ -1,6 +1,7 @@
 """Fixtures for the API tests: the tiny pair loaded once on an engine thread,
 and a live server on a free loopback port that the real ``openai`` client
-talks to over HTTP."""
+talks to over HTTP; the scripted agent pair (tinymodels.AGENT_CHAINS)
+served the same way."""
 
 from __future__ import annotations
 
@@ -55,3 +56,22 @@ def api(live):
     server, _ = live
     with OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def agent_server(agent_target, agent_draft):
+    """The agent pair served on 127.0.0.1 (hybrid, K 4): replies of
+    reasoning and tool calls whose greedy text is known."""
+    from specchat.engine import modes
+    from specchat.engine.client import EngineClient
+    from specchat.server.listener import LocalServer
+    from specchat.server.service import ApiService, Served
+
+    client = EngineClient()
+    pair = client.load(str(agent_target), str(agent_draft)).wait(120)
+    service = ApiService(client, Served.of(pair, modes.HYBRID.name, 4))
+    server = LocalServer(service, port=0)
+    server.start()
+    yield server
+    server.stop()
+    client.close()

@@ -19,23 +19,6 @@ ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
 
 
-@pytest.fixture(scope="module")
-def agent_server(agent_target, agent_draft):
-    from specchat.engine import modes
-    from specchat.engine.client import EngineClient
-    from specchat.server.listener import LocalServer
-    from specchat.server.service import ApiService, Served
-
-    client = EngineClient()
-    pair = client.load(str(agent_target), str(agent_draft)).wait(120)
-    service = ApiService(client, Served.of(pair, modes.HYBRID.name, 4))
-    server = LocalServer(service, port=0)
-    server.start()
-    yield server
-    server.stop()
-    client.close()
-
-
 @pytest.fixture
 def api(agent_server):
     from openai import OpenAI
