@@ -1,4 +1,5 @@
-"""The HTTP side: OpenAI's three endpoints on Starlette.
+"""The HTTP side: OpenAI's three endpoints and Anthropic's Messages API
+(``anthropic.py``) on Starlette.
 
 Why Starlette (with uvicorn): it is the small, well-kept ASGI toolkit that
 FastAPI itself is built on, with streaming responses that notice a client
@@ -18,17 +19,17 @@ and nesting), checked, and run as a task
 disconnects, which cancels its engine job. A streamed reply sends its
 headers only once the first step is in, so an error before it (a prompt
 too long, no model) still gets its HTTP status; one after it arrives as an
-``error`` event, which OpenAI's clients raise.
+``error`` event, which OpenAI's and Anthropic's clients raise. Every
+refusal has the shape of the API asked (``ApiError.answer``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,7 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.events import GenerationResult, StepEvent
-from specchat.server import protocol
+from specchat.server import anthropic, protocol
 from specchat.server.body import MAX_BODY, read_json
 from specchat.server.errors import ApiError
 from specchat.server.guard import Cors, LocalOnly
@@ -60,13 +61,17 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
     started = int(time.time())
 
     def authorize(request: Request) -> None:
+        """The key as OpenAI's clients send it (a bearer token) or as
+        Anthropic's do (``x-api-key``), compared in constant time."""
         if api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                  api_key.encode()):
+        sent = [token.strip()] if scheme.lower() == "bearer" else []
+        sent += request.headers.getlist("x-api-key")
+        if not any(hmac.compare_digest(key.encode(), api_key.encode()) for key in sent):
             raise ApiError(401, "Incorrect or missing API key: send it as "
-                                "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                                "'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+                           code="invalid_api_key")
 
     async def models(request: Request) -> Response:
         authorize(request)
@@ -87,10 +92,24 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
 
         return complete
 
+    async def messages(request: Request) -> Response:
+        authorize(request)
+        asked = anthropic.parse(await read_json(request, max_body), service.max_tokens_cap)
+        req = anthropic.check_format(asked, service.model(asked.api.model).chat)
+        return await _answer(request, service, req, lambda model: anthropic.Reply(asked, model))
+
+    async def count_tokens(request: Request) -> Response:
+        authorize(request)
+        asked = anthropic.parse(await read_json(request, max_body), counting=True)
+        req = anthropic.check_format(asked, service.model(asked.api.model).chat)
+        return JSONResponse({"input_tokens": await service.count(req)})
+
     return Starlette(
         routes=[Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", completions("chat"), methods=["POST"]),
-                Route("/v1/completions", completions("completion"), methods=["POST"])],
+                Route("/v1/completions", completions("completion"), methods=["POST"]),
+                Route("/v1/messages", messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])],
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the
@@ -106,9 +125,13 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
     )
 
 
-async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest) -> Response:
+async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest,
+                  reply: Callable[[str], protocol.Reply | anthropic.Reply] | None = None
+                  ) -> Response:
     """Run the request; answer as one JSON body or as a stream, naming the
-    model that runs it (in the app, the pair may change while it waits)."""
+    model that runs it (in the app, the pair may change while it waits).
+    ``reply(model)`` gives the answer's form (OpenAI's ``protocol.Reply``
+    unless given): the steps shape it whether it streams or not."""
     events: asyncio.Queue = asyncio.Queue()
 
     async def produce() -> None:
@@ -129,50 +152,41 @@ async def _answer(request: Request, service: ApiService, req: protocol.ApiReques
     watcher.add_done_callback(lambda _w: task.cancel())
     first = await events.get()
     model = service.served.model if service.served is not None else req.model
+    answer = reply(model) if reply is not None else protocol.Reply(req, model)
     if isinstance(first, ApiError) or first is _GONE or not req.stream:
         try:
             while not isinstance(first, GenerationResult | ApiError) and first is not _GONE:
-                first = await events.get()  # the steps of a reply that does not stream
+                answer.step(first)  # the steps of a reply that does not stream
+                first = await events.get()
         finally:
             _stop(task, watcher)
         if first is _GONE:
             return Response(status_code=499)  # nobody reads it
         if isinstance(first, ApiError):
             return _api_error(request, first)
-        return JSONResponse(protocol.response(req, first, model))
-    return StreamingResponse(_sse(req, model, first, events, task, watcher),
+        return JSONResponse(answer.body(first))
+    return StreamingResponse(_sse(answer, first, events, task, watcher),
                              media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _sse(req: protocol.ApiRequest, model: str, first, events: asyncio.Queue,
-               task: asyncio.Task, watcher: asyncio.Task):
-    """The stream's ``data:`` lines, from the first step to ``[DONE]``."""
-    chunks = protocol.Chunks(req, model)
+async def _sse(answer, first, events: asyncio.Queue, task: asyncio.Task,
+               watcher: asyncio.Task):
+    """The stream's events, from the first step to the end."""
     item = first
     try:
-        for c in chunks.start():
-            yield _data(c)
-        while True:
-            if isinstance(item, StepEvent):
-                for c in chunks.step(item):
-                    yield _data(c)
-            elif isinstance(item, GenerationResult):
-                for c in chunks.end(item):
-                    yield _data(c)
-                break
-            elif isinstance(item, ApiError):
-                yield _data(item.body())
-                break
-            else:  # the client went away
-                return
+        for text in answer.start():
+            yield text
+        while isinstance(item, StepEvent):
+            for text in answer.step(item):
+                yield text
             item = await events.get()
-        yield "data: [DONE]\n\n"
+        if item is _GONE:  # the client went away
+            return
+        for text in (answer.end(item) if isinstance(item, GenerationResult)
+                     else answer.failed(item)):
+            yield text
     finally:
         _stop(task, watcher)  # a client gone mid-stream ends up here: its job stops
-
-
-def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 def _stop(task: asyncio.Task, watcher: asyncio.Task) -> None:
@@ -189,14 +203,17 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _api_error(_request: Request, exc: ApiError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _api_error(request: Request, exc: ApiError) -> Response:
+    status, body = exc.answer(request.url.path)
+    return JSONResponse(body, status_code=status)
 
 
 def _http_error(request: Request, exc: HTTPException) -> Response:
-    """Starlette's own refusals (no such path, wrong method), in OpenAI's shape."""
+    """Starlette's own refusals (no such path, wrong method), in the shape
+    of the API asked."""
     message = (f"There is no {request.method} {request.url.path} here; this server has "
-               "GET /v1/models, POST /v1/chat/completions and POST /v1/completions."
+               "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
+               "POST /v1/messages and POST /v1/messages/count_tokens."
                if exc.status_code in (404, 405) else str(exc.detail))
     return _api_error(request, ApiError(exc.status_code, message))
 

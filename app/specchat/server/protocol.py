@@ -31,6 +31,7 @@ turn.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -285,16 +286,29 @@ def _stop(stop: object) -> tuple[str, ...]:
     return _as_400("stop", values.stop_strings, items)
 
 
-def _messages(messages: object) -> tuple[Message, ...]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_value("messages must be a non-empty list of {role, content} objects",
-                        "messages")
-    _sized("messages", "messages", len(messages))
+def _objects(value: object, param: str, bound: str, items: str, item: str,
+             empty: bool = True) -> list[tuple[str, dict]]:
+    """A list of objects a request carries, each with its name
+    (``messages[3]``), its count bounded (``values`` entry ``bound``)
+    before any is read; a 400 naming what is not a list of ``items`` (of
+    at least one, unless ``empty``) or not ``item``."""
+    if not isinstance(value, list) or not (value or empty):
+        raise bad_value(f"{param} must be a {'' if empty else 'non-empty '}list of {items}",
+                        param)
+    _sized(param, bound, len(value))
     out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_value(f"{where} must be an object with a role and a content", where)
+    for i, v in enumerate(value):
+        at = f"{param}[{i}]"
+        if not isinstance(v, dict):
+            raise bad_value(f"{at} must be {item}", at)
+        out.append((at, v))
+    return out
+
+
+def _messages(messages: object) -> tuple[Message, ...]:
+    out = []
+    for where, m in _objects(messages, "messages", "messages", "{role, content} objects",
+                             "an object with a role and a content", empty=False):
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "
@@ -310,9 +324,14 @@ def _messages(messages: object) -> tuple[Message, ...]:
             tool_call_id=_text(f"{where}.tool_call_id", m.get("tool_call_id"),
                                f"{where}.tool_call_id") if m.get("tool_call_id") is not None
             else ""))
-    if not any(m.role == "user" and m.content.strip() for m in out):
-        raise bad_value("messages must include a user message with some text", "messages")
+    _asks(out)
     return tuple(out)
+
+
+def _asks(messages: list[Message]) -> None:
+    """A conversation must ask something: a user turn with some text."""
+    if not any(m.role == "user" and m.content.strip() for m in messages):
+        raise bad_value("messages must include a user message with some text", "messages")
 
 
 def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
@@ -520,15 +539,7 @@ class Chunks:
         """One engine step: a chat reply's parts, a completion's text."""
         if self.req.kind != "chat":
             return self.text(ev.text)
-        out = []
-        for part, text in ev.segments:
-            if part == ANSWER:
-                out += self.text(text)
-            elif part == REASONING:
-                out += self.reasoning(text)
-        for call in ev.tool_calls:
-            out += self.call(call)
-        return out
+        return route(ev.segments, ev.tool_calls, self.text, self.reasoning, self.call)
 
     def end(self, result: GenerationResult) -> list[dict]:
         """Anything the steps did not carry, the finish reason with the
@@ -537,10 +548,8 @@ class Chunks:
         s = result.summary
         out = []
         if self.req.kind == "chat":
-            out += self.reasoning(_rest(result.reasoning, self._reasoning))
-            out += self.text(_rest(result.answer, self._sent + self._held))
-            for call in result.tool_calls[self._calls:]:
-                out += self.call(call)
+            out += route(rests(result, self._reasoning, self._sent + self._held),
+                         result.tool_calls[self._calls:], self.text, self.reasoning, self.call)
             if self._held and not result.tool_calls:  # an answer of whitespace is still one
                 self._sent.append("".join(self._held))
                 out.append(self._delta({"content": self._sent[-1]}))
@@ -553,8 +562,66 @@ class Chunks:
         return out
 
 
+def route(segments, calls, text, reasoning, call) -> list:
+    """A chat reply's parts in order, each to its handler in one API's
+    form: the (part, text) ``segments`` of its answer and its reasoning,
+    then its complete ``calls``."""
+    out = []
+    for part, piece in segments:
+        if part == ANSWER:
+            out += text(piece)
+        elif part == REASONING:
+            out += reasoning(piece)
+    for c in calls:
+        out += call(c)
+    return out
+
+
+def rests(result: GenerationResult, reasoning: list[str], answer: list[str]
+          ) -> tuple[tuple[str, str], ...]:
+    """The reasoning and answer text of ``result`` its steps did not carry
+    (they carried ``reasoning`` and ``answer``), as segments."""
+    return ((REASONING, _rest(result.reasoning, reasoning)),
+            (ANSWER, _rest(result.answer, answer)))
+
+
 def _rest(whole: str, sent: list[str]) -> str:
     """What of ``whole`` the stream has not carried (nothing if what it
     carried is not where ``whole`` starts)."""
     have = "".join(sent)
     return whole[len(have):] if whole.startswith(have) else ""
+
+
+class Reply:
+    """OpenAI's answer to one request in both its forms, as the server
+    sends them: the whole body, or the stream's ``data:`` lines (the
+    chunks, ending with ``[DONE]``; an error after the stream began as an
+    ``error`` chunk, which OpenAI's clients raise)."""
+
+    def __init__(self, req: ApiRequest, model: str):
+        self.req, self.model = req, model
+        self.chunks = Chunks(req, model)
+
+    def start(self) -> list[str]:
+        return [sse(c) for c in self.chunks.start()]
+
+    def step(self, ev: StepEvent) -> list[str]:
+        return [sse(c) for c in self.chunks.step(ev)]
+
+    def end(self, result: GenerationResult) -> list[str]:
+        return [*(sse(c) for c in self.chunks.end(result)), DONE]
+
+    def failed(self, error: ApiError) -> list[str]:
+        return [sse(error.body()), DONE]
+
+    def body(self, result: GenerationResult) -> dict:
+        return response(self.req, result, self.model)
+
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: dict, event: str | None = None) -> str:
+    """One server-sent event: its JSON, after its name if it has one."""
+    data = f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"event: {event}\n{data}" if event else data
