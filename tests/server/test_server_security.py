@@ -461,10 +461,13 @@ def test_a_body_that_stops_coming_is_answered_408(tiny_client, tiny_target, monk
 
 
 def test_nesting_is_counted_outside_strings_only():
-    """check_nesting against the depth of random JSON whose strings hold
-    brackets, quotes and backslashes (escaped as json.dumps escapes them)."""
+    """check_nesting against the depth of random JSON whose strings (and
+    keys) hold brackets, quotes and backslashes (escaped as json.dumps
+    escapes them), and the place it names against the path to the first
+    container past the bound."""
     import random
 
+    from specchat import records
     from specchat.server.body import check_nesting
     from specchat.server.errors import ApiError
 
@@ -481,10 +484,27 @@ def test_nesting_is_counted_outside_strings_only():
         return {"".join(rng.choice(nasty) for _ in range(3)) + str(i): c
                 for i, (c, _) in enumerate(children)}, deepest
 
+    def first_at(value: object, depth: int, path: list) -> list | None:
+        """The steps to the first container (in the text's order) that
+        opens level ``depth`` (the whole value's is 1)."""
+        if not isinstance(value, list | dict):
+            return None
+        if depth == 1:
+            return path
+        for step, child in enumerate(value) if isinstance(value, list) else value.items():
+            found = first_at(child, depth - 1, [*path, step])
+            if found is not None:
+                return found
+        return None
+
     for _ in range(300):
         value, depth = build(rng.randint(1, 12))
         body = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
         check_nesting(body, limit=depth)
         if depth:
-            with pytest.raises(ApiError, match=f"deeper than {depth - 1} levels"):
+            with pytest.raises(ApiError, match=f"deeper than {depth - 1} levels") as e:
                 check_nesting(body, limit=depth - 1)
+            # ... naming where: its first steps (records.deep_path).
+            steps = first_at(value, depth, [])
+            where = records._path(steps[:8]) + ("..." if depth - 1 > 8 else "")
+            assert e.value.param == (where or None), (body, steps)
