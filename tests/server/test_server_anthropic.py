@@ -345,6 +345,9 @@ BAD = [
     ({"messages": [*ASK, {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_x", "content": "hi"}]}]},
      "messages[1].content[0].tool_use_id"),
+    ({"messages": [*ASK, {"role": "user", "content": [  # the rules' own marks, as an id
+        {"type": "tool_result", "tool_use_id": "\x009\x00", "content": "hi"}]}]},
+     "messages[1].content[0].tool_use_id"),
     ({"tools": [{"name": f"f{i}", "input_schema": {"type": "object"}} for i in range(10_000)]},
      "tools"),
     ({"tools": [{"name": "f", "input_schema": [1]}]}, "tools[0].input_schema"),

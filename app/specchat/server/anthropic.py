@@ -292,19 +292,21 @@ def _conversation(body: dict) -> tuple[Message, ...]:
     _asks(out)
     _bounded(values.utf8_size(t for m in out for t in chat_rules.texts(m)), "messages")
     try:
-        chat_rules.conversation(out, where=lambda i: f"@{i}@")
+        chat_rules.conversation(out, where=lambda i: f"\0{i}\0")
     except chat_rules.BadField as exc:
         raise bad_value(_placed(str(exc), turns.names), _placed(exc.param, turns.names)) \
             from None
     return tuple(out)
 
 
-_PLACE = re.compile(r"@(\d+)@((?:\.tool_calls\[\d+\])?(?:\.\w+)?)")
+# The engine's message i as the rules are told to name it: NULs, which no
+# text a request carries keeps in the rules' words (values.shown escapes them).
+_PLACE = re.compile(r"\0(\d+)\0((?:\.tool_calls\[\d+\])?(?:\.\w+)?)")
 
 
 def _placed(text: str, names: list[dict[str, str]]) -> str:
-    """The rules' words about ``@i@`` (the engine's message i) in the
-    Anthropic names of the same fields."""
+    """The rules' words about the engine's message i in the Anthropic
+    names of the same fields."""
     def name(m: re.Match) -> str:
         table, suffix = names[int(m.group(1))], m.group(2)
         return table.get(suffix) or table[""] + _renamed(suffix)

@@ -6,9 +6,10 @@ into ``BadRequestError``, ``AuthenticationError``, ``NotFoundError`` and so
 on; under Anthropic's paths (``/v1/messages``) the same refusal has
 Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, and
 the status Anthropic gives its type (``answer``), so its SDKs raise their
-own classes of the same names. A ``ServerError`` is the server itself refusing to start (a bind that
-would expose it without a key, a port in use): one line for the person at
-the terminal or in Settings, like every ``SpecChatError``.
+own classes of the same names. A ``ServerError`` is the server itself
+refusing to start (a bind that would expose it without a key, a port in
+use): one line for the person at the terminal or in Settings, like every
+``SpecChatError``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class ApiError(Exception):
         kind = "server_error" if self.status >= 500 else "invalid_request_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
-
 
     def answer(self, path: str) -> tuple[int, dict]:
         """(HTTP status, body) for a request to ``path``: OpenAI's shape,

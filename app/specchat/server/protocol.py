@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -562,7 +563,9 @@ class Chunks:
         return out
 
 
-def route(segments, calls, text, reasoning, call) -> list:
+def route(segments: Iterable[tuple[str, str]], calls: Iterable[ToolCall],
+          text: Callable[[str], list], reasoning: Callable[[str], list],
+          call: Callable[[ToolCall], list]) -> list:
     """A chat reply's parts in order, each to its handler in one API's
     form: the (part, text) ``segments`` of its answer and its reasoning,
     then its complete ``calls``."""
