@@ -11,11 +11,11 @@ Host/Origin/Content-Type guard on its paths."""
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 
 import anthropic
 import pytest
+from test_server_api import post
 from test_server_security import call
 from tinymodels import AGENT_TEXTS, AGENT_TOOLS
 
@@ -106,15 +106,8 @@ def test_a_message_and_its_stream_are_the_same(claude, model):
 
 def events(server, body: dict) -> list[tuple[str, dict]]:
     """A streamed reply's raw events: (event name, data)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    try:
-        conn.request("POST", "/v1/messages", json.dumps({**body, "stream": True}),
-                     {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
-        raw = r.read().decode()
-    finally:
-        conn.close()
+    status, headers, raw = post(server, "/messages", json.dumps({**body, "stream": True}).encode())
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
     out = []
     for chunk in raw.split("\n\n"):
         if chunk:
@@ -397,11 +390,10 @@ BAD = [
 
 @pytest.mark.parametrize("kw,field", BAD, ids=[f for _, f in BAD])
 def test_bad_input_gets_a_400_naming_the_field_and_loses_nothing(claude, model, kw, field):
+    request = {"model": model, "max_tokens": 40, "messages": ASK, "tools": TOOLS,
+               "extra_body": GREEDY, **kw}
     with pytest.raises(anthropic.BadRequestError) as e:
-        claude.messages.create(**{"model": model, "max_tokens": 40, "messages": ASK,
-                                  "extra_body": GREEDY, **({"tools": TOOLS} if kw.get(
-                                      "tools", TOOLS) is not None else {}),
-                                  **{k: v for k, v in kw.items() if v is not None}})
+        claude.messages.create(**{k: v for k, v in request.items() if v is not None})
     assert e.value.status_code == 400
     body = e.value.body
     assert set(body) == {"type", "error"} and body["type"] == "error"
@@ -410,31 +402,22 @@ def test_bad_input_gets_a_400_naming_the_field_and_loses_nothing(claude, model, 
     assert calls(ask(claude, model)) == CALLS  # the server goes on
 
 
-def post(server, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    try:
-        conn.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
 def test_what_the_client_cannot_send_is_refused_in_words(agent_server, claude, model):
     """Nesting past the body's bound (blocks 100,000 deep), named where it
     is, before it is parsed; a request without max_tokens."""
     start = json.dumps({"model": model, "max_tokens": 9})[:-1] + ', "messages": ['
     deep = (start + json.dumps(ASK[0]) + ', {"role": "user", "content": ['
             + nested(100_000) + "]}]}").encode()
-    status, body = post(agent_server, "/v1/messages", deep)
-    assert status == 400 and body["error"]["type"] == "invalid_request_error"
-    assert body["error"]["message"] == ("The request body nests JSON deeper than 64 levels (at "
-                                        "messages[1].content[0].content[0].content[0]...).")
-    status, body = post(agent_server, "/v1/messages/count_tokens", deep)
-    assert status == 400 and "messages[1].content[0].content[0]" in body["error"]["message"]
-    status, body = post(agent_server, "/v1/messages",
-                        json.dumps({"model": model, "messages": ASK}).encode())
-    assert status == 400 and body["error"]["message"].startswith("max_tokens is required")
+    status, _, text = post(agent_server, "/messages", deep)
+    assert status == 400 and json.loads(text)["error"] == {
+        "type": "invalid_request_error", "message": "The request body nests JSON deeper than "
+        "64 levels (at messages[1].content[0].content[0].content[0]...)."}
+    status, _, text = post(agent_server, "/messages/count_tokens", deep)
+    assert status == 400 and "messages[1].content[0].content[0]" in text
+    status, _, text = post(agent_server, "/messages",
+                           json.dumps({"model": model, "messages": ASK}).encode())
+    assert status == 400 and json.loads(text)["error"]["message"].startswith(
+        "max_tokens is required")
     assert calls(ask(claude, model)) == CALLS
 
 
