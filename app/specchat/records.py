@@ -12,7 +12,7 @@ would never end) and only up to a bound (``read_file``); JSON nested too
 deep to parse is a damaged file like any other (``parse_json``), and JSON
 text from anywhere can be held to a nesting depth before it is parsed
 (``nested_deeper``: the API's bodies, the tools and tool calls a request
-carries). A small
+carries; ``deep_path`` says where it goes too deep). A small
 JSON file is written whole or not at all (``write_json``), and one that is
 only a cache of work done before reads as {} when it is missing or garbage
 (``read_record``). A file that two processes read, change and write back (the
@@ -156,6 +156,81 @@ def nested_deeper(data: str | bytes, limit: int) -> bool:
     step[list(b"[{")] = 1
     step[list(b"]}")] = -1
     return bool(np.cumsum(step[outside], dtype=np.int32).max() > limit)
+
+
+_SHOWN_STEPS = 8  # of a path too deep to show whole
+# Each byte's part in JSON's structure (bytes.translate, then as int8): 1
+# opens a level, -1 (255) closes one, _NEXT is a comma or a colon, _QUOTE a
+# quote, 0 anything else.
+_NEXT, _QUOTE = 2, 3
+_MOVES = bytes(1 if c in b"[{" else 255 if c in b"]}" else _NEXT if c in b",:"
+               else _QUOTE if c == 0x22 else 0 for c in range(256))
+
+
+def deep_path(data: str | bytes, limit: int) -> str:
+    """Where JSON text first nests deeper than ``limit``: the path of the
+    value that opens the level past it, as a field is named in a request
+    (``messages[1].content[0].content``, its first steps when it is long),
+    "" if it never does. In C and numpy, as ``nested_deeper`` (8 MiB in
+    about the time parsing them takes; only a body it refused is read
+    here): escaped backslashes and quotes
+    blanked (their places kept), the structural bytes outside strings
+    (after an even number of quotes), the depth after each, the one that
+    goes past ``limit``; each level's container then opens after the last
+    byte before it that is shallower, and the step within it is its commas
+    before (an array) or the string before its last colon (an object's key)."""
+    import numpy as np
+
+    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    clean = body.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    kinds = np.frombuffer(clean.translate(_MOVES), np.int8)
+    inside = np.bitwise_xor.accumulate((kinds == _QUOTE).view(np.uint8))  # odd quotes before
+    where = np.flatnonzero((kinds != 0) & (kinds != _QUOTE) & (inside == 0))
+    s = np.frombuffer(clean, np.uint8)[where]  # the structural bytes outside strings, in order
+    moves = kinds[where]
+    depth = np.cumsum(np.where(moves == _NEXT, 0, moves), dtype=np.int32)
+    past = np.flatnonzero(depth > limit)
+    if not past.size:
+        return ""
+    end = past[0]
+    s, depth, where = s[:end], depth[:end], where[:end]
+    # The shallowest depth from each structural byte on: a level's container
+    # opens where that first reaches the level.
+    floor = np.minimum.accumulate(depth[::-1])[::-1]
+    quotes = np.flatnonzero(kinds == _QUOTE)
+    steps: list[int | str] = []
+    for level in range(1, min(limit, _SHOWN_STEPS) + 1):
+        start = int(np.searchsorted(floor, level))
+        if start >= end:
+            break
+        mine = depth[start:end] == level
+        if s[start] == 0x5B:  # an array: its commas before
+            steps.append(int(np.count_nonzero(mine & (s[start:end] == 0x2C))))
+            continue
+        colons = np.flatnonzero(mine & (s[start:end] == 0x3A))
+        k = np.searchsorted(quotes, where[start + colons[-1]]) if colons.size else 0
+        steps.append(_key(body[quotes[k - 2]:quotes[k - 1] + 1]) if k >= 2 else "")
+    return _path(steps) + ("..." if limit > _SHOWN_STEPS else "")
+
+
+def _key(token: bytes) -> str:
+    try:
+        key = json.loads(token)
+    except ValueError:
+        key = token[1:-1].decode("utf-8", "replace")
+    return key if isinstance(key, str) else ""
+
+
+def _path(steps: list[int | str]) -> str:
+    parts = []
+    for step in steps:
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+        elif step.isidentifier():
+            parts.append(f".{step}" if parts else step)
+        else:
+            parts.append(f"[{json.dumps(shown(step))}]")
+    return "".join(parts)
 
 
 def read_json(path: str | os.PathLike, limit: int) -> object:

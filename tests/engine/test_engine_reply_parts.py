@@ -342,6 +342,7 @@ def test_stop_strings_end_the_answer_not_the_reasoning_or_a_call(agent_tok, agen
     text = ("<think>a STOP b</think>\n\nHello a<tool_call>b</tool_call> <END> world STOP more")
     steps, sp = streamed(agent_tok, text, req)
     assert sp.stopped and "".join(sp.reasoning) == "a STOP b"
+    assert sp.stop_string == "<END>"  # the one that ended it (Anthropic's answers name it)
     assert "".join(sp.answer) == "\n\nHello ab " and sp.calls == []  # "b" is no call
     # The text handed out stops where the stop string begins, and never
     # showed a character of it (nor of a marker's start that became one).
@@ -355,9 +356,10 @@ def test_stop_strings_end_the_answer_not_the_reasoning_or_a_call(agent_tok, agen
     # call is not one text. Through the engine, with the scripted model:
     r = agent_engine.generate(request(stop_strings=("weather", "Paris")))
     assert r.reasoning == AGENT_TEXTS["reason"] and len(r.tool_calls) == 2
-    assert r.summary.finish_reason == "tool_calls"
+    assert r.summary.finish_reason == "tool_calls" and r.stop_string == ""
     off = agent_engine.generate(request(reasoning_effort="none", stop_strings=("sunny",)))
     assert (off.answer, off.text, off.summary.finish_reason) == ("It is ", "It is ", "stop_string")
+    assert off.stop_string == "sunny"
 
 
 def test_switches_and_tools_a_model_does_not_have_are_refused_in_words(engine):

@@ -1,6 +1,7 @@
 """Fixtures for the API tests: the tiny pair loaded once on an engine thread,
 and a live server on a free loopback port that the real ``openai`` client
-talks to over HTTP."""
+talks to over HTTP; the scripted agent pair (tinymodels.AGENT_CHAINS)
+served the same way."""
 
 from __future__ import annotations
 
@@ -89,3 +90,5 @@ def api(live):
     server, _ = live
     with OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120) as client:
         yield client
+
+

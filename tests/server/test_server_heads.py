@@ -104,6 +104,9 @@ def test_the_api_drafts_with_a_head_and_replies_as_plain_decoding(tiny_dir, tiny
         client.close()
     spec, base = json.loads(spec_body), json.loads(plain_body)
     assert spec["choices"][0]["message"]["content"] == base["choices"][0]["message"]["content"]
+    # The same counts (the second read its prompt from the cache the first left).
+    cached = base["usage"].pop("prompt_tokens_details")["cached_tokens"]
+    assert spec["usage"].pop("prompt_tokens_details")["cached_tokens"] < cached
     assert spec["usage"] == base["usage"] and spec["usage"]["completion_tokens"] == 24
     assert base["speculative"]["mode"] == "plain" and base["speculative"]["drafted"] == 0
     assert spec["speculative"]["mode"] == "hybrid" and spec["speculative"]["drafted"] > 0

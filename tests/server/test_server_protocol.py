@@ -122,10 +122,11 @@ def summary(**kw) -> Summary:
 def test_answers_have_usage_and_the_extension():
     req = protocol.parse("chat", {"model": "m", "messages": USER, "stream": True,
                                   "stream_options": {"include_usage": True}})
-    result = GenerationResult("Hello!", (1, 2, 3, 4, 5), summary())
+    result = GenerationResult("Hello!", (1, 2, 3, 4, 5), summary(reused_prompt_tokens=6))
     body = protocol.response(req, result, "m")
     assert body["choices"][0]["finish_reason"] == "stop"  # a stop string is OpenAI's "stop"
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 6}}
     assert body["speculative"] == {"mode": "hybrid", "drafted": 4, "accepted": 3,
                                    "acceptance_rate": 0.75, "tokens_per_step": 2.5}
     chunks = protocol.Chunks(req, "m")

@@ -216,14 +216,21 @@ def test_listed_origins_get_cors_and_others_none(tiny_client, tiny_target):
 
 def test_deep_json_is_refused_before_it_is_parsed(quiet, tiny_target):
     """Nesting is counted before ``json.loads`` (whose recursion a deep
-    enough body exhausts): a 400 that says so, not an internal error.
-    Brackets inside strings do not count."""
+    enough body exhausts): a 400 that says so, and where, not an internal
+    error. Brackets inside strings do not count."""
     server, recorder, before = quiet
     deep = (b'{"model": "%s", "tools": ' % tiny_target.name.encode()
             + b"[" * 100_000 + b"]" * 100_000 + b"}")
     status, _, text = call(server.port, "POST", "/chat/completions", deep)
     assert status == 400, text
-    assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
+    assert error(text)["message"] == ("The request body nests JSON deeper than 64 levels (at "
+                                      "tools[0][0][0][0][0][0][0]...).")
+    assert error(text)["param"] == "tools[0][0][0][0][0][0][0]..."
+    messages = json.dumps([{"role": "user", "content": [{"type": "text", "text": "[[{{\"]"}]},
+                           {"role": "user", "content": "@"}]).replace('"@"', "[" * 70 + "]" * 70)
+    status, _, text = call(server.port, "POST", "/chat/completions",
+                           b'{"model": "m", "messages": %s}' % messages.encode())
+    assert status == 400 and error(text)["param"] == "messages[1].content[0][0][0][0][0]..."
     assert len(recorder.seen) == before
     nested: object = 1
     for _ in range(61):  # 63 levels with the metadata's and the body's objects: under the bound
@@ -454,10 +461,13 @@ def test_a_body_that_stops_coming_is_answered_408(tiny_client, tiny_target, monk
 
 
 def test_nesting_is_counted_outside_strings_only():
-    """check_nesting against the depth of random JSON whose strings hold
-    brackets, quotes and backslashes (escaped as json.dumps escapes them)."""
+    """check_nesting against the depth of random JSON whose strings (and
+    keys) hold brackets, quotes and backslashes (escaped as json.dumps
+    escapes them), and the place it names against the path to the first
+    container past the bound."""
     import random
 
+    from specchat import records
     from specchat.server.body import check_nesting
     from specchat.server.errors import ApiError
 
@@ -474,10 +484,27 @@ def test_nesting_is_counted_outside_strings_only():
         return {"".join(rng.choice(nasty) for _ in range(3)) + str(i): c
                 for i, (c, _) in enumerate(children)}, deepest
 
+    def first_at(value: object, depth: int, path: list) -> list | None:
+        """The steps to the first container (in the text's order) that
+        opens level ``depth`` (the whole value's is 1)."""
+        if not isinstance(value, list | dict):
+            return None
+        if depth == 1:
+            return path
+        for step, child in enumerate(value) if isinstance(value, list) else value.items():
+            found = first_at(child, depth - 1, [*path, step])
+            if found is not None:
+                return found
+        return None
+
     for _ in range(300):
         value, depth = build(rng.randint(1, 12))
         body = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
         check_nesting(body, limit=depth)
         if depth:
-            with pytest.raises(ApiError, match=f"deeper than {depth - 1} levels"):
+            with pytest.raises(ApiError, match=f"deeper than {depth - 1} levels") as e:
                 check_nesting(body, limit=depth - 1)
+            # ... naming where: its first steps (records.deep_path).
+            steps = first_at(value, depth, [])
+            where = records._path(steps[:8]) + ("..." if depth - 1 > 8 else "")
+            assert e.value.param == (where or None), (body, steps)

@@ -367,6 +367,28 @@ def template_variables(fmt: ChatFormat, pairs: Sequence[tuple[str, Scalar]], wan
     return out
 
 
+def thinking_effort(fmt: ChatFormat, on: bool | None, where: str = "thinking") -> str:
+    """Thinking switched on or off (Anthropic's ``thinking``; None: not
+    said) as the reasoning effort for ``fmt``'s template ("" leaves its
+    default). On is a ceiling, not a promise (Anthropic's budget is one,
+    and clients such as Claude Code ask for it whatever the model): a
+    template with a switch gets it on (a template of levels its middle
+    one), any other model answers as it always does. Off is a promise
+    that no reasoning comes back, which only an on/off switch keeps: a
+    template without one refuses it, as ``template_variables`` refuses a
+    reasoning effort it has no switch for."""
+    if on is None:
+        return ""
+    if on:
+        return "medium" if fmt.effort else ""
+    if fmt.effort in ON_OFF_SWITCHES:
+        return "none"
+    how = (f"its {fmt.effort} takes only {', '.join(EFFORT_LEVELS)}" if fmt.effort
+           else "it has no reasoning switch")
+    raise BadField(f"this model's chat template cannot turn reasoning off ({how}), so {where} "
+                   "disabled cannot be honoured; leave it out", where)
+
+
 def offered(fmt: ChatFormat, has_tools: bool, choice: str) -> None:
     """Tools a request offers must reach the model and its calls be
     readable, or the request is refused in words (a model that cannot take

@@ -14,6 +14,7 @@ import gc
 from collections.abc import Callable
 from pathlib import Path
 
+from specchat.engine import request_check
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerateRequest, LoadProgress, TrainPlan
 from specchat.engine.modes import OWN_HEAD
@@ -76,6 +77,18 @@ class EngineClient:
 
         def work(job: Job):
             return self._engine_here().generate(request, job.cancelled, job.emit)
+
+        return self._thread.submit(work, loop)
+
+    def prompt_length(self, request: GenerateRequest,
+                      loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """The tokens of ``request``'s prompt, checked and rendered as
+        ``generate`` renders it (tools, switches, a call SpecChat starts),
+        nothing generated; the result is an int."""
+
+        def work(job: Job):
+            return len(self._engine_here().prompt_ids(request_check.checked(request),
+                                                       job.cancelled))
 
         return self._thread.submit(work, loop)
 

@@ -408,7 +408,7 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
     return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary,
                             answer="".join(parts.answer), reasoning="".join(parts.reasoning),
                             tool_calls=tuple(parts.calls), notes=tuple(parts.notes),
-                            parts=tuple(run.labels))
+                            parts=tuple(run.labels), stop_string=parts.stop_string)
 
 
 def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> GenerationResult:

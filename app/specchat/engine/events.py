@@ -216,7 +216,8 @@ class GenerationResult:
     ``answer``, ``reasoning`` and ``tool_calls`` are its parts
     (engine/reply_parts.py). ``notes`` says in words what did not go as
     asked (a tool call that could not be read, a required call the model
-    did not make)."""
+    did not make). ``stop_string``: the stop string that ended the reply,
+    if one did."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -226,6 +227,7 @@ class GenerationResult:
     tool_calls: tuple[ToolCall, ...] = ()
     notes: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()  # each token's part, aligned with token_ids
+    stop_string: str = ""
 
     def __post_init__(self):
         if self.answer is None:

@@ -157,6 +157,7 @@ class ReplySplitter:
         self._bare_state = "unknown" if bare and not refused else "no"
         self._bare: list[str] = []
         self.stopped = False  # a stop string ended the reply
+        self.stop_string = ""  # which one (Anthropic's answers name it)
         self.answer: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
@@ -285,6 +286,7 @@ class ReplySplitter:
         if found is not None:
             end, length = found
             cut = len(self._held) + end - length
+            self.stop_string = combined[cut:cut + length]
             self._answer_out(combined[:cut], out)
             out.raw += self._raw[:cut]
             self._raw, self._held = "", ""

@@ -1,11 +1,12 @@
-"""The local OpenAI-compatible API (``specchat serve``, and Settings'
-"Local server" switch in the app).
+"""The local OpenAI-compatible API, and Anthropic's Messages API beside it
+(``specchat serve``, and Settings' "Local server" switch in the app).
 
 Layer: it may import the engine (through ``EngineClient``: it never touches
 MLX itself), the library, ``specchat.values`` and ``specchat.errors``;
 never the store or the window. ``protocol`` maps OpenAI's bodies to engine
-requests and back, ``responses`` the Responses API's onto the same
-requests, ``service`` queues requests onto the engine thread,
+requests and back, ``responses`` the Responses API's and ``anthropic``
+Anthropic's onto the same requests, ``service`` queues requests onto the
+engine thread,
 ``app`` is the HTTP side (Starlette), ``guard`` keeps web pages out (Host
 and Origin), ``body`` reads a request's JSON within its bounds,
 ``listener`` binds and runs it (uvicorn, with ``connections``' deadline for

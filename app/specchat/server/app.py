@@ -1,4 +1,5 @@
-"""The HTTP side: OpenAI's endpoints on Starlette.
+"""The HTTP side: OpenAI's endpoints and Anthropic's Messages API
+(``anthropic.py``) on Starlette.
 
 Why Starlette (with uvicorn): it is the small, well-kept ASGI toolkit that
 FastAPI itself is built on, with streaming responses that notice a client
@@ -38,7 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.events import GenerationResult, StepEvent
-from specchat.server import protocol, responses
+from specchat.server import anthropic, protocol, responses
 from specchat.server.body import MAX_BODY, read_json
 from specchat.server.errors import ApiError
 from specchat.server.guard import Cors, LocalOnly
@@ -60,13 +61,17 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
     started = int(time.time())
 
     def authorize(request: Request) -> None:
+        """The key as OpenAI's clients send it (a bearer token) or as
+        Anthropic's do (``x-api-key``), compared in constant time."""
         if api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                  api_key.encode()):
+        sent = [token.strip()] if scheme.lower() == "bearer" else []
+        sent += request.headers.getlist("x-api-key")
+        if not any(hmac.compare_digest(key.encode(), api_key.encode()) for key in sent):
             raise ApiError(401, "Incorrect or missing API key: send it as "
-                                "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                                "'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+                           code="invalid_api_key")
 
     async def models(request: Request) -> Response:
         authorize(request)
@@ -97,11 +102,29 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
         return await _answer(request, service, asked.request, partial(responses.response, asked),
                              partial(responses.Events, asked))
 
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API (``anthropic.py``): the same request to
+        the engine, answered in its content blocks and events."""
+        authorize(request)
+        asked = anthropic.parse(await read_json(request, max_body), service.max_tokens_cap)
+        req = anthropic.check_format(asked, service.model(asked.api.model).chat)
+        return await _answer(request, service, req,
+                             lambda result, model: anthropic.Reply(asked, model).body(result),
+                             partial(anthropic.Reply, asked))
+
+    async def count_tokens(request: Request) -> Response:
+        authorize(request)
+        asked = anthropic.parse(await read_json(request, max_body), counting=True)
+        req = anthropic.check_format(asked, service.model(asked.api.model).chat)
+        return JSONResponse({"input_tokens": await service.count(req)})
+
     return Starlette(
         routes=[Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", completions("chat"), methods=["POST"]),
                 Route("/v1/completions", completions("completion"), methods=["POST"]),
-                Route("/v1/responses", respond, methods=["POST"])],
+                Route("/v1/responses", respond, methods=["POST"]),
+                Route("/v1/messages", messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])],
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the
@@ -119,7 +142,8 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
 
 async def _answer(request: Request, service: ApiService, req: protocol.ApiRequest,
                   whole: Callable[[GenerationResult, str], dict],
-                  stream: Callable[[str], protocol.Chunks | responses.Events]) -> Response:
+                  stream: Callable[[str], protocol.Chunks | responses.Events | anthropic.Reply]
+                  ) -> Response:
     """Run the request; answer as one JSON body (``whole(result, model)``)
     or as a stream (``stream(model)``: its events from the steps, framed as
     server-sent events), naming the model that runs it (in the app, the
@@ -159,7 +183,8 @@ async def _answer(request: Request, service: ApiService, req: protocol.ApiReques
                              media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _sse(chunks: protocol.Chunks | responses.Events, first, events: asyncio.Queue,
+async def _sse(chunks: protocol.Chunks | responses.Events | anthropic.Reply, first,
+               events: asyncio.Queue,
                task: asyncio.Task, watcher: asyncio.Task):
     """The stream's events, from the first step to the last (and the
     closing line its API ends with)."""
@@ -202,15 +227,19 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _api_error(_request: Request, exc: ApiError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _api_error(request: Request, exc: ApiError) -> Response:
+    """A refusal in the shape of the API asked (``ApiError.answer``)."""
+    status, body = exc.answer(request.url.path)
+    return JSONResponse(body, status_code=status)
 
 
 def _http_error(request: Request, exc: HTTPException) -> Response:
-    """Starlette's own refusals (no such path, wrong method), in OpenAI's shape."""
+    """Starlette's own refusals (no such path, wrong method), in the shape
+    of the API asked."""
     message = (f"There is no {request.method} {request.url.path} here; this server has "
-               "GET /v1/models, POST /v1/chat/completions, POST /v1/completions and "
-               "POST /v1/responses (it stores no responses to get back)."
+               "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
+               "POST /v1/responses (it stores no responses to get back), POST /v1/messages "
+               "and POST /v1/messages/count_tokens."
                if exc.status_code in (404, 405) else str(exc.detail))
     return _api_error(request, ApiError(exc.status_code, message))
 

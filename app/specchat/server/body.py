@@ -66,6 +66,9 @@ def require_json(request: Request) -> None:
 
 def check_nesting(body: bytes, limit: int = MAX_DEPTH) -> None:
     """400 if ``body`` nests arrays and objects deeper than ``limit``,
-    counted before it is parsed (``records.nested_deeper``)."""
+    counted before it is parsed (``records.nested_deeper``), naming the
+    field where it does (``records.deep_path``)."""
     if records.nested_deeper(body, limit):
-        raise ApiError(400, f"The request body nests JSON deeper than {limit} levels.")
+        where = records.deep_path(body, limit)
+        raise ApiError(400, f"The request body nests JSON deeper than {limit} levels"
+                            + (f" (at {where})." if where else "."), where or None)

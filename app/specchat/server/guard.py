@@ -84,7 +84,8 @@ def own_origin(value: str, port: int | None) -> bool:
 
 class LocalOnly:
     """ASGI middleware: refuse a foreign Host (421) or Origin (403) before
-    the request reaches the app, in OpenAI's error shape."""
+    the request reaches the app, in the error shape of the API asked
+    (``ApiError.answer``)."""
 
     def __init__(self, app: ASGIApp, check_host: bool = True,
                  allowed_origins: Collection[str] = ()):
@@ -97,7 +98,8 @@ class LocalOnly:
             server = scope.get("server") or (None, None)
             refusal = self.refusal(Headers(scope=scope), server[1])
             if refusal is not None:
-                await JSONResponse(refusal.body(), refusal.status)(scope, receive, send)
+                status, body = refusal.answer(scope.get("path", ""))
+                await JSONResponse(body, status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

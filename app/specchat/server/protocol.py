@@ -297,16 +297,29 @@ def _stop(stop: object) -> tuple[str, ...]:
     return _as_400("stop", values.stop_strings, items)
 
 
-def _messages(messages: object) -> tuple[Message, ...]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_value("messages must be a non-empty list of {role, content} objects",
-                        "messages")
-    _sized("messages", "messages", len(messages))
+def _objects(value: object, param: str, bound: str, items: str, item: str,
+             empty: bool = True) -> list[tuple[str, dict]]:
+    """A list of objects a request carries, each with its name
+    (``messages[3]``), its count bounded (``values`` entry ``bound``)
+    before any is read; a 400 naming what is not a list of ``items`` (of
+    at least one, unless ``empty``) or not ``item``."""
+    if not isinstance(value, list) or not (value or empty):
+        raise bad_value(f"{param} must be a {'' if empty else 'non-empty '}list of {items}",
+                        param)
+    _sized(param, bound, len(value))
     out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_value(f"{where} must be an object with a role and a content", where)
+    for i, v in enumerate(value):
+        at = f"{param}[{i}]"
+        if not isinstance(v, dict):
+            raise bad_value(f"{at} must be {item}", at)
+        out.append((at, v))
+    return out
+
+
+def _messages(messages: object) -> tuple[Message, ...]:
+    out = []
+    for where, m in _objects(messages, "messages", "messages", "{role, content} objects",
+                             "an object with a role and a content", empty=False):
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "
@@ -410,8 +423,12 @@ def finish_reason(summary: Summary) -> str:
 
 
 def usage(summary: Summary) -> dict:
+    """The token counts; ``cached_tokens``: the prompt's tokens the
+    target's cache already held (a conversation's earlier turns), which
+    were not read again."""
     return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.new_tokens,
-            "total_tokens": summary.prompt_tokens + summary.new_tokens}
+            "total_tokens": summary.prompt_tokens + summary.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": summary.reused_prompt_tokens}}
 
 
 def speculative(summary: Summary) -> dict:
@@ -557,7 +574,7 @@ class Chunks:
     @staticmethod
     def frame(chunk: dict) -> str:
         """One chunk as a server-sent event."""
-        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        return sse(chunk)
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
@@ -625,3 +642,11 @@ def _rest(whole: str, sent: list[str]) -> str:
     carried is not where ``whole`` starts)."""
     have = "".join(sent)
     return whole[len(have):] if whole.startswith(have) else ""
+
+
+def sse(obj: dict, named: bool = False) -> str:
+    """One server-sent event: its JSON, after its name (the object's
+    ``type``, as Anthropic's and the Responses API's events are named) if
+    ``named``."""
+    data = f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"event: {obj['type']}\n{data}" if named else data

@@ -29,7 +29,6 @@ by default (and any client that sends ``store: false``).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -450,7 +449,7 @@ class Events:
     @staticmethod
     def frame(event: dict) -> str:
         """One event as a server-sent event, named by its type."""
-        return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+        return protocol.sse(event, named=True)
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self._seq, **fields}

@@ -182,6 +182,21 @@ class ApiService:
                 self._waiting -= 1
                 self._report(None)
 
+    async def count(self, req: ApiRequest) -> int:
+        """The tokens of the request's prompt as its reply would read it
+        (Anthropic's count_tokens), rendered on the engine thread in the
+        request's turn (with the pair it would run on), nothing generated."""
+        self.model(req.model)
+        async with self._turn:
+            await self._open.wait()
+            served = self.model(req.model)
+            request = req.generate_request(served.mode, served.k, self.max_tokens_cap)
+            try:
+                return await self._engine_job(self.client.prompt_length(
+                    request, asyncio.get_running_loop()))
+            except _Stopped:
+                raise asyncio.CancelledError from None
+
     async def _generate(self, req: ApiRequest, served: Served,
                         on_step: Callable[[StepEvent], None] | None) -> GenerationResult:
         loop = asyncio.get_running_loop()
