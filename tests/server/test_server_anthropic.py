@@ -449,7 +449,8 @@ def test_the_error_shape_of_each_status(tiny_client, live, tiny_target):
     finally:
         empty.stop()
     req = parse({"model": "m", "max_tokens": 3, "messages": ASK})
-    failed = Reply(req, "m").failed(ApiError(500, "Internal error (a bug)"))
+    reply = Reply(req, "m")
+    failed = [reply.frame(e) for e in reply.error(ApiError(500, "Internal error (a bug)"))]
     assert failed == ['event: error\ndata: {"type": "error", "error": {"type": "api_error", '
                       '"message": "Internal error (a bug)"}}\n\n']
 

@@ -321,7 +321,9 @@ def test_deep_items_are_refused_before_they_are_parsed(agent_server, agent_model
             + b"}")
     status, _, text = call(agent_server.port, "POST", "/responses", deep)
     assert status == 400, text
-    assert error(text)["message"] == "The request body nests JSON deeper than 64 levels."
+    assert error(text)["message"] == ("The request body nests JSON deeper than 64 levels (at "
+                                      "input[0][0][0][0][0][0][0]...).")
+    assert error(text)["param"] == "input[0][0][0][0][0][0][0]..."
 
 
 @pytest.fixture

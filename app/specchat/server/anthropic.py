@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
@@ -131,7 +130,7 @@ def parse(body: object, cap: int = MAX_TOKENS_CAP, counting: bool = False) -> Re
         kind="chat", id=new_id(), model=model,
         stream=not counting and _flag(body, "stream"),
         messages=_conversation(body), max_tokens=None if counting else
-        _max_tokens("completion", body, cap),  # (Anthropic's has no max_completion_tokens)
+        _max_tokens(body, cap, ("max_tokens",)),
         sampling=_sampling(body), stop=_stop(body.get("stop_sequences")),
         tools=tools, tool_choice=choice, tool_name=name, parallel_tool_calls=parallel)
     return Request(api, thinking, show)
@@ -292,26 +291,34 @@ def _conversation(body: dict) -> tuple[Message, ...]:
     _asks(out, "messages")
     _bounded(values.utf8_size(t for m in out for t in chat_rules.texts(m)), "messages")
     try:
-        chat_rules.conversation(out, where=lambda i: f"\0{i}\0")
+        chat_rules.conversation(out, _BlockNames(turns.names))
     except chat_rules.BadField as exc:
-        raise bad_value(_placed(str(exc), turns.names), _placed(exc.param, turns.names)) \
-            from None
+        raise bad_value(str(exc), exc.param) from None
     return tuple(out)
 
 
-# The engine's message i as the rules are told to name it: NULs, which no
-# text a request carries keeps in the rules' words (values.shown escapes them).
-_PLACE = re.compile(r"\0(\d+)\0((?:\.tool_calls\[\d+\])?(?:\.\w+)?)")
+class _BlockNames(chat_rules.Names):
+    """The engine's turn i as Anthropic names it: the block (or message)
+    it came from, and the field by Anthropic's name (``tool_use_id``)."""
 
+    def __init__(self, names: list[dict[str, str]]):
+        self.names = names
 
-def _placed(text: str, names: list[dict[str, str]]) -> str:
-    """The rules' words about the engine's message i in the Anthropic
-    names of the same fields."""
-    def name(m: re.Match) -> str:
-        table, suffix = names[int(m.group(1))], m.group(2)
+    def _named(self, i: int, suffix: str) -> str:
+        table = self.names[i]
         return table.get(suffix) or table[""] + _renamed(suffix)
 
-    return _PLACE.sub(name, text)
+    def turn(self, i: int) -> str:
+        return self.names[i][""]
+
+    def field(self, i: int, field: str) -> str:
+        return self._named(i, f".{field}")
+
+    def call(self, i: int, j: int) -> str:
+        return self._named(i, f".tool_calls[{j}]")
+
+    def call_id(self, i: int, j: int) -> str:
+        return self._named(i, f".tool_calls[{j}].id")
 
 
 def _blocks(content: object, where: str) -> list[tuple[str, dict]]:
