@@ -139,7 +139,7 @@ class OptionsBar(QFrame):
         self.legend.hide()
         self.thinking_box = QComboBox()
         self.thinking_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        # Its words say what the next reply does: never cut (the legend gives way).
+        # Its words say what the next reply does: kept whole (the legend gives way first).
         self.thinking_box.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.thinking_box.setAccessibleName("Thinking")
         self.thinking_box.activated.connect(self._thinking_chosen)
@@ -225,6 +225,7 @@ class OptionsBar(QFrame):
         box.setToolTip(why or "Whether the model reasons before it answers, for this "
                               "conversation (its chat template's own switch). Takes effect on "
                               "the next reply.")
+
     def set_can_compare(self, on: bool) -> None:
         self.compare_button.setEnabled(on)
 

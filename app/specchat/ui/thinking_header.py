@@ -39,6 +39,8 @@ def description(numbers: PartNumbers | None, shown: bool) -> str:
 
 def no_answer(summary: ReplySummary | None) -> str:
     """What stands in a reply that reasoned and gave no answer."""
-    if summary is not None and summary.cut_off():
+    if summary is None:  # it failed, or the app closed, while it thought
+        return "No answer: the reply ended while thinking."
+    if summary.cut_off():
         return f"No answer: the reply {summary.cut_off()}."
     return "No answer: the model wrote none after its reasoning."
