@@ -60,9 +60,12 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     # window and no store.
     "server": (*BASE, *ENGINE_VALUE_TYPES, "specchat.engine.client", "specchat.engine.chat_rules",
                "specchat.library"),
+    # The window counts a reply's parts by the engine's rule (part_stats) and
+    # maps its thinking switch onto the template's by the engine's words for
+    # reasoning efforts (chat_rules); neither loads MLX.
     "ui": (*BASE, *ENGINE_VALUE_TYPES, "specchat.engine.drafter_kinds", "specchat.engine.worker",
-           "specchat.library", "specchat.store", "specchat.server", "specchat.applog",
-           "specchat.startup"),
+           "specchat.engine.part_stats", "specchat.engine.chat_rules", "specchat.library",
+           "specchat.store", "specchat.server", "specchat.applog", "specchat.startup"),
     "tools": ("specchat",),
     "cli": ("specchat",),
     "cluster_cmd": ("specchat",),

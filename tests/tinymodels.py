@@ -464,47 +464,65 @@ def build_agent_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def agent_script(tokenizer_dir: Path) -> dict[int, int]:
-    """AGENT_CHAINS as token ids: each token the model reads, and the one
-    it writes next."""
+def chain_script(tokenizer_dir: Path, chains, texts: dict[str, str]) -> dict[int, int]:
+    """Chains of (the prompt's last text, what the model writes after it)
+    as token ids: each token the model reads, and the one it writes next. A
+    name in ``texts`` stands for its text; a text stands for its added
+    token, or else for the last token it encodes to."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    added = fast.get_added_vocab()
 
     def one(text: str) -> int:
-        ids = fast.encode(AGENT_TEXTS.get(text, text), add_special_tokens=False)
-        return ids[-1]
+        text = texts.get(text, text)
+        return added[text] if text in added else fast.encode(text, add_special_tokens=False)[-1]
 
     script: dict[int, int] = {}
-    for key, chain in AGENT_CHAINS:
+    for key, chain in chains:
         ids = [one(key), *map(one, chain)]
         for a, b in zip(ids, ids[1:], strict=False):
-            assert script.get(a, b) == b, f"the agent script reads {a} twice"
+            assert script.get(a, b) == b, f"the script reads {a} twice"
             script[a] = b
     return script
 
 
+def agent_script(tokenizer_dir: Path) -> dict[int, int]:
+    """AGENT_CHAINS as token ids."""
+    return chain_script(tokenizer_dir, AGENT_CHAINS, AGENT_TEXTS)
+
+
 def build_agent_model(folder: Path, tokenizer_dir: Path, *, forget: tuple[str, ...] = (),
                       seed: int = 21) -> Path:
+    """A model whose greedy reply is AGENT_CHAINS' (build_scripted_model).
+    ``forget``: texts (of AGENT_TEXTS, or markers) after which it has no
+    script, and writes a random token: a draft that is right often, not
+    always."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    forgotten = {fast.encode(AGENT_TEXTS.get(t, t), add_special_tokens=False)[-1] for t in forget}
+    script = {a: b for a, b in agent_script(tokenizer_dir).items() if a not in forgotten}
+    return build_scripted_model(folder, tokenizer_dir, script, seed=seed)
+
+
+def build_scripted_model(folder: Path, tokenizer_dir: Path, script: dict[int, int],
+                         seed: int = 21) -> Path:
     """A model whose greedy reply is known: every layer's output
     projections are zero, so it reads only the last token, and each token
-    of ``agent_script`` has its own direction in the embedding that the
-    output layer maps to the token it writes next (a bigram model; any
-    other token gives a random next one). ``forget``: texts (of AGENT_TEXTS,
-    or markers) after which it has no script, and writes a random token: a
-    draft that is right often, not always."""
+    of ``script`` has its own direction in the embedding that the output
+    layer maps to the token it writes next (a bigram model; any other
+    token gives a random next one). Wide enough for a direction per entry."""
     import mlx.core as mx
     import numpy as np
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
-    build_model(folder, tokenizer_dir, layers=1, seed=seed, vocab=len(fast))
+    hidden = max(64, -(-(len(script) + 1) // 64) * 64)
+    build_model(folder, tokenizer_dir, layers=1, seed=seed, vocab=len(fast), hidden=hidden)
     weights = dict(mx.load(str(folder / "model.safetensors")))
     embed = np.array(weights["model.embed_tokens.weight"])
     head = np.array(weights["lm_head.weight"]) * 0.01
-    hidden = embed.shape[1]
-    forgotten = {fast.encode(AGENT_TEXTS.get(t, t), add_special_tokens=False)[-1] for t in forget}
-    script = {a: b for a, b in agent_script(tokenizer_dir).items() if a not in forgotten}
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(rng.normal(size=(hidden, len(script))))
     for i, (read, writes) in enumerate(script.items()):
@@ -548,3 +566,87 @@ def build_harmony_tokenizer(folder: Path) -> Path:
     tokenizer has them) and a harmony template."""
     return build_tokenizer(folder, chat_template=HARMONY, specials=HARMONY_SPECIALS,
                            eos="<|return|>")
+
+
+# -- scripted reasoning models, for the window --------------------------------------------
+# A Qwen3-style model (Qwen3's template, <think> markers) whose greedy reply
+# is known: with thinking on, its reasoning (REASONER_THOUGHTS), then its
+# answer (REASONER_ANSWER: Markdown with a code block); with thinking off
+# (the template closes the reasoning itself), the same answer alone.
+REASONER_THOUGHTS = ["\nThe user greets me.", " I should greet them back", " and show an example.\n\n",
+                     "A short Python example", " with a **print** call will do.\n"]
+REASONER_ANSWER = ["Hello! Here is *an example*:", "\n\n```python\nprint('hi')\n```",
+                   "\n\nAnything else?"]
+
+
+def reasoner_texts(thoughts: int = 0, answer: int = 0) -> tuple[list[str], list[str]]:
+    """(the reasoning's texts, the answer's): the ones above, or a long
+    reasoning of ``thoughts`` texts and an answer of ``answer`` (a
+    paragraph every tenth), for measuring a long reply."""
+    if not thoughts:
+        return REASONER_THOUGHTS, REASONER_ANSWER
+
+    def text(word: str, i: int) -> str:  # ten words a paragraph
+        return f"{' ' if i % 10 else ''}{word}{i}{'.' + chr(10) * 2 if i % 10 == 9 else ''}"
+
+    return [text("thought", i) for i in range(thoughts)], [text("word", i) for i in range(answer)]
+
+
+def build_reasoner_tokenizer(folder: Path, *, special: bool = False, thoughts: int = 0,
+                             answer: int = 0) -> Path:
+    """Qwen3's template, ``<think>``/``</think>`` as added tokens (not
+    special, as Qwen3 has them; ``special``: special ones) and each text
+    the reasoner writes as one added token."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    build_tokenizer(folder, chat_template=QWEN3_TOOLS)
+    fast = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    markers = [AddedToken(t, special=special, normalized=False) for t in ("<think>", "</think>")]
+    fast.add_tokens(markers, special_tokens=special)
+    thought, said = reasoner_texts(thoughts, answer)
+    fast.add_tokens(["\n\n", *thought, *said])
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def build_reasoner_model(folder: Path, tokenizer_dir: Path, thoughts: int = 0,
+                         answer: int = 0, seed: int = 31, closes: bool = True) -> Path:
+    """The scripted reasoner: after the generation prompt's "\\n" it writes
+    <think>, its reasoning, </think>, "\\n\\n" and its answer; after the
+    "\\n\\n" that ends a prompt with thinking off, the answer. ``closes``
+    false: its reasoning never closes (it ends the reply inside it)."""
+    thought, said = reasoner_texts(thoughts, answer)
+    after = ["</think>", "\n\n", *said] if closes else []
+    chains = [("\n", ["<think>", *thought, *after, "<|im_end|>"])]
+    return build_scripted_model(folder, tokenizer_dir, chain_script(tokenizer_dir, chains, {}),
+                                seed=seed)
+
+
+# gpt-oss's harmony reply, scripted: its analysis channel (reasoning), then
+# its final channel (the answer). A bigram model cannot write "<|channel|>"
+# twice with different channels after it, so the second header is one added
+# token ("assistant<|channel|>final<|message|>"), which decodes to the same text.
+HARMONY_THOUGHTS = ["Greet the user", " and answer briefly."]
+HARMONY_ANSWER = ["Hello from **harmony**.", " Anything else?"]
+HARMONY_FINAL = "assistant<|channel|>final<|message|>"
+
+
+def build_harmony_reasoner_tokenizer(folder: Path) -> Path:
+    from transformers import PreTrainedTokenizerFast
+
+    build_harmony_tokenizer(folder)
+    fast = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    fast.add_tokens(["analysis", HARMONY_FINAL, *HARMONY_THOUGHTS, *HARMONY_ANSWER])
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def build_harmony_reasoner_model(folder: Path, tokenizer_dir: Path, seed: int = 41) -> Path:
+    """After the generation prompt's "<|start|>assistant": the analysis
+    channel with HARMONY_THOUGHTS, then the final one with HARMONY_ANSWER."""
+    chains = [("<|start|>assistant", ["<|channel|>", "analysis", "<|message|>", *HARMONY_THOUGHTS,
+                                      "<|end|>", "<|start|>", HARMONY_FINAL, *HARMONY_ANSWER,
+                                      "<|return|>"])]
+    return build_scripted_model(folder, tokenizer_dir, chain_script(tokenizer_dir, chains, {}),
+                                seed=seed)

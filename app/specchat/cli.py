@@ -33,7 +33,7 @@ from specchat.library.engine_link import make_client
 from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.protocol import MAX_TOKENS_CAP
 from specchat.server.service import ApiService, Served
-from specchat.store.summary import shares_text
+from specchat.store.summary import ReplySummary, shares_text
 from specchat.tools import bench_output, heads, recommend
 from specchat.tools.prompts import KINDS
 from specchat.tools.variants import VARIANTS
@@ -472,6 +472,9 @@ def cmd_generate(args) -> int:
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
               f"{s.tokens_per_step:.2f} tokens/step{rate}{drafts}, first token {s.ttft_s:.2f}s, "
               f"{pair.compute.device}/{pair.compute.dtype}/{pair.compute.blas}", file=sys.stderr)
+        parts = ReplySummary.of(s).parts_line()  # a reply that reasoned: each part apart
+        if parts:
+            print(f"[parts] {parts}", file=sys.stderr)
         if cancelled:
             print("specchat: reply cancelled (Ctrl-C): the text above is incomplete",
                   file=sys.stderr)

@@ -111,7 +111,8 @@ def test_old_history_summary_reads_typed_and_saves_back_the_same(tmp_path):
     saved = json.loads(conn.execute("SELECT summary FROM messages WHERE id=?",
                                     (mid,)).fetchone()[0])
     # nothing lost, unknown keys included; fields added since take their defaults
-    assert saved == {**OLD_SUMMARY, "drafted_by": {}, "tokens_by_origin": {}, "paused_steps": 0}
+    assert saved == {**OLD_SUMMARY, "drafted_by": {}, "tokens_by_origin": {}, "paused_steps": 0,
+                     "by_part": {}, "ended_in_reasoning": False}
     conn.close()
 
 

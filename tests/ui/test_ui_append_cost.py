@@ -86,3 +86,29 @@ def test_long_reply_rebuilds_only_its_last_chunk(qtbot, qapp):
     assert after.chunks[-1] is not chunks_before[-1]
     # Re-rendering the whole 20 KB reply takes tens of ms; one chunk takes ~1 ms.
     assert elapsed < 0.03, elapsed
+
+
+def test_a_long_reasoning_streams_for_one_paragraph_per_update(qtbot, qapp):
+    """The Thinking section open while 1,000 tokens of reasoning stream in
+    (a paragraph every ten): each update builds one document, the last
+    paragraph's, and the paragraphs before it stay the same objects."""
+    from specchat.engine.events import REASONING, StepEvent
+
+    model, view = make_view(qtbot, 800, 600)
+    model.set_messages([ChatMessage("user", "think"), ChatMessage("assistant", "", streaming=True)])
+    for _ in range(3):
+        qapp.processEvents()
+    d = view.delegate
+    d.builds = 0
+    msg = model.message(1)
+    for k in range(1000):
+        piece = f" thought{k}" + (".\n\n" if k % 10 == 9 else "")
+        model.append_events(1, [StepEvent(k, (k,), piece, ("target",), 0, 0, 0, None, 0.0,
+                                          k / 100, k + 1, (piece,), segments=((REASONING, piece),),
+                                          parts=(REASONING,))])
+        first = d.rendered(msg).chunks[0] if k >= 10 else None
+        qapp.processEvents()
+        if first is not None:
+            assert d.rendered(msg).chunks[0] is first
+    assert msg.thinking_open and len(d.rendered(msg).chunks) == 100
+    assert d.builds == 1000  # one per update: the open paragraph's

@@ -35,8 +35,15 @@ from specchat.engine import threads
 from specchat.engine.auto_off import PAUSED, PROBE, SPECULATE, auto_off_applies
 from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
-from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent, Summary
+from specchat.engine.events import (
+    REASONING,
+    GenerateRequest,
+    GenerationResult,
+    StepEvent,
+    Summary,
+)
 from specchat.engine.kv import CacheSlot
+from specchat.engine.part_stats import PartCounter
 from specchat.engine.reply_parts import Released, ReplySplitter, merged
 from specchat.engine.sampling import KeyStream
 from specchat.engine.textstream import TextStream
@@ -138,6 +145,7 @@ class Progress:
     done: bool = False
     ttft: float | None = None
     tally: _Tally = field(default_factory=_Tally)
+    by_part: PartCounter = field(default_factory=PartCounter)  # fed every event emitted
 
 
 def start(d: Decoding) -> Progress:
@@ -343,7 +351,7 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
     if run.ttft is None:
         run.ttft = now - run.started
     p = block.proposal
-    return StepEvent(
+    event = StepEvent(
         index=run.tally.steps - 1,
         token_ids=tuple(kept),
         text=text,
@@ -363,15 +371,19 @@ def commit(d: Decoding, run: Progress, block: Block) -> StepEvent:
         parts=tuple(run.labels[len(run.labels) - len(kept):]),
         tool_calls=tuple(released.calls),
     )
+    run.by_part.add(event)
+    return event
 
 
 def _tail_event(run: Progress, tail: str, released: Released) -> StepEvent:
     """Text held back when the reply ended between steps (cancelled, or
     the budget ran out), and its parts: no tokens, just the rest."""
-    return StepEvent(index=run.tally.steps, token_ids=(), text=tail, origins=(), drafted=0,
-                     accepted=0, k=0, drafter=None, step_s=0.0,
-                     elapsed_s=time.perf_counter() - run.started, total_tokens=len(run.out),
-                     segments=merged(released.segments), tool_calls=tuple(released.calls))
+    event = StepEvent(index=run.tally.steps, token_ids=(), text=tail, origins=(), drafted=0,
+                      accepted=0, k=0, drafter=None, step_s=0.0,
+                      elapsed_s=time.perf_counter() - run.started, total_tokens=len(run.out),
+                      segments=merged(released.segments), tool_calls=tuple(released.calls))
+    run.by_part.add(event)
+    return event
 
 
 def summarize(d: Decoding, run: Progress) -> GenerationResult:
@@ -404,6 +416,8 @@ def summarize(d: Decoding, run: Progress) -> GenerationResult:
         drafter_stats=d.drafter.stats() if d.drafter is not None else {},
         paused_steps=tally.paused,
         auto_off=d.policy.break_even.report(),
+        by_part=run.by_part.record(),
+        ended_in_reasoning=parts.part == REASONING,
     )
     return GenerationResult(text="".join(run.text), token_ids=tuple(run.out), summary=summary,
                             answer="".join(parts.answer), reasoning="".join(parts.reasoning),

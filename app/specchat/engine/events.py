@@ -194,6 +194,13 @@ class Summary:
     # A drafter's own counts for this request, by drafter kind (ssd.py's
     # hits, misses and overlap); each drafter names its fields (Drafter.stats).
     drafter_stats: dict = field(default_factory=dict)
+    # How each part of the reply was decoded (engine/part_stats.py), by part
+    # (REASONING, ANSWER, TOOL): {"tokens", "seconds", "drafted", "accepted",
+    # "first_s", "tokens_by_origin"}; only the parts it had.
+    by_part: dict = field(default_factory=dict)
+    # The reply ended inside its reasoning (cut off, stopped, or the model
+    # ended it there): it has no answer after it.
+    ended_in_reasoning: bool = False
 
     def stats_dict(self) -> dict:
         keys = (
@@ -245,6 +252,8 @@ class GenerationResult:
             "mode": self.summary.mode,
             "finish_reason": self.summary.finish_reason,
             "stats": self.summary.stats_dict(),
+            # each part's tokens, seconds and acceptance (engine/part_stats.py)
+            "by_part": self.summary.by_part,
         }
 
 

@@ -164,6 +164,13 @@ class ReplySplitter:
         self.notes: list[str] = []
 
     @property
+    def part(self) -> str:
+        """The part the reply is in now (once it ended: the part it ended
+        in; a reply that stopped inside its reasoning has no answer after
+        it); "" between parts (harmony's headers)."""
+        return PART_OF.get(self._where, "")
+
+    @property
     def done(self) -> bool:
         """The reply should end here: one call was asked for at most
         (``parallel_tool_calls`` false) and it has been made."""

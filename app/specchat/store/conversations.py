@@ -1,8 +1,10 @@
 """Conversations and their messages, in SQLite.
 
 Messages carry what the UI needs to redraw a reply exactly as it was: the
-text, the token-origin runs (for colouring accepted draft tokens) and the
-reply's summary. A reply is saved while it streams with ``complete=0``; if
+text (a reply's answer), its reasoning apart, the token-origin runs of each
+(for colouring accepted draft tokens) and the reply's summary. A
+conversation keeps its thinking switch (``reasoning_effort``: an effort
+word the window chose, "" for the model's default). A reply is saved while it streams with ``complete=0``; if
 the app dies mid-reply, the partial text is still there on the next start.
 
 Ids are made where a conversation or a message is made (``new_id``, a
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import time
 import uuid
@@ -32,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from specchat import records
-from specchat.store.summary import ReplySummary
+from specchat.store.summary import REASONING, ReplySummary
 
 
 def new_id() -> str:
@@ -48,11 +51,14 @@ class Conversation:
     updated_at: float
     target: str | None = None
     draft: str | None = None
+    reasoning_effort: str = ""
 
 
 @dataclass
 class MessageContent:
-    """What a message holds, saved or not (recovery.py keeps unsaved ones)."""
+    """What a message holds, saved or not (recovery.py keeps unsaved ones).
+    A reply's ``content`` is its answer; what it reasoned first is
+    ``reasoning``, with its own ``reasoning_runs``."""
 
     role: str
     content: str
@@ -61,6 +67,8 @@ class MessageContent:
     error: str | None = None
     complete: bool = True
     id: str = field(default_factory=new_id)
+    reasoning: str = ""
+    reasoning_runs: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +81,7 @@ class ChatContent:
     messages: list[MessageContent]
     target: str | None = None
     draft: str | None = None
+    reasoning_effort: str = ""  # the thinking switch, written with a new conversation
 
 
 log = logging.getLogger("specchat.store")
@@ -86,8 +95,14 @@ def _history_name(conn: sqlite3.Connection) -> str:
 
 
 def _conversation(row: sqlite3.Row, where: str) -> Conversation | None:
+    data = dict(row)
+    effort = data.get("reasoning_effort", "")
+    if not isinstance(effort, str):  # the switch alone is dropped, not the conversation
+        records.report(log, f"{where}: conversation {row['id']}: its reasoning_effort was dropped "
+                            f"(it is {records.described(effort)}, not text).")
+        data["reasoning_effort"] = ""
     try:
-        return Conversation(**records.fields_of(Conversation, dict(row)))
+        return Conversation(**records.fields_of(Conversation, data))
     except records.BadRecord as exc:
         records.report(log, f"{where}: conversation {row['id']} was skipped: {exc}.")
         return None
@@ -128,6 +143,14 @@ def _error(value: object) -> str | None:
     return value
 
 
+def _text(value: object) -> str:
+    if value is None:  # the column's default (or a file older than it)
+        return ""
+    if not isinstance(value, str):
+        raise records.BadRecord(f"it is {records.described(value)}, not text")
+    return value
+
+
 def _complete(value: object) -> bool:
     if value is None:  # the column's default
         return True
@@ -136,16 +159,18 @@ def _complete(value: object) -> bool:
     return bool(value)
 
 
-_PARTS = {"runs": _runs, "summary": _summary, "error": _error, "complete": _complete}
+_PARTS = {"runs": _runs, "summary": _summary, "error": _error, "complete": _complete,
+          "reasoning": _text, "reasoning_runs": _runs}
 
 
 def _message(row: sqlite3.Row, where: str) -> MessageContent | None:
     if not _text_fields(row, where):
         return None
     parts = {}
+    columns = row.keys()  # a file older than a column (read-only, tools/history.py) lacks it
     for name, read in _PARTS.items():
         try:
-            parts[name] = read(row[name])
+            parts[name] = read(row[name] if name in columns else None)
         except records.BadRecord as exc:
             records.report(log, f"{where}: message {row['id']}: its {name} was dropped ({exc}).")
             parts[name] = read(None)
@@ -186,6 +211,12 @@ class ConversationStore:
                 "SELECT * FROM conversations ORDER BY updated_at DESC, rowid DESC").fetchall()
         return [c for c in (_conversation(r, self._where) for r in rows) if c is not None]
 
+    def set_reasoning_effort(self, conversation_id: str, effort: str) -> None:
+        """The conversation's thinking switch (a new one's is written with
+        its first ``save``)."""
+        self._db.execute("UPDATE conversations SET reasoning_effort=? WHERE id=?",
+                         (effort, conversation_id))
+
     def rename(self, conversation_id: str, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?",
                          (title.strip() or "Untitled", conversation_id))
@@ -220,6 +251,10 @@ class ConversationStore:
             (conversation_id,)).fetchall()
         return [m for m in (_message(r, self._where) for r in rows) if m is not None]
 
+    def read(self, conversation_id: str) -> tuple[Conversation | None, list[MessageContent]]:
+        """A conversation and its messages, read together (what the window opens)."""
+        return self.get(conversation_id), self.messages(conversation_id)
+
     def add_message(self, conversation_id: str, role: str, content: str, *,
                     complete: bool = True) -> str:
         """Add a message after the others; its id."""
@@ -240,9 +275,10 @@ class ConversationStore:
         now = time.time()
         with self._transaction():
             self._db.execute(
-                "INSERT INTO conversations(id, title, created_at, updated_at, target, draft) VALUES"
-                " (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET updated_at=excluded.updated_at",
-                (chat.id, chat.title, now, now, chat.target, chat.draft))
+                "INSERT INTO conversations(id, title, created_at, updated_at, target, draft,"
+                " reasoning_effort) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET"
+                " updated_at=excluded.updated_at",
+                (chat.id, chat.title, now, now, chat.target, chat.draft, chat.reasoning_effort))
             for m in chat.messages:
                 self._upsert_message(chat.id, m)
 
@@ -250,12 +286,14 @@ class ConversationStore:
         # (The WHERE clause also keeps SQLite from reading ON CONFLICT as a join's.)
         self._db.execute(
             "INSERT INTO messages(id, conversation_id, position, role, content, runs, summary,"
-            " error, complete, created_at) SELECT ?1, ?2, COALESCE(MAX(position), -1) + 1, ?3,"
-            " ?4, ?5, ?6, ?7, ?8, ?9 FROM messages WHERE conversation_id=?2 ON CONFLICT(id) DO"
-            " UPDATE SET content=excluded.content, runs=excluded.runs, summary=excluded.summary,"
-            " error=excluded.error, complete=excluded.complete",
+            " error, complete, created_at, reasoning, reasoning_runs) SELECT ?1, ?2,"
+            " COALESCE(MAX(position), -1) + 1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 FROM messages"
+            " WHERE conversation_id=?2 ON CONFLICT(id) DO UPDATE SET content=excluded.content,"
+            " runs=excluded.runs, summary=excluded.summary, error=excluded.error,"
+            " complete=excluded.complete, reasoning=excluded.reasoning,"
+            " reasoning_runs=excluded.reasoning_runs",
             (m.id, conversation_id, m.role, m.content, *_encoded(m.runs, m.summary), m.error,
-             int(m.complete), time.time()))
+             int(m.complete), time.time(), m.reasoning, _runs_json(m.reasoning_runs)))
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -277,11 +315,15 @@ class ConversationStore:
     def update_message(self, message_id: str, content: str, *,
                        runs: list[tuple[str, str]] | None = None,
                        summary: ReplySummary | None = None,
-                       error: str | None = None, complete: bool = False) -> None:
+                       error: str | None = None, complete: bool = False,
+                       reasoning: str = "",
+                       reasoning_runs: list[tuple[str, str]] | None = None) -> None:
         """Save a reply's current state (called while streaming and at the end)."""
         self._db.execute(
-            "UPDATE messages SET content=?, runs=?, summary=?, error=?, complete=? WHERE id=?",
-            (content, *_encoded(runs, summary), error, int(complete), message_id))
+            "UPDATE messages SET content=?, runs=?, summary=?, error=?, complete=?, reasoning=?,"
+            " reasoning_runs=? WHERE id=?",
+            (content, *_encoded(runs, summary), error, int(complete), reasoning,
+             _runs_json(reasoning_runs), message_id))
 
     def delete_message(self, message_id: str) -> None:
         self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
@@ -306,17 +348,38 @@ class ConversationStore:
             out += [f"*Models: {pair}*", ""]
         names = {"user": "You", "assistant": "Assistant", "system": "System"}
         for m in self.messages(conversation_id):
-            out += [f"## {names.get(m.role, m.role.title())}", "", m.content.rstrip(), ""]
+            out += [f"## {names.get(m.role, m.role.title())}", ""]
+            if m.reasoning.strip():
+                out += [_reasoning_block(m), ""]
+            out += [m.content.rstrip(), ""]
             if m.summary:
                 out += [f"*{m.summary.line()}*", ""]
+                if m.summary.parts_line():
+                    out += [f"*{m.summary.parts_line()}*", ""]
         return "\n".join(out).rstrip() + "\n"
+
+
+def _reasoning_block(m: MessageContent) -> str:
+    """A reply's reasoning as a collapsed block (HTML's <details>, which
+    Markdown viewers fold), its text verbatim in a fence longer than any
+    run of backticks in it, so nothing in it is read as Markdown or HTML."""
+    numbers = m.summary.part(REASONING) if m.summary else None
+    title = "Thinking" + (f" · {numbers.counts()}" if numbers else "")
+    if m.summary is not None and m.summary.cut_off():
+        title += f" · {m.summary.cut_off()}"
+    fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", m.reasoning)), default=0))
+    return (f"<details>\n<summary>{title}</summary>\n\n{fence}text\n"
+            f"{m.reasoning.strip(chr(10)).rstrip()}\n{fence}\n\n</details>")
+
+
+def _runs_json(runs: list[tuple[str, str]] | None) -> str | None:
+    return json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs else None
 
 
 def _encoded(runs: list[tuple[str, str]] | None, summary: ReplySummary | None
              ) -> tuple[str | None, str | None]:
     """A message's runs and summary as their columns hold them (JSON)."""
-    return (json.dumps(runs, ensure_ascii=False, separators=(",", ":")) if runs else None,
-            json.dumps(summary.to_json()) if summary else None)
+    return _runs_json(runs), json.dumps(summary.to_json()) if summary else None
 
 
 def _digest(messages: list[tuple[str, str]]) -> str:

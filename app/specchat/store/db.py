@@ -60,11 +60,21 @@ _CHATS = """
     CREATE INDEX messages_by_conversation ON messages(conversation_id, position);
 """
 
+# Version 3: a reply's reasoning apart from its answer (its text, and the
+# origins of its tokens, as ``runs`` are the answer's), and each
+# conversation's thinking switch (a reasoning effort word; "" is the model's
+# default). Added columns, so every row is kept as it was.
+_REASONING = """
+    ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+    ALTER TABLE messages ADD COLUMN reasoning_runs TEXT;
+    ALTER TABLE conversations ADD COLUMN reasoning_effort TEXT NOT NULL DEFAULT '';
+"""
+
 # PRAGMA user_version is the layout's version. A new file gets the newest
 # layout at once (entry 0); an older one is upgraded one version at a time
 # (entry v takes version v to v + 1).
 _MIGRATIONS: tuple[str, ...] = (
-    _CHATS + "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    _CHATS + "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);" + _REASONING,
     # 1 -> 2: SQLite's integer ids become text, each its digits ("12"); every
     # row is kept, in its order (the rowid).
     "ALTER TABLE messages RENAME TO old_messages;"
@@ -77,6 +87,8 @@ _MIGRATIONS: tuple[str, ...] = (
     DROP TABLE old_messages;
     DROP TABLE old_conversations;
     """,
+    # 2 -> 3
+    _REASONING,
 )
 
 
@@ -272,25 +284,30 @@ _LAYOUT = {
                  "error", "complete", "created_at"},
     "settings": {"key", "value"},
 }
+# The columns a version added (its migration's), by the version that has them.
+_ADDED = {3: {"conversations": {"reasoning_effort"}, "messages": {"reasoning", "reasoning_runs"}}}
 
 
 def _check_before_writing(conn: sqlite3.Connection, version: int) -> None:
     """A file that is not SpecChat's history is refused before anything is
     written to it (even the switch to WAL): it may be someone's data."""
     if version > 0:
-        _check_layout(conn)
+        _check_layout(conn, version)
         return
     for table in _LAYOUT:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
             raise WrongLayout(f"it already has a {table} table that SpecChat did not make")
 
 
-def _check_layout(conn: sqlite3.Connection) -> None:
+def _check_layout(conn: sqlite3.Connection, version: int = len(_MIGRATIONS)) -> None:
+    """The tables and columns a file of ``version`` has (the newest, after migrating)."""
     for table, columns in _LAYOUT.items():
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if not have:
             raise WrongLayout(f"no {table} table")
-        missing = sorted(columns - have)
+        wanted = columns.union(*(added.get(table, set()) for v, added in _ADDED.items()
+                                 if v <= version))
+        missing = sorted(wanted - have)
         if missing:
             raise WrongLayout(f"the {table} table lacks {', '.join(missing)}")
 

@@ -123,11 +123,13 @@ def _from_json(data: dict[str, Any]) -> UnsavedConversation:
                                [(str(o), str(t)) for o, t in m.get("runs") or []],
                                ReplySummary.from_json(m["summary"]) if m.get("summary") else None,
                                m.get("error"), bool(m.get("complete", True)),
-                               _id(m.get("id")) or new_id())
+                               _id(m.get("id")) or new_id(), str(m.get("reasoning") or ""),
+                               [(str(o), str(t)) for o, t in m.get("reasoning_runs") or []])
                 for m in data["messages"]]
     # An older version's chat that had no row yet had no id either.
     return UnsavedConversation(_id(data.get("id")) or new_id(), str(data["title"]), messages,
-                               data.get("target"), data.get("draft"))
+                               data.get("target"), data.get("draft"),
+                               str(data.get("reasoning_effort") or ""))
 
 
 def _id(value: object) -> str | None:

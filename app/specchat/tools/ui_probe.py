@@ -1,7 +1,7 @@
 """Measure the window's event-loop lag while it streams a reply.
 
     python -m specchat.tools.ui_probe --target REF [--draft REF] [--max-tokens N]
-                                      [--prompt TEXT] [--screenshot FILE]
+                                      [--prompt TEXT] [--screenshot FILE] [--no-thinking]
 
 Opens the real window on the real qasync loop (offscreen works), loads the
 pair, sends one prompt, and prints one JSON object: the lag monitor's
@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--plain", action="store_true", help="speculative decoding off")
+    p.add_argument("--no-thinking", action="store_true",
+                   help="the conversation's thinking switch off (a model that has one)")
     p.add_argument("--screenshot", help="save the window mid-reply to this PNG")
     return p.parse_args(argv)
 
@@ -46,6 +48,8 @@ async def probe(window, args: argparse.Namespace) -> dict:
         await asyncio.sleep(0.05)
     if session.engine.pair is None:
         return {"error": window.error_banner.label.text()}
+    if args.no_thinking:
+        window.conversation.set_reasoning_effort("none")
     await asyncio.sleep(0.5)  # let the first paint and verdict settle
     idle = session.lag.stats(last_s=0.5)
     started = time.monotonic()
@@ -54,7 +58,8 @@ async def probe(window, args: argparse.Namespace) -> dict:
     shot = False
     while window.conversation.busy:
         await asyncio.sleep(0.05)
-        last = window.chat_model.messages[-1].text
+        reply = window.chat_model.messages[-1]
+        last = reply.reasoning + reply.text
         if args.screenshot and not shot and len(last) > SCREENSHOT_AFTER_CHARS:
             try:  # checked again: something may be there by now
                 window.grab().save(str(_screenshot(args.screenshot)))
@@ -71,6 +76,7 @@ async def probe(window, args: argparse.Namespace) -> dict:
         "generation_s": round(ended - started, 2),
         "lag_ms": asdict(lag), "idle_lag_ms": asdict(idle),
         "summary": msg.summary.to_json() if msg.summary else None,
+        "chars": {"reasoning": len(msg.reasoning), "answer": len(msg.text)},
         "error": msg.error, "pair": [args.target, args.draft],
         "compute": asdict(session.engine.pair.compute),
     }

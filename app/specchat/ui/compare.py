@@ -7,31 +7,42 @@ one chart, and in words why speculation won or lost (``speed_explanation``).
 Steps are coalesced as in the chat (reply.FLUSH_S), so a fast engine cannot
 flood the window. Cancel, or closing the dialog, stops the run going on and
 skips the rest.
+
+A reply that reasons shows its reasoning as the chat does: in a Thinking
+section above its answer (plain text, appended as it streams, folded once
+the answer starts), and each run's numbers per part, so the two runs'
+reasoning and answers compare apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtCore import QUrl, Signal
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QDialog,
     QGridLayout,
     QLabel,
     QPlainTextEdit,
     QTextBrowser,
+    QWidget,
 )
 
 from specchat.engine import modes
-from specchat.engine.events import GenerationResult, StepEvent, Summary
+from specchat.engine.events import ANSWER, REASONING, GenerationResult, StepEvent, Summary
+from specchat.engine.part_stats import PartCounter
 from specchat.errors import SpecChatError
+from specchat.store.summary import PART_NAMES, PartNumbers, ReplySummary
 from specchat.ui import links, theme
+from specchat.ui import thinking_header as words
 from specchat.ui.charts import SpeedChart
+from specchat.ui.chat_view import ThinkingToggle
 from specchat.ui.compare_runner import CompareOutcome, CompareRunner
 from specchat.ui.markdown import DocColors, build_document
 from specchat.ui.reply import FLUSH_S
 from specchat.ui.requests import reply_summary
-from specchat.ui.stats import SpeedTrace
+from specchat.ui.stats import SpeedTrace, part_numbers
 from specchat.ui.widgets import button, hbox, label, vbox
 
 HIGH_ACCEPTANCE = 0.6  # above it, a slow speculative run is the steps' cost, not rejections
@@ -71,6 +82,65 @@ def speed_explanation(plain: Summary, spec: Summary) -> str:
             f"(a step pays while it takes under {even_ms:.0f} ms).")
 
 
+def parts_headline(plain: ReplySummary, spec: ReplySummary) -> str:
+    """ "thinking 30.1 → 45.2 tok/s · answer 31.0 → 50.3 tok/s": each part's
+    speed in both runs, for replies that reasoned; "" otherwise."""
+    out = []
+    for part, name in PART_NAMES.items():
+        a, b = plain.part(part), spec.part(part)
+        if a is not None and b is not None and (plain.reasoned or spec.reasoned):
+            out.append(f"{name} {a.tokens_per_s:.1f} → {b.tokens_per_s:.1f} tok/s")
+    return " · ".join(out)
+
+
+class ThinkingPane(QWidget):
+    """A run's reasoning above its answer: the toggle (with its length and
+    time) and the text, appended as it streams; open while the reasoning
+    streams, folded when the answer starts, unless the person chose."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.toggle = ThinkingToggle()
+        self.text = QPlainTextEdit()
+        self.text.setReadOnly(True)
+        self.text.setMaximumHeight(120)
+        self.text.setAccessibleName("Thinking")
+        vbox(self.toggle, self.text, parent=self, margins=0, spacing=2)
+        self.toggle.toggled.connect(self._toggled)
+        self.reset()
+
+    def reset(self) -> None:
+        self.reasoning = ""
+        self.answering = False
+        self.chosen: bool | None = None
+        self.text.clear()
+        self.hide()
+
+    def _toggled(self, on: bool) -> None:
+        self.chosen = on
+        self.text.setVisible(on)
+
+    def add(self, text: str) -> None:
+        """More reasoning: appended, not set again."""
+        self.reasoning += text
+        cursor = self.text.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(text)
+
+    def show_numbers(self, numbers: PartNumbers | None, streaming: bool,
+                     unfinished: bool = False) -> None:
+        if not self.reasoning.strip():
+            self.hide()
+            return
+        shown = self.chosen if self.chosen is not None else streaming and not self.answering
+        self.toggle.show_state(words.toggle_text(numbers, streaming and not self.answering,
+                                                 shown, unfinished),
+                               words.toggle_tip(numbers, shown),
+                               words.description(numbers, shown), shown)
+        self.text.setVisible(shown)
+        self.show()
+
+
 class CompareDialog(QDialog):
     finished_run = Signal(object)  # CompareOutcome or None
 
@@ -97,18 +167,28 @@ class CompareDialog(QDialog):
         self.traces: dict[str, SpeedTrace] = {}
         self.plain_text = self._reply_view()
         self.spec_text = self._reply_view()
+        self.plain_thinking = ThinkingPane()
+        self.spec_thinking = ThinkingPane()
+        self._thinking = {self.plain_text: self.plain_thinking,
+                          self.spec_text: self.spec_thinking}
+        self._parts: dict[QTextBrowser, PartCounter] = {}
         self._blocks: dict[QTextBrowser, list[str]] = {}  # each view's copyable code blocks
         self.plain_stats = label(name="GaugeLabel", wrap=True)
         self.spec_stats = label(name="GaugeLabel", wrap=True)
         self.spec_title = QLabel("<b>Speculative</b>")
-        grid = QGridLayout()  # a column each: title, reply, numbers
+        self.parts_headline = label(name="GaugeLabel", selectable=True)
+        grid = QGridLayout()  # a column each: title, thinking, reply, numbers
         for column, widgets in enumerate((
-                (QLabel("<b>Plain</b> (target only)"), self.plain_text, self.plain_stats),
-                (self.spec_title, self.spec_text, self.spec_stats))):
+                (QLabel("<b>Plain</b> (target only)"), self.plain_thinking, self.plain_text,
+                 self.plain_stats),
+                (self.spec_title, self.spec_thinking, self.spec_text, self.spec_stats))):
             for row, widget in enumerate(widgets):
-                grid.addWidget(widget, row, column)
+                grid.addWidget(widget, row, column, Qt.AlignmentFlag.AlignTop if row == 1
+                               else Qt.AlignmentFlag(0))
+        grid.setRowStretch(2, 1)
         vbox(hbox((self.prompt, 1), vbox(self.run_button, self.cancel_button)), self.status,
-             self.headline, self.explanation, (grid, 1), self.chart, parent=self)
+             self.headline, self.parts_headline, self.explanation, (grid, 1), self.chart,
+             parent=self)
         self.task: asyncio.Future | None = None
         self.outcome: CompareOutcome | None = None
         self._streamed: dict[QTextBrowser, str] = {}  # each pane's text so far
@@ -143,11 +223,14 @@ class CompareDialog(QDialog):
         self.chart.clear_series()
         self.outcome = None
         self._streamed = {self.plain_text: "", self.spec_text: ""}
+        self._parts = {self.plain_text: PartCounter(), self.spec_text: PartCounter()}
         self._dirty.clear()
         for view in (self.plain_text, self.spec_text):
             view.clear()
             self._blocks[view] = []
-        for line in (self.headline, self.explanation, self.plain_stats, self.spec_stats):
+            self._thinking[view].reset()
+        for line in (self.headline, self.parts_headline, self.explanation, self.plain_stats,
+                     self.spec_stats):
             line.clear()
         self.task = asyncio.ensure_future(
             self._run(self.runner.start(text, self._phase, self._step)))
@@ -178,7 +261,15 @@ class CompareDialog(QDialog):
 
     def _step(self, mode: modes.Mode, ev: StepEvent) -> None:
         view = self.spec_text if mode.speculative else self.plain_text
-        self._streamed[view] = self._streamed.get(view, "") + ev.text
+        pane = self._thinking[view]
+        for part, text in ev.segments or ((ANSWER, ev.text),):
+            if part == REASONING:
+                pane.add(text if pane.reasoning else text.lstrip())
+            elif part == ANSWER:
+                shown = self._streamed.get(view, "")
+                self._streamed[view] = shown + (text if shown else text.lstrip())
+                pane.answering = pane.answering or bool(self._streamed[view])
+        self._parts.setdefault(view, PartCounter()).add(ev)
         self._dirty.add(view)
         name = "speculative" if mode.speculative else "plain"
         trace = self.traces.setdefault(name, SpeedTrace())
@@ -193,6 +284,8 @@ class CompareDialog(QDialog):
         self._flush_scheduled = False
         for view in self._dirty:
             self._render(view, self._streamed[view])
+            self._thinking[view].show_numbers(part_numbers(self._parts[view]).get(REASONING),
+                                              streaming=True)
         self._dirty.clear()
 
     async def _run(self, runs: asyncio.Future) -> None:
@@ -225,8 +318,17 @@ class CompareDialog(QDialog):
         self._blocks[view] = blocks
 
     def _fill(self, view: QTextBrowser, stats: QLabel, result: GenerationResult) -> None:
-        self._render(view, result.text)
-        stats.setText(reply_summary(result.summary).line())
+        summary = reply_summary(result.summary)
+        self._render(view, result.answer.lstrip() or (words.no_answer(summary)
+                                                      if result.reasoning.strip() else ""))
+        pane = self._thinking[view]
+        if result.reasoning.lstrip() != pane.reasoning:  # what the run wrote, as it ended
+            pane.reset()
+            pane.add(result.reasoning.lstrip())
+        pane.answering = True
+        pane.show_numbers(summary.part(REASONING), streaming=False,
+                          unfinished=summary.ended_in_reasoning)
+        stats.setText("\n".join(line for line in (summary.line(), summary.parts_line()) if line))
 
     def show_outcome(self, o: CompareOutcome) -> None:
         self._fill(self.plain_text, self.plain_stats, o.plain)
@@ -239,6 +341,8 @@ class CompareDialog(QDialog):
         else:
             same += " (sampling with temperature: texts may differ)"
         self.headline.setText(f"{p:.1f} → {s:.1f} tok/s   speedup ×{o.speedup:.2f}   ·   {same}")
+        self.parts_headline.setText(parts_headline(reply_summary(o.plain.summary),
+                                                   reply_summary(o.speculative.summary)))
         self.status.setText(
             f"Acceptance {o.speculative.summary.acceptance_rate:.0%}, "
             f"{o.speculative.summary.tokens_per_step:.2f} tokens per step.")

@@ -121,8 +121,9 @@ class CompareRunner:
                 on_phase(mode)
             step = (lambda ev, m=mode: on_step(m, ev)) if on_step is not None else None
             try:
-                results.append(await engine.run(build_request(settings, history, mode),
-                                                on_step=step))
+                request = build_request(settings, history, mode,
+                                        self.conversation.request_effort())
+                results.append(await engine.run(request, on_step=step))
             except EngineError:
                 if not self._cancelled:  # else: stopped before its first step
                     raise

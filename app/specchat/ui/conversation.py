@@ -9,7 +9,9 @@ reading a conversation is awaited, writes go on without the window waiting.
 
 A chat and its messages get their ids where they are made (a new chat with
 its first message), so nothing waits for the store to number a row, and
-the history index knows the chat by that id from its first reply. A turn's
+the history index knows the chat by that id from its first reply. The
+thinking switch is the conversation's (``reasoning_effort``): written
+with it, changed in place, read back when it opens. A turn's
 rows are written in one call (the conversation's row with them, if new):
 if it fails (a full disk), it fails once and is said once, its messages go
 back to unsaved, and the next turn, or Retry, writes them again. What is
@@ -27,6 +29,7 @@ from PySide6.QtCore import QObject, Signal
 from specchat.engine.events import GenerateRequest, Message
 from specchat.store.conversations import ChatContent, MessageContent, new_id
 from specchat.store.worker import report_failure
+from specchat.ui import thinking
 from specchat.ui.chat_model import ChatMessage, ChatModel
 from specchat.ui.history_index import stored_key
 from specchat.ui.reply import Reply
@@ -40,7 +43,8 @@ NOT_SENT_FAILED = "Not sent: the models did not load. Your message is still here
 
 def _chat_message(m: MessageContent) -> ChatMessage:
     return ChatMessage(m.role, m.content, [list(r) for r in m.runs], m.summary, m.error,
-                       False, m.complete, m.id, saved=True)
+                       False, m.complete, m.id, saved=True, reasoning=m.reasoning,
+                       reasoning_runs=[list(r) for r in m.reasoning_runs])
 
 
 class ConversationController(QObject):
@@ -52,6 +56,7 @@ class ConversationController(QObject):
     conversationOpened = Signal(object)  # its id, or None for a new chat
     sent = Signal()  # a message was sent: the composer may let it go
     queueChanged = Signal(bool, str)  # a message waits for the models, or no longer (and why)
+    effortChanged = Signal(str)  # the open conversation's thinking switch (a reasoning effort)
 
     def __init__(self, session: AppSession, model: ChatModel, parent=None):
         super().__init__(parent)
@@ -62,6 +67,7 @@ class ConversationController(QObject):
         self.conversation_id: str | None = None  # None: a new chat, until its first message
         self._opening: asyncio.Future | None = None
         self.queued: str | None = None  # a message sent while the models load
+        self.reasoning_effort = ""  # the open conversation's thinking switch ("": the default)
         self.reply: Reply | None = None
         self.task: asyncio.Future | None = None
         self._failed_at_open = session.store.failed_writes
@@ -94,10 +100,11 @@ class ConversationController(QObject):
         self._failed_at_open = self.session.store.failed_writes
         self.model.set_messages([])
         self._opening = None
+        self._set_effort("")  # until its own is read
         if conversation_id is None:
             self.conversationOpened.emit(None)
             return
-        read = self._opening = self.store.messages(conversation_id)
+        read = self._opening = self.store.read(conversation_id)
         read.add_done_callback(lambda f: self._show(conversation_id, f))
 
     def _show(self, conversation_id: str, read: asyncio.Future) -> None:
@@ -109,8 +116,32 @@ class ConversationController(QObject):
         if read.exception() is not None:
             self.errorRaised.emit(f"Could not read this conversation: {read.exception()}")
         else:
-            self.model.set_messages([_chat_message(m) for m in read.result()])
+            conv, messages = read.result()
+            self.model.set_messages([_chat_message(m) for m in messages])
+            effort = conv.reasoning_effort if conv is not None else ""
+            self._set_effort(effort if thinking.keeps(effort) else "")
         self.conversationOpened.emit(conversation_id)
+
+    def _set_effort(self, effort: str) -> None:
+        if effort != self.reasoning_effort:
+            self.reasoning_effort = effort
+            self.effortChanged.emit(effort)
+
+    def set_reasoning_effort(self, effort: str) -> None:
+        """The thinking switch changed: the open conversation keeps it (a
+        new chat writes it with its first message); the next reply uses it."""
+        if effort == self.reasoning_effort or not thinking.keeps(effort):
+            return
+        self._set_effort(effort)
+        if self.conversation_id is not None and self.session.saving:
+            report_failure(self.store.set_reasoning_effort(self.conversation_id, effort),
+                           self.errorRaised.emit, "save the thinking switch")
+
+    def request_effort(self) -> str:
+        """What the open conversation's switch asks the loaded model for."""
+        pair = self.engine.pair
+        return thinking.request_effort(pair.chat if pair is not None else None,
+                                       self.reasoning_effort)
 
     def _title(self) -> str:
         first = next((m.text for m in self.model.messages if m.role == "user"), "")
@@ -121,8 +152,9 @@ class ConversationController(QObject):
         return ChatContent(
             self.conversation_id, self._title(),
             [MessageContent(m.role, m.text, [(o, t) for o, t in m.runs], m.summary, m.error,
-                            m.complete and not m.streaming, m.id) for m in messages],
-            self.engine.target_ref, self.engine.draft_ref)
+                            m.complete and not m.streaming, m.id, m.reasoning,
+                            [(o, t) for o, t in m.reasoning_runs]) for m in messages],
+            self.engine.target_ref, self.engine.draft_ref, self.reasoning_effort)
 
     def save_unsaved(self) -> None:
         """Write the messages on screen that are not in the history (said
@@ -265,7 +297,11 @@ class ConversationController(QObject):
         self.engine.cancel_generation()
 
     def _history(self) -> list[Message]:
-        return [Message(m.role, m.text) for m in self.model.messages
+        """The conversation for the template: a reply's answer as its text,
+        its reasoning apart (the engine hands it to the template under the
+        key the template reads, which decides what to keep of it: Qwen3's
+        drops the reasoning of turns before the last question)."""
+        return [Message(m.role, m.text, reasoning=m.reasoning) for m in self.model.messages
                 if not m.streaming and not (m.role == "assistant" and not m.text)]
 
     def _start_reply(self) -> None:
@@ -273,7 +309,8 @@ class ConversationController(QObject):
         runs the engine."""
         mode = self.session.next_mode()
         # The history index's key: the chat's own id, from its first reply.
-        request = replace(build_request(self.session.settings, self._history(), mode),
+        request = replace(build_request(self.session.settings, self._history(), mode,
+                                        self.request_effort()),
                           history_key=stored_key(self.conversation_id))
         msg = ChatMessage("assistant", "", streaming=True, complete=False)
         self.model.append(msg)

@@ -3,7 +3,9 @@ stats.py's LiveStats from the engine's steps).
 
 "from" says where the reply's tokens came from (the draft model, this
 conversation, the user's history; the rest is the target's own), in the
-Colour-tokens colours. Under the numbers, the charts (ui/charts.py) draw
+Colour-tokens colours. For a reply that reasons, a line under them says
+how its thinking and its answer were decoded apart (tokens, speed,
+acceptance, sources). Under the numbers, the charts (ui/charts.py) draw
 the speed over the reply and the acceptance by draft position.
 """
 
@@ -20,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from specchat import origins
 from specchat.engine import modes
-from specchat.store.summary import origin_shares, shares_text
+from specchat.store.summary import REASONING, origin_shares, parts_text, shares_text
 from specchat.ui import theme, widgets
 from specchat.ui.charts import ChartsPanel
 from specchat.ui.stats import GaugeValues
@@ -127,6 +129,13 @@ class GaugeStrip(QFrame):
         self.speedup = _Gauge("vs plain", "Speed compared with the last plain reply on this pair")
         self.mode = _Gauge("mode", MODE_TIP)
         self.sources = _SourcesGauge()
+        # A reply that reasons: its reasoning's and its answer's numbers, on a
+        # line of their own under the gauges (the summary's second line, live).
+        self.parts = _ElidedLabel("")
+        self.parts.setObjectName("GaugeLabel")
+        self.parts.setToolTip("How each part of the reply was decoded: its tokens, tokens/s, "
+                              "the share of its drafted tokens accepted, where they came from")
+        self.parts.hide()
         self.charts_button = QToolButton()
         self.charts_button.setText("Charts")
         self.charts_button.setCheckable(True)
@@ -139,7 +148,8 @@ class GaugeStrip(QFrame):
         lay.addWidget(self.sources, 1, Qt.AlignmentFlag.AlignVCenter)  # the room left over
         lay.addWidget(self.charts_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.charts = ChartsPanel()
-        widgets.vbox(lay, self.charts, parent=self, margins=0, spacing=0)
+        parts_row = widgets.hbox(self.parts, margins=(16, 0, 16, 2))
+        widgets.vbox(lay, parts_row, self.charts, parent=self, margins=0, spacing=0)
         self.charts_button.toggled.connect(self.show_charts)
         self.values = GaugeValues()
         self.show_values(GaugeValues())
@@ -167,6 +177,9 @@ class GaugeStrip(QFrame):
         self.mode.value.setText(text)
         self.mode.setToolTip(PAUSED_TIP if v.paused else MODE_TIP)
         self.sources.show_counts(v.origins)
+        parts = v.parts
+        self.parts.set_full(parts_text(parts) if REASONING in parts else "")
+        self.parts.setVisible(REASONING in parts)
         if self.charts.isVisibleTo(self):  # hidden charts cost nothing
             self.charts.show_values(v)
 

@@ -129,6 +129,8 @@ class MainWindow(QMainWindow):
         self.options.compareRequested.connect(self.open_compare)
         self.options.settingsRequested.connect(self.open_settings)
         self.options.notice.connect(self._status)
+        self.options.thinkingChosen.connect(c.set_reasoning_effort)
+        c.effortChanged.connect(self.options.show_effort)
         self.chat_view.copied.connect(self._copied)
         self.chat_view.notice.connect(self._status)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._scheme_changed)

@@ -99,6 +99,8 @@ def split_segments(text: str) -> list[Segment]:
 # A paragraph break: a blank line followed by text at column 0 (so indented
 # list continuations and indented code stay with what they belong to).
 _PARA_BREAK = re.compile(r"\n[ \t]*\n(?=\S)")
+# In plain text (a reasoning) any blank line ends a paragraph.
+_BLANK_LINE = re.compile(r"\n[ \t]*\n(?=[ \t]*\S)")
 
 
 def split_chunks(text: str) -> list[Segment]:
@@ -120,6 +122,52 @@ def split_chunks(text: str) -> list[Segment]:
             if brk is not None:
                 at = brk.end()
     return out
+
+
+class Paragraphs:
+    """A growing plain text (a reply's reasoning) cut at its paragraph
+    breaks, as ``split_chunks`` cuts prose, but kept between updates: text
+    that only grew is cut again from its last paragraph on, so the
+    paragraphs before it stay the same objects and a long reasoning costs
+    each update its last paragraph, not its length."""
+
+    def __init__(self):
+        self.text = ""
+        self.closed: list[Segment] = []  # paragraphs a later break has ended
+        self._open_at = 0  # where the last, still open paragraph begins
+
+    def update(self, text: str) -> list[Segment]:
+        """The paragraphs of ``text`` (each with its offset)."""
+        if not text.startswith(self.text):  # not an append: start over
+            self.closed, self._open_at = [], 0
+        self.text = text
+        for brk in _BLANK_LINE.finditer(text, self._open_at):
+            self._add(self.closed, self._open_at, brk.start())
+            self._open_at = brk.end()
+        last: list[Segment] = []
+        self._add(last, self._open_at, len(text))
+        return self.closed + last
+
+    def _add(self, out: list[Segment], start: int, end: int) -> None:
+        part = self.text[start:end]
+        if part.strip():
+            lead = len(part) - len(part.lstrip("\n"))
+            out.append(Segment("text", part.strip("\n").rstrip(), start=start + lead))
+
+
+def plain_document(text: str, font: QFont, color: QColor) -> QTextDocument:
+    """``text`` shown as it is (a reply's reasoning), in ``color``; like
+    ``build_document``'s, it loads nothing, and Colour tokens tints it
+    (``tint_origins``: its text is drawn verbatim)."""
+    doc = ReplyDocument()
+    doc.setDefaultFont(font)
+    doc.setDocumentMargin(0)
+    doc.setPlainText(text)
+    fmt = QTextCharFormat()
+    fmt.setForeground(color)
+    _merge(doc, [(0, len(text), fmt)])
+    doc.placements = [Placement("code", 0, text, 0, len(text))]
+    return doc
 
 
 def code_font() -> QFont:

@@ -45,7 +45,7 @@ class Reply(QObject):
         self.store = store
         self.live = LiveStats(mode)
         self._base = speed_base
-        self._pending: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
+        self._pending: list[StepEvent] = []
         self._flush_scheduled = False
         self._saved_at = time.monotonic()
         self._stopped = False
@@ -85,7 +85,7 @@ class Reply(QObject):
 
     def _step(self, ev: StepEvent) -> None:
         self.live.add(ev)
-        self._pending.append((ev.text, ev.origins, ev.pieces))
+        self._pending.append(ev)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
@@ -95,7 +95,7 @@ class Reply(QObject):
         row = self._row()
         if not self._pending or row is None:
             return
-        self.model.append_steps(row, self._pending)
+        self.model.append_events(row, self._pending, self.live.part_numbers())
         self._pending = []
         self.gaugesChanged.emit(self.live.values(self._base))
         now = time.monotonic()
@@ -122,5 +122,6 @@ class Reply(QObject):
             return  # its row could not be written (said then): the next turn writes it whole
         report_failure(
             self.store.update_message(msg.id, msg.text, runs=msg.runs, summary=msg.summary,
-                                      error=msg.error, complete=complete),
+                                      error=msg.error, complete=complete,
+                                      reasoning=msg.reasoning, reasoning_runs=msg.reasoning_runs),
             self.errorRaised.emit, "save the reply")

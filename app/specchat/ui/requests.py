@@ -8,8 +8,6 @@ window never compares mode names itself.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from specchat.engine import modes
 from specchat.engine.events import (
     DraftSettings,
@@ -42,7 +40,9 @@ def reply_mode(settings: AppSettings, pair: LoadedPair | None,
 
 
 def build_request(settings: AppSettings, history: list[Message],
-                  mode: modes.Mode) -> GenerateRequest:
+                  mode: modes.Mode, reasoning_effort: str = "") -> GenerateRequest:
+    """``reasoning_effort``: what the conversation's thinking switch asks
+    the model for (ui/thinking.py), "" for its default."""
     messages = []
     if settings.system_prompt.strip():
         messages.append(Message("system", settings.system_prompt.strip()))
@@ -53,9 +53,10 @@ def build_request(settings: AppSettings, history: list[Message],
         sampling=SamplingParams(settings.temperature, settings.top_p, settings.top_k,
                                 settings.seed),
         draft=DraftSettings(mode=mode.name, k=settings.k, auto_off=settings.auto_off),
+        reasoning_effort=reasoning_effort,
     )
 
 
 def reply_summary(summary: Summary) -> ReplySummary:
     """The engine's summary of a run, as the history saves it."""
-    return ReplySummary.from_json(asdict(summary))
+    return ReplySummary.of(summary)

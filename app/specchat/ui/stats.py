@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from specchat.engine import modes
 from specchat.engine.events import StepEvent
-from specchat.store.summary import ReplySummary
+from specchat.engine.part_stats import PartCounter
+from specchat.store.summary import PartNumbers, ReplySummary
 
 SPEED_WINDOW_S = 2.0  # the gauge's window and the chart's: the number and the line agree
 MIN_BASE_TOKENS = 8  # a shorter plain reply says little about the pair's speed
@@ -118,6 +119,13 @@ class GaugeValues:
     speed_points: tuple[tuple[float, float], ...] = ()  # (elapsed s, tokens/s) per step
     positions: tuple[PositionRate, ...] = ()  # acceptance by draft position
     paused: bool = False  # auto-off is decoding plainly: speculating was slower here
+    # Each part of the reply (reasoning, answer, tool calls) so far, counted
+    # by the engine's rule (engine/part_stats.py)
+    by_part: tuple[tuple[str, PartNumbers], ...] = ()
+
+    @property
+    def parts(self) -> dict[str, PartNumbers]:
+        return dict(self.by_part)
 
     @property
     def acceptance(self) -> float | None:
@@ -146,6 +154,12 @@ class PlainSpeeds:
         return self._tokens_per_s.get(pair_key)
 
 
+def part_numbers(counter: PartCounter) -> dict[str, PartNumbers]:
+    """What a reply's events counted per part so far, as a saved summary
+    has it (engine/part_stats.py counts; the history reads PartNumbers)."""
+    return {p: PartNumbers(**n) for p, n in counter.record().items()}
+
+
 class LiveStats:
     def __init__(self, mode: modes.Mode | None = None, window_s: float = SPEED_WINDOW_S,
                  fixed_k: int | None = None):
@@ -160,8 +174,10 @@ class LiveStats:
         self.k = 0
         self.drafter: str | None = None
         self.paused = False
+        self.by_part = PartCounter()
 
     def add(self, ev: StepEvent) -> None:
+        self.by_part.add(ev)
         self.tokens = ev.total_tokens
         if not ev.token_ids:  # the end-of-reply text flush, not a verify step
             return
@@ -181,6 +197,10 @@ class LiveStats:
     def tokens_per_s(self) -> float:
         return self.speed.rate
 
+    def part_numbers(self) -> dict[str, PartNumbers]:
+        """Each part's numbers so far, as a saved summary has them."""
+        return part_numbers(self.by_part)
+
     def values(self, speedup_base: float | None = None, live: bool = True) -> GaugeValues:
         tps = self.tokens_per_s
         speculative = self.mode is None or self.mode.speculative
@@ -189,4 +209,4 @@ class LiveStats:
                            self.fixed_k is None, self.drafter, self.mode, speedup, live,
                            tuple(sorted(self.by_origin.items())), speedup_base,
                            tuple(self.speed.points), self.position_tally.rates(),
-                           self.paused)
+                           self.paused, tuple(self.part_numbers().items()))
