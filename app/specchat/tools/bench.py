@@ -15,7 +15,7 @@ from dataclasses import replace
 import mlx.core as mx
 
 from specchat.engine.errors import EngineError
-from specchat.engine.events import GenerateRequest, LoadProgress, Message, SamplingParams
+from specchat.engine.events import LoadProgress, Message, SamplingParams
 from specchat.engine.session import Engine
 from specchat.library.engine_link import make_client
 from specchat.library.facts import kv_shape
@@ -68,14 +68,14 @@ def run_all(engine: Engine, prompts: list[Prompt], variants: list[Variant], max_
                 + _auto_off_note(r))
         if history == "session":
             reply = runs[rot[0].name][-1].token_ids
-            ids = engine.prompt_ids(GenerateRequest(messages=prompt.messages))
+            ids = engine.prompt_ids(prompt.request())
             engine.history.put(f"bench:{prompt.id}", [*ids, *reply])
     return runs
 
 
 def _memory(engine: Engine, prompts: list[Prompt], max_tokens: int, peak: int) -> dict:
     """Peak memory against the weights plus a KV cache for the longest run."""
-    kv_tokens = max(len(engine.prompt_ids(GenerateRequest(messages=p.messages))) for p in prompts)
+    kv_tokens = max(len(engine.prompt_ids(p.request())) for p in prompts)
     kv_tokens += max_tokens + 16
     weights = engine.target.info.weight_bytes + (engine.draft.info.weight_bytes if engine.draft else 0)
     kv = 0
@@ -103,7 +103,7 @@ def run_bench(engine: Engine, prompts: list[Prompt], modes: list[str], max_token
     runs = run_all(engine, prompts, variants, max_tokens, sampling, log, history)
     peak = mx.get_peak_memory()
     modes_out, by_kind = tables(runs, sampling.greedy)
-    costs = relative_costs(engine, engine.prompt_ids(GenerateRequest(messages=prompts[0].messages)))
+    costs = relative_costs(engine, engine.prompt_ids(prompts[0].request()))
     add_theory(modes_out, costs)
     memory = _memory(engine, prompts, max_tokens, peak)
     return {

@@ -19,7 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from specchat.engine import attention, threads
-from specchat.engine.events import GenerateRequest, SamplingParams
+from specchat.engine.events import SamplingParams
 from specchat.engine.session import Engine
 from specchat.tools.forward_timing import prefill
 from specchat.tools.prompts import Prompt
@@ -69,8 +69,7 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
              sampling: SamplingParams) -> Run:
     engine.reset_cache()
     events = []
-    req = GenerateRequest(messages=prompt.messages, max_tokens=max_tokens, sampling=sampling,
-                          draft=variant.settings())
+    req = prompt.request(max_tokens=max_tokens, sampling=sampling, draft=variant.settings())
     engine.history.enabled = variant.history
     try:
         r = engine.generate(req, on_step=events.append)
@@ -118,7 +117,7 @@ def run_mlx_lm(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int
                sampling: SamplingParams) -> Run:
     """mlx-lm's own generators on the engine's loaded models."""
     k = variant.k
-    ids = engine.prompt_ids(GenerateRequest(messages=prompt.messages))
+    ids = engine.prompt_ids(prompt.request())
     eos = engine.end_ids
     out: list[int] = []
     from_draft: list[bool] = []
