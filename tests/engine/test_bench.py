@@ -83,6 +83,29 @@ def test_shipped_history_prompts():
     assert all(len(p.messages) == 1 for p in prompts)  # each in a new chat
 
 
+def test_shipped_agent_prompts_are_read_as_the_api_reads_them():
+    """benchmarks/prompts-agent.jsonl: the requests a real agent (the
+    OpenAI Agents SDK, benchmarks/record_agent.py) sent `specchat serve`,
+    read by the API's own parser: tools, calls and tool results kept."""
+    import json as _json
+
+    from specchat.server import protocol
+
+    path = ROOT / "benchmarks" / "prompts-agent.jsonl"
+    prompts = load_prompts(path)
+    lines = [_json.loads(line) for line in path.read_text().splitlines()]
+    assert len(prompts) >= 15 and {p.kind for p in prompts} == {"agent"}
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.tools for p in prompts)
+    assert sum(any(m.role == "tool" for m in p.messages) for p in prompts) >= 8
+    assert any(m.tool_calls for p in prompts for m in p.messages)
+    for p, line in zip(prompts, lines, strict=True):
+        sent = protocol.parse("chat", {"model": "m", "messages": line["messages"],
+                                       "tools": line["tools"]})
+        assert (p.messages, p.tools) == (sent.messages, sent.tools)
+        assert p.request().tools == sent.tools
+
+
 def test_bad_prompt_file(tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"id": "x", "kind": "poetry", "messages": []}\n')
