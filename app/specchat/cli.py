@@ -394,14 +394,14 @@ def _request_from(args) -> tuple:
     return request, mode
 
 
-def mode_text(mode: modes.Mode, draft) -> str:
-    """The mode in words, naming the pair's draft (``draft``: its ModelInfo
-    or None): a head chosen as the draft runs the draft model's modes, and
-    is named as what it is."""
-    if draft is None or "draft model" not in mode.label:
+def mode_text(mode: modes.Mode, pair) -> str:
+    """The mode in words, naming the pair's draft (``pair``: the
+    LoadedPair): a head chosen as the draft runs the draft model's modes,
+    and is named as what it is."""
+    if pair.draft is None or "draft model" not in mode.label:
         return mode.label
-    kind = "draft head" if draft.model_type == "eagle3" else "draft model"
-    return mode.label.replace("draft model", f"{kind} {draft.name}")
+    kind = "draft head" if pair.draft_is_head else "draft model"
+    return mode.label.replace("draft model", f"{kind} {pair.draft.name}")
 
 
 def cmd_generate(args) -> int:
@@ -444,7 +444,7 @@ def cmd_generate(args) -> int:
         sys.stdout.write("\n")
         rate = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
         shares = shares_text(s.tokens_by_origin)
-        drafts = (f" ({mode_text(modes.get(s.mode), pair.draft)}"
+        drafts = (f" ({mode_text(modes.get(s.mode), pair)}"
                   f"{': ' + shares if shares else ''})") if s.mode != modes.PLAIN.name else ""
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
               f"{s.tokens_per_step:.2f} tokens/step{rate}{drafts}, first token {s.ttft_s:.2f}s, "
@@ -512,7 +512,7 @@ def cmd_serve(args) -> int:
         server = LocalServer(service, args.host, args.port, key, args.allow_remote,
                              cors_origins=args.cors_origin)
         print(f"SpecChat API on {server.url}: model {service.served.model!r}, "
-              f"{mode_text(mode, pair.draft)}"
+              f"{mode_text(mode, pair)}"
               f"{', API key required' if key else ''}. Ctrl+C stops it.", file=sys.stderr)
         server.serve_forever()
         print("SpecChat API stopped.", file=sys.stderr)

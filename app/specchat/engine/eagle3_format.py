@@ -35,6 +35,7 @@ from specchat.errors import SpecChatError
 from specchat.records import described
 
 NAME = "eagle3"  # drafter_kinds.EAGLE3's name, and a head's model type in the library
+LABEL = "EAGLE-3"  # what people call the format: "an EAGLE-3 head"
 
 # A vocabulary's most ids: a head's d2t has one entry per draft id and its
 # t2d one per target id, and the largest vocabularies are a few hundred
@@ -78,6 +79,24 @@ _ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor",
                  "partial_rotary_factor")
 _ROPE_LISTS = ("short_factor", "long_factor")
 _LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.")
+
+
+def recognizes(config: dict) -> bool:
+    """Whether a folder's config.json is an EAGLE-3 draft head's rather
+    than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
+    archs = config.get("architectures")
+    archs = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs or "")
+    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
+            or config.get("model_type") == "eagle3")
+
+
+def made_for(config: dict) -> str:
+    """The model a head's config says it drafts for (vLLM's
+    ``speculators_config.verifier.name_or_path``), or "" where it says none."""
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def default_layer_ids(target_layers: int) -> tuple[int, int, int]:
@@ -446,7 +465,7 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
     shown = shown or folder
     folders.check_files(folder, error, shown)
     config = folders.read_config(folder, error, shown)
-    if not folders.is_head(config):
+    if not recognizes(config):
         raise error(f"{shown} is not an EAGLE-3 draft head (its config.json names no eagle3 "
                     "architecture)")
     c = HeadConfig.from_config(config, shown, error)
@@ -479,7 +498,7 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
                             "not whole, not ids")
             maps[n] = tuple(int(v) for v in values)
     return Head(folder=folder, config=c, files=tuple(files), tensors=tensors,
-                d2t=maps.get("d2t"), t2d=maps.get("t2d"), made_for=folders.made_for(config))
+                d2t=maps.get("d2t"), t2d=maps.get("t2d"), made_for=made_for(config))
 
 
 # -- against a target --------------------------------------------------------------------
@@ -495,6 +514,25 @@ class Target:
     hidden_size: int
     num_layers: int
     vocab_size: int
+
+
+def target_facts(name: str, config: dict) -> Target | None:
+    """What a head must fit of the target whose config.json is ``config``
+    (None where it does not state them as whole numbers)."""
+    cfg = folders.text_config(config)
+    sizes = [cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return None
+    return Target(name, *sizes)
+
+
+def fits(head: dict, target: Target) -> str:
+    """What makes a head that fits (``fit_problem``) draft for ``target``,
+    in words."""
+    ids = head["reads_layers"] or list(default_layer_ids(target.num_layers))
+    return (f"an EAGLE-3 head that reads {target.name}'s hidden states at layers {ids} (width "
+            f"{target.hidden_size}) and drafts over {head['draft_vocab']:,} of its "
+            f"{target.vocab_size:,} ids")
 
 
 def fit_problem(head: dict, target: Target, name: str) -> str | None:

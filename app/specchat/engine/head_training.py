@@ -239,7 +239,6 @@ class _Trainer:
         c = replace(c, intermediate_size=width) if width else c
         self.config = c
         self.read = c.read_layers(self.layers)
-        self.runner.tap_layers(self.read)
         self.head = Eagle3Head(c, shared_embed=self.runner.trunk.embed_tokens)
         self.rows = mx.array(self.state.draft_ids, dtype=mx.int32)
         self.t2d = mx.full((c.vocab_size,), -1, dtype=mx.int32)
@@ -346,7 +345,7 @@ class _Trainer:
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
         """The target's features [L, 3H] at the head's layers and its own
         next-token choice [L] at every position, from one forward."""
-        logits, tapped = self.runner.tapped_forward(ids, None)
+        logits, tapped = self.runner.tapped_forward(ids, None, layers=self.read)
         feats = mx.concatenate([tapped[i] for i in self.read], axis=-1).astype(mx.float32)
         labels = mx.argmax(logits, axis=-1).astype(mx.int32)
         mx.eval(feats, labels)

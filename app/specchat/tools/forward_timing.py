@@ -46,7 +46,8 @@ def head_step_time(engine: Engine, drafter: HeadDrafter, ids: list[int], reps: i
     real features (the target run once with its tap on). The head is reset
     afterwards: the next request feeds it again from the target's cache."""
     runner = engine.target_runner
-    out, tapped = runner.tapped_forward(ids, make_prompt_cache(runner.model), "none")
+    out, tapped = runner.tapped_forward(ids, make_prompt_cache(runner.model), "none",
+                                        drafter.tap_layers)
     mx.eval(out)
     feats = drafter.features(tapped)
     drafter.reset()
