@@ -154,9 +154,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     b.add_argument("--draft", required=True, type=_model_ref,
-                   help="draft model sharing the target's tokenizer (or an EAGLE-3 head)")
+                   help="draft model sharing the target's tokenizer (or a draft head)")
     b.add_argument("--head", type=_model_ref, metavar="HEAD",
-                   help="an EAGLE-3 head for the target, loaded beside the draft model, so "
+                   help="a draft head for the target, loaded beside the draft model, so "
                         "the head modes run in the same process as the draft model's")
     b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')

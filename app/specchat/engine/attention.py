@@ -12,24 +12,19 @@ Folding the heads that share a key head into the rows of one product does
 the same arithmetic as one product per key head (0.41-0.61 ms).
 
 mlx-lm's model files call ``scaled_dot_product_attention`` from their own
-module's globals (``from .base import scaled_dot_product_attention``). A
-model loaded with the block path (``use``) gets it without a change to
-those modules or to mlx-lm's classes: each of its modules whose class calls
-that name is given a subclass whose methods are the same code read against
-a copy of its module's globals in which that one name is the wrapper; the
-engine puts the model's own classes back when it unloads the model. Another
-model in the process, even one built from the same classes (the bench's
-mlx-lm runs, a model loaded under ``SPECCHAT_ATTENTION=mlx``), keeps
-mlx-lm's attention. The wrapper takes the block path only where it
-computes what MLX's fallback computes: two rows or more, a causal mask or
-none, no attention sinks, no quantized cache, no fewer keys than rows.
-Everything else, a single row above all, goes to mlx-lm's function
-unchanged. Loading a model applies the compute policy's choice (compute.py:
-the block path on the CPU, never on a GPU, where MLX's kernel is fused;
-``SPECCHAT_ATTENTION=mlx`` keeps MLX's, to compare the two), and
-``stock()`` turns the block path off for a stretch of code: the bench times
-mlx-lm's generators as mlx-lm ships them. The EAGLE-3 head's own layer
-(eagle3.py) calls mlx-lm's function directly and is not given the path.
+module's globals. ``use`` gives a loaded model's modules whose class calls
+it a subclass whose methods are the same code read against a copy of those
+globals with the wrapper in its place, and the engine gives them their own
+classes back when it unloads the model: no module or class of mlx-lm's
+changes, and another model in the process (the bench's mlx-lm runs, one
+loaded under ``SPECCHAT_ATTENTION=mlx``) keeps mlx-lm's attention. The
+wrapper takes the block path only where it computes what MLX's fallback
+computes: two rows or more, a causal mask or none, no attention sinks, no
+quantized cache, no fewer keys than rows; a single row above all goes to
+mlx-lm's function. Loading applies the compute policy's choice (compute.py:
+the block path on the CPU, never on a GPU, where MLX's kernel is fused),
+and ``stock()`` turns it off for a stretch of code (the bench's mlx-lm
+runs). The EAGLE-3 head's own layer calls mlx-lm's function directly.
 """
 
 from __future__ import annotations
@@ -43,14 +38,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 NAME = "scaled_dot_product_attention"  # what mlx-lm's model files call
-# "off": stock() depth. Only the engine thread enters stock() (the ssd
-# worker reads it, never sets it).
-_state = {"off": 0}
-# Per class of mlx-lm's: its subclass with the block path (None: the class
-# calls no attention of its module's), and per mlx-lm module its globals
-# with the wrapper.
-_BLOCKED: dict[type, type | None] = {}
-_GLOBALS: dict[str, dict] = {}
+_state = {"off": 0}  # stock() depth: the engine thread's (the ssd worker only reads it)
+_BLOCKED: dict[type, type | None] = {}  # a class's subclass with the block path, if any
+_GLOBALS: dict[str, dict] = {}  # an mlx-lm module's globals with the wrapper
 
 
 def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: float,

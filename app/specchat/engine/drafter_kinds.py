@@ -29,12 +29,9 @@ from specchat.engine.folders import model_name
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    # Builds its drafter from a drafters.Build, always a new one: a kind that
-    # ``fills`` its need from what was chosen for it (a draft model's
-    # folder, a head's) as that is loaded; any other from what its need
-    # holds (ssd around the draft model; suffix matching on the target
-    # alone) when first used. The engine keeps each while what it was built
-    # from stays loaded (session.Slot).
+    # Builds a new drafter from a drafters.Build: a kind that ``fills`` its
+    # need from the folder chosen for it, as it loads; any other on what
+    # holds its need, when first used (session.Slot keeps them).
     make: Callable[[Any], Any]
     prior: float  # per-token acceptance before any is measured
     cap: int  # longest block
@@ -46,12 +43,10 @@ class DrafterKind:
     # "" nothing, "draft" the pair's draft (a draft model, or a head chosen
     # as the draft), "head" a draft head, "mtp" the target's own MTP head.
     needs: str = ""
-    # Its drafter is what holds its need (the draft model, a head, the MTP
-    # head): the one the other kinds of that need are built on.
-    fills: bool = False
-    # For a drafter that comes as a folder of its own (a draft head): the
-    # module, no MLX, of that folder's format, which recognizes and checks
-    # one (eagle3_format: see docs/architecture.md for what it answers).
+    fills: bool = False  # its drafter holds its need (the draft model, a head, the MTP head)
+    # For a drafter that comes as a folder of its own (a draft head): its
+    # format module, no MLX (eagle3_format; docs/architecture.md says what
+    # it answers).
     folder: Any = None
     # It reads the target's hidden states, which the target has not computed
     # for a suffix draft's tokens: chained after one (hybrid.py), it reads
@@ -170,10 +165,8 @@ def head_words(name: str) -> str:
 
 
 def not_a_target(folder: str | os.PathLike, kind: DrafterKind, made_for: str = "") -> str:
-    """Why a draft head's folder cannot be loaded as a target, in words: the
-    one message wherever a target is checked (before the engine loads one,
-    and the library's pair check). ``made_for``: the model its config says
-    it drafts for ("" when it does not say)."""
+    """Why a draft head's folder cannot be a target, in words, wherever a
+    target is checked; ``made_for``: the model its config names, if any."""
     return (f"{model_name(folder)} is an {kind.folder.LABEL} draft head"
             + (f" made for {made_for}" if made_for else "")
             + ": a head drafts for a target and cannot be one. Use it as the draft "

@@ -83,15 +83,13 @@ class Reading:
     how far the target may reuse its cached prompt for it, and whether it
     has more of the prompt to read than one draft step reads."""
 
-    # Positions of the target's cached prefix it can follow (one that reads
-    # the target's hidden states needs them for every row it has not fed);
-    # None: all of them.
+    # Positions of the target's cached prefix it can follow (a head needs the
+    # target's features of every row it has not fed); None: all of them.
     reuse: int | None = None
-    # Drafting now would read the rest of the prompt first: the loop has
-    # ``catch_up`` read it outside the draft timing, as prompt processing ...
+    # The rest of the prompt is more than a draft step reads: ``catch_up``
+    # reads it, as prompt processing, after the reply's first token has gone
+    # out (``first_token_first``; ssd: before the first step).
     behind: bool = False
-    # ... after the reply's first token has gone out, so that speculation
-    # costs no time to first token (False: before the first step; ssd).
     first_token_first: bool = True
 
 
@@ -112,9 +110,8 @@ class Build:
 
 
 class Absent(EngineError):
-    """What a kind's ``make`` raises when what it needs is not there (the
-    target ships no MTP head that can draft): the engine keeps the words
-    for when a mode asks for that kind."""
+    """A kind's ``make`` found nothing to build (the target ships no MTP
+    head that drafts): the engine keeps the words for a mode that asks."""
 
 
 @dataclass
@@ -165,17 +162,14 @@ class Drafter:
 
     def prepare(self, prompt: Sequence[int], request: Any = None) -> Reading:
         """A request (events.GenerateRequest) starts, before the target's
-        prefill: the one hook about reading the prompt. It keeps the state
-        an earlier request left where that is a prefix of ``prompt`` (cheap
-        work only), and says how far the target may reuse its cache and
-        whether the rest of the prompt is for ``catch_up``."""
+        prefill: keep what an earlier request left where it is a prefix of
+        ``prompt`` (cheap work only), and say what is left to read."""
         return Reading()
 
     @property
     def hidden_tap(self) -> HiddenTap | None:
-        """What it reads of the target's forwards during a request, if
-        anything (head_drafter.py): the loop taps the target for it for the
-        request's length (kv.CacheSlot.tapped)."""
+        """What it reads of the target's forwards, tapped for the length of
+        a request (kv.CacheSlot.tapped; head_drafter.py)."""
         return None
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
@@ -214,7 +208,6 @@ class Drafter:
         return {}
 
     def bytes_per_token(self) -> int | None:
-        """Weight bytes one drafted token reads, for a drafter with weights
-        of its own (the engine prices it by them against the target's);
-        None for one that reads none."""
+        """Weight bytes one drafted token reads (the engine prices a drafter
+        with weights of its own by them); None: none."""
         return None

@@ -38,7 +38,7 @@ class DraftHead:
         for a drafter with a vocabulary of its own (an EAGLE-3 head's, a
         pruned draft model's); otherwise columns are the target's ids.
         ``base`` and ``extra``: a pruned output layer's weight rows, fixed
-        for the block (ssd.py's worker drafts while the engine thread may
+        for the block (ssd/'s worker drafts while the engine thread may
         add rows); then a feed returns the hidden state and this projects it."""
         self.vocab = vocab
         self.which = "hidden" if base is not None else "last"  # what a feed returns

@@ -135,7 +135,7 @@ class Summary:
     paused_steps: int = 0
     # what auto-off measured (auto_off.BreakEven.report); empty when it was off
     auto_off: dict = field(default_factory=dict)
-    # A drafter's own counts for this request, by drafter kind (ssd.py's
+    # A drafter's own counts for this request, by drafter kind (ssd/'s
     # hits, misses and overlap); each drafter names its fields (Drafter.stats).
     drafter_stats: dict = field(default_factory=dict)
 

@@ -129,10 +129,8 @@ class CacheSlot:
 
     @contextmanager
     def tapped(self, tap: HiddenTap | None) -> Iterator[None]:
-        """While inside (a request), every forward's hidden states go to
-        ``tap`` (none: nothing is tapped); the runner records the layers it
-        names only meanwhile (Runner.recording), so nothing of the target
-        stays changed after, however the request ended."""
+        """Every forward's hidden states go to ``tap`` while inside (a
+        request), and only then are its layers recorded (Runner.recording)."""
         if tap is None:
             yield
             return
@@ -144,7 +142,7 @@ class CacheSlot:
                 self.on_hidden = None
 
     def adopt(self, cache: list, length: int) -> None:
-        """Take over a cache built elsewhere (ssd.py's branches) holding
+        """Take over a cache built elsewhere (ssd/'s branches) holding
         ``length`` positions of the context."""
         self.cache, self.length = cache, length
         self._pending, self.pending = [], 0

@@ -119,11 +119,9 @@ class Runner:
     @contextmanager
     def recording(self, ids: Sequence[int]) -> Iterator[None]:
         """While inside, the trunk's layers ``ids`` keep their outputs in
-        ``tapped`` too when the tap is on (an EAGLE-3 head reads three of
-        them). Each of those layer objects is given a subclass of its class
-        that records its output, and its own class back on the way out: no
-        class of mlx-lm's is changed, and no other model, even one built
-        from the same classes, is touched."""
+        ``tapped`` too when the tap is on (an EAGLE-3 head reads three): each
+        layer object gets a subclass of its class that records, and its own
+        class back on the way out. No other model is touched."""
         layers = self.trunk.layers if ids else []
         swapped = []
         try:

@@ -2,14 +2,12 @@
 
 What drafters need besides the target (drafter_kinds.DrafterKind.needs) is
 held in one map, ``Engine._slots``, from need to a ``Slot``: the drafter
-that holds the need (the draft model, a head, the target's own MTP head:
-made by its kind as it loads) and the drafters other kinds make on it when
-first used (ssd around the draft model; suffix matching on the target
-alone, need ""), kept while it stays and dropped with it. A head chosen as
-the draft holds the draft's need and its own: one slot under both keys.
-Nothing here names a kind of drafter but the draft model's and the MTP
-head's, which come with the pair and the target; a head's folder is
-recognised and checked by its kind's format module (drafter_kinds.of_folder).
+that holds it (the draft model, a head, the MTP head: made by its kind as
+it loads) and those other kinds make on it when first used (ssd around the
+draft model; suffix matching on need "", the target alone), dropped with
+it. A head chosen as the draft holds its own need too: one slot, two keys.
+A head's folder is recognised and checked by its kind's format module
+(drafter_kinds.of_folder): nothing here names a kind of head.
 
 An Engine is owned by exactly one thread (see worker.py); nothing here is
 thread-safe, by design.
@@ -60,28 +58,23 @@ from specchat.engine.runner import Runner
 
 @dataclass
 class Slot:
-    """What the engine holds for one need: the drafter that holds it (None
-    for the target alone, or a need that stayed empty: ``why``), and the
-    drafters other kinds made on it, by kind."""
+    """What the engine holds for one need: the drafter that holds it (None:
+    the target alone, or empty for ``why``), and those made on it by kind."""
 
     drafter: Drafter | None = None
     made: dict[str, Drafter] = field(default_factory=dict)
-    why: str = ""  # why it is empty, in words (the target ships no MTP head that drafts)
+    why: str = ""  # in words (the target ships no MTP head that drafts)
 
     @property
     def folder(self) -> str | None:
         loaded = self.drafter.loaded if self.drafter is not None else None
         return loaded.info.path if loaded is not None else None
 
-    def drafters(self) -> list[Drafter]:
-        return [d for d in (self.drafter, *self.made.values()) if d is not None]
-
 
 @dataclass(frozen=True)
 class Choice:
-    """A folder chosen for a need, with its kind and, for a kind whose
-    drafters come as folders of their own, the folder as its format module
-    read and checked it."""
+    """A folder chosen for a need, its kind, and what the kind's format
+    module read and checked of it (a head's)."""
 
     folder: Path
     kind: DrafterKind
@@ -132,8 +125,7 @@ class Engine:
         optionally a head beside a draft model (``head``: the bench runs
         both in one process). Reuses an already loaded model of the same
         path. Refuses a draft whose tokenizer differs, and a head made for
-        another target; what can be checked without loading is checked
-        before anything loads."""
+        another target, checking what it can before anything loads."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
         own_head = draft == modes.OWN_HEAD
@@ -148,8 +140,8 @@ class Engine:
         beside = _choice(head, head=True)
         if new_target:
             self._load_target(target_path, say)
-        self._hold_draft(chosen, lambda m: say("draft", m))
-        self._hold_beside(beside, lambda m: say("draft", m))
+        self._hold("draft", chosen, lambda m: say("draft", m))
+        self._hold("head", beside, lambda m: say("draft", m))
         if own_head and self._slots[MTP.needs].drafter is None:
             raise EngineError(self._slots[MTP.needs].why)
         self._cost = self._price()
@@ -157,9 +149,8 @@ class Engine:
         return self._pair
 
     def _load_target(self, path: str, say) -> None:
-        """The target, warmed up, and what it holds itself: its cache, its
-        own MTP head when it ships one that drafts (need "mtp"), and the
-        slot of the kinds that need nothing else (need "")."""
+        """The target, warmed up, its cache and what it holds itself: its
+        own MTP head if it drafts (need "mtp"), the need ""."""
         self._drop_target()
         if is_cluster_folder(path):  # the target's layers spread over a cluster
             from specchat.engine.distributed.head import load_target
@@ -186,46 +177,35 @@ class Engine:
             mtp = Slot(why=str(absent))
         self._slots[MTP.needs] = mtp
 
-    def _hold_draft(self, chosen: Choice | None, say: Callable[[str], None]) -> None:
-        """The pair's draft: kept when it is the one chosen, else dropped and
-        the chosen one made by its kind. A head chosen as the draft holds
-        its own need too."""
-        held = self._slots.get("draft")
+    def _hold(self, need: str, chosen: Choice | None, say: Callable[[str], None]) -> None:
+        """What was chosen for ``need`` (the pair's draft, a head beside the
+        draft model), kept if it holds it already, else made by its kind. A
+        head chosen as the draft holds its own need too: one head at a time."""
+        draft = self._slots.get("draft")
+        if need != "draft" and draft is not None and self._slots.get(need) is draft:
+            if chosen is not None:
+                raise EngineError("The draft is a head already: load the other head as the "
+                                  "draft instead (one head at a time).")
+            return
+        held = self._slots.get(need)
         if held is not None and chosen is not None and held.folder == str(chosen.folder):
             return
-        self._drop("draft")
+        self._drop(need)
         if chosen is None:
             return
-        self._drop(chosen.kind.needs)  # a head beside the draft model, if one was
+        self._drop(chosen.kind.needs)  # a head beside the draft model, for a head as the draft
         slot = Slot(chosen.kind.make(self._build(folder=chosen.folder, files=chosen.files,
                                                  say=say)))
-        for need in {"draft", chosen.kind.needs}:
-            self._slots[need] = slot
-
-    def _hold_beside(self, chosen: Choice | None, say: Callable[[str], None]) -> None:
-        """A head beside the draft model (the bench runs both): one at a
-        time, so never beside a head chosen as the draft."""
-        draft = self._slots.get("draft")
-        held = self._slots.get(chosen.kind.needs if chosen else "head")
-        if held is not None and held is not draft and (
-                chosen is None or held.folder != str(chosen.folder)):
-            self._drop(chosen.kind.needs if chosen else "head")
-        if chosen is None:
-            return
-        if draft is not None and draft is self._slots.get(chosen.kind.needs):
-            raise EngineError("The draft is a head already: load the other head as the draft "
-                              "instead (one head at a time).")
-        if chosen.kind.needs not in self._slots:
-            self._slots[chosen.kind.needs] = Slot(chosen.kind.make(self._build(
-                folder=chosen.folder, files=chosen.files, say=say)))
+        for n in {need, chosen.kind.needs}:
+            self._slots[n] = slot
 
     def _build(self, **what) -> Build:
         return Build(target=self.target, cache=self._cache, compute=self.compute,
                      history=self.history, end_ids=set(self._eos), **what)
 
     def _price(self) -> CostModel:
-        """Drafting costs from the bytes a forward of each reads against the
-        target's: the draft's, and each kind's that holds a need."""
+        """Drafting costs: the bytes a drafted token of each drafter that
+        holds a need reads, against a target forward's."""
         draft = self._slots.get("draft")
         kinds = {d.name: d.bytes_per_token() for d in self._held()
                  if not drafter_kinds.get(d.name).uses_draft_model}
@@ -260,8 +240,7 @@ class Engine:
         return list({id(s.drafter): s.drafter for s in self._slots.values() if s.drafter}.values())
 
     def _drop(self, need: str) -> None:
-        """Unload what holds ``need`` (under every need it holds) and what
-        was made on it."""
+        """Unload what holds ``need`` (under every key) and what was made on it."""
         slot = self._slots.get(need)
         if slot is None:
             return
@@ -289,8 +268,7 @@ class Engine:
     @property
     def draft(self) -> LoadedModel | None:
         """The pair's draft as loaded (a draft model, or a head chosen as the draft)."""
-        slot = self._slots.get("draft")
-        return slot.drafter.loaded if slot is not None else None
+        return self.model_drafter.loaded if self.model_drafter is not None else None
 
     @property
     def head(self) -> LoadedModel | None:
@@ -335,7 +313,7 @@ class Engine:
         if self._cache is not None:
             self._cache.reset()
         slots = {id(s): s for s in self._slots.values()}.values()  # a head may hold two needs
-        for drafter in (d for s in slots for d in s.drafters()):
+        for drafter in (d for s in slots for d in (s.drafter, *s.made.values()) if d):
             drafter.reset()
 
     # -- generation ------------------------------------------------------
@@ -369,8 +347,7 @@ class Engine:
 
     def drafter(self, kind: str) -> Drafter:
         """The drafter the engine runs for the kind ``kind``: the one that
-        holds its need, or one its kind makes on that need when first asked
-        for, kept while the need stays held."""
+        holds its need, or one its kind makes on it when first asked for."""
         k = drafter_kinds.get(kind)
         slot = self._slots.get(k.needs)
         if slot is None or (k.needs and slot.drafter is None):

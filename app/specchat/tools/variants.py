@@ -74,7 +74,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("suffix", modes.SUFFIX),
     Variant("spec-k2", modes.DRAFT, 2),
     Variant("spec-k4", modes.DRAFT, 4),
-    Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd.py)
+    Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd/)
     # A draft head (``specchat bench --head``, or a head as the --draft).
     Variant("head", modes.HEAD),
     Variant("head+suffix", modes.HEAD_HYBRID),

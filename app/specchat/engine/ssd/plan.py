@@ -1,11 +1,15 @@
 """Which outcomes SSD speculates for, and the keys its blocks are drawn with.
 
-A block d1..dK ends in an outcome (n, t); the guesses for t come from the
-draft's own distribution (the alternatives ``draft_block`` keeps per
-token), and the keys per position follow the paper's fan-out (see the
-package's docstring). Every draft token of SSD, on either thread, is drawn
-with the key of its absolute position, so a speculated block is the block
-the engine would have drafted itself.
+A block d1..dK ends in an outcome (n, t). The guesses for t come from the
+draft's own distribution (the alternatives ``draft_block`` keeps per token).
+Keys per position follow the paper: with the miss probability of a fan-out
+F falling as F^-r and P(n) the chance that verification ends after n
+accepted drafts, minimising sum_n P(n) F_n^-r for a budget sum_n F_n = B
+gives F_n proportional to P(n)^(1/(1+r)); P(n) here comes from each
+position's calibrated acceptance, and r = 1 (``POWER``, an assumption: the
+paper fits it). Every draft token of SSD, on either thread, is drawn with
+the key of its absolute position, so a speculated block is the block the
+engine would have drafted itself.
 """
 
 from __future__ import annotations

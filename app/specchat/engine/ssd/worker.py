@@ -1,7 +1,13 @@
 """SSD's worker: one thread per process that drafts the speculated blocks
-while the engine thread verifies, each on a branch of the draft's cache
-(see the package's docstring for the threads, the caches and the BLAS
-threads)."""
+while the engine thread verifies, each on a branch of the draft's cache.
+
+BLAS threads: BLIS (and OpenBLAS) take one process-wide thread count
+through the CBLAS interface MLX calls (BLIS's per-call ``rntm_t`` is only
+reachable through its own expert API, which MLX does not call), so while a
+job is queued or running the count is lowered to half the governor's, and
+restored when it ends; a count the user fixed is left alone. Draft forwards
+are one-row products, single-threaded in BLIS anyway.
+"""
 
 from __future__ import annotations
 
@@ -31,14 +37,6 @@ class Spec:
     cache: list
 
 
-def evaluated_q(head: DraftHead, block: Drafted, sampling: SamplingParams) -> mx.array | None:
-    """The block's q, evaluated: it crosses between the threads."""
-    q = block.q(head, sampling)
-    if q is not None:
-        mx.eval(q)
-    return q
-
-
 def branch(snapshot: list[tuple[mx.array, mx.array]], offset: int) -> list[KVCache]:
     """A new cache holding the first ``offset`` positions of ``snapshot``
     (evaluated arrays). Its first write copies them into a buffer of its
@@ -53,7 +51,7 @@ def branch(snapshot: list[tuple[mx.array, mx.array]], offset: int) -> list[KVCac
 
 class _BlasShare:
     """Half the governor's BLAS threads while any speculation job is
-    queued or running (see the module docstring), all of them otherwise."""
+    queued or running, all of them otherwise."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -142,8 +140,8 @@ class Job:
                              lambda _c: True, abandon=lambda key=key: self._abandon(key))
             if block is None:
                 return
-            q = evaluated_q(self.head, block, self.sampling)
-            mx.eval([(c.keys, c.values) for c in cache])
+            q = block.q(self.head, self.sampling)
+            mx.eval(q if q is not None else [], [(c.keys, c.values) for c in cache])
             self._spent(block.forward_s, block.forwards)
             with self.cond:
                 self.results[key] = Spec(key, block, q, cache)
