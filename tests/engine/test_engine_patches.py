@@ -10,9 +10,10 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model
-from specchat.engine import attention, compute
+from specchat.engine import compute
 from specchat.engine.events import DraftSettings, GenerateRequest
 from specchat.engine.session import Engine
+from test_engine_attention import _calls
 from tinymodels import build_eagle3
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
@@ -54,18 +55,6 @@ def test_the_tap_lasts_one_request_and_touches_no_other_model(tiny_dir, tiny_tar
     assert _classes(target) == own
 
 
-def _block_calls(monkeypatch) -> list[int]:
-    seen: list[int] = []
-    real = attention.block_attention
-
-    def spy(q, *args, **kwargs):
-        seen.append(q.shape[2])
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(attention, "block_attention", spy)
-    return seen
-
-
 @pytest.mark.skipif(compute.gpu_available(), reason="the block path is the CPU's")
 def test_the_block_path_is_its_models_until_it_unloads(tiny_qwen_target, tiny_target,
                                                        monkeypatch):
@@ -77,7 +66,7 @@ def test_the_block_path_is_its_models_until_it_unloads(tiny_qwen_target, tiny_ta
     other = Engine()  # the same model, loaded the other way, beside it
     other.load(tiny_qwen_target)
     plain_mlx_lm, _ = load_model(tiny_qwen_target)  # and as mlx-lm loads it
-    seen = _block_calls(monkeypatch)
+    seen = _calls(monkeypatch)
     ids = mx.array([[5, 9, 13, 17, 21]])
     mx.eval(other.target.model(ids), plain_mlx_lm(ids))
     assert seen == []  # neither takes the block path

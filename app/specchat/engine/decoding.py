@@ -178,9 +178,7 @@ def _read_prompt(d: Decoding, run: Progress) -> float:
         if (run.tally.steps == 0 and run.reading.first_token_first
                 and not _seeded(d.request.sampling)):
             return 0.0  # the first token first
-        t0 = time.perf_counter()
-        d.drafter.catch_up(run.context)
-        read_s = time.perf_counter() - t0
+        read_s = _catch_up(d, run)
         run.prefill_s += read_s
     run.prompt_read = True
     return read_s
@@ -205,9 +203,9 @@ def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
 
 
 def _catch_up(d: Decoding, run: Progress) -> float:
-    """Before a probe: the drafter catches up on the context it skipped
-    while paused, outside the probe's timing, so the probe measures
-    speculation and not the pause's backlog."""
+    """The drafter catches up on the context, timed apart: the prompt
+    (above), or before a probe what it skipped while paused, so that the
+    probe measures speculation and not the pause's backlog."""
     t0 = time.perf_counter()
     d.drafter.catch_up(run.context)
     return time.perf_counter() - t0

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specchat.engine import folders, safetensors_file
+from specchat.engine.config_fields import Fields
 from specchat.engine.errors import EngineError
 from specchat.engine.events import CHECKPOINT_FILES
 from specchat.engine.safetensors_file import FLOAT_DTYPES, WHOLE_DTYPES, Tensor, whole
@@ -134,7 +135,7 @@ class HeadConfig:
         """The checked config, or ``error`` naming the field and the file
         (in ``shown``, the head's folder as the person gave it), in words."""
         where = shown / "config.json" if shown is not None else "config.json"
-        read = _Fields(where, error)
+        read = Fields(where, error, SIZES, "an EAGLE-3 head's")
         layer, prefix = config, ""
         if config.get("transformer_layer_config") is not None:
             layer, prefix = config["transformer_layer_config"], "transformer_layer_config."
@@ -170,7 +171,7 @@ class HeadConfig:
             vocab_size=vocab,
             draft_vocab_size=draft_vocab,
             target_hidden_size=read.size(config, "target_hidden_size", "", hidden),
-            layer_ids=read.layer_ids(config),
+            layer_ids=_layer_ids(config, where, error),
             norm_before_residual=read.flag(config, "norm_before_residual", False),
             tie_word_embeddings=read.flag(config, "tie_word_embeddings", False),
             rope_scaling=scaling,
@@ -188,71 +189,18 @@ class HeadConfig:
         return tuple(max(i - 1, 0) for i in ids)
 
 
-class _Fields:
-    """Reads a config's fields, each checked, refusing in words that name
-    the file and the field."""
-
-    _REQUIRED = object()
-
-    def __init__(self, where: Path | str, error: type[SpecChatError]):
-        self.where, self.error = where, error
-
-    def _value(self, block: dict, key: str, prefix: str, default: object):
-        value = block.get(key)
-        if value is None:
-            if default is self._REQUIRED:
-                raise self.error(f"{self.where} lacks {prefix}{key}, which an EAGLE-3 head's "
-                                 "config states")
-            return None
-        return value
-
-    def size(self, block: dict, key: str, prefix: str = "", default: object = _REQUIRED):
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        low, high = SIZES[key]
-        if not (whole(value) and low <= value <= high):
-            raise self.error(f"{self.where}: {prefix}{key} must be a whole number from {low:,} "
-                             f"to {high:,}; got {described(value)}")
-        return value
-
-    def number(self, block: dict, key: str, prefix: str, default: float) -> float:
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        if not (isinstance(value, int | float) and not isinstance(value, bool)
-                and 0 < value < math.inf):
-            raise self.error(f"{self.where}: {prefix}{key} must be a number above 0; got "
-                             f"{described(value)}")
-        return float(value)
-
-    def flag(self, block: dict, key: str, default: bool, prefix: str = "") -> bool:
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(f"{self.where}: {prefix}{key} must be true or false; got "
-                             f"{described(value)}")
-        return value
-
-    def mapping(self, block: dict, key: str, prefix: str) -> dict | None:
-        value = self._value(block, key, prefix, None)
-        if value is not None and not isinstance(value, dict):
-            raise self.error(f"{self.where}: {prefix}{key} must be an object (or null); got "
-                             f"{described(value)}")
-        return dict(value) if value else None
-
-    def layer_ids(self, config: dict) -> tuple[int, ...] | None:
-        key = next((k for k in ("eagle_aux_hidden_state_layer_ids", "target_layer_ids")
-                    if config.get(k) is not None), None)
-        if key is None:
-            return None
-        ids = config[key]
-        if not (isinstance(ids, list) and len(ids) == READS and all(
-                whole(i) and -MAX_LAYER_ID <= i <= MAX_LAYER_ID for i in ids)):
-            raise self.error(f"{self.where}: {key} must name the {READS} target layers it reads "
-                             f"(whole numbers); got {described(ids)}")
-        return tuple(ids)
+def _layer_ids(config: dict, where: Path | str, error: type[SpecChatError]) -> tuple[int, ...] | None:
+    """The target layers a config names (either layout's key), checked."""
+    key = next((k for k in ("eagle_aux_hidden_state_layer_ids", "target_layer_ids")
+                if config.get(k) is not None), None)
+    if key is None:
+        return None
+    ids = config[key]
+    if not (isinstance(ids, list) and len(ids) == READS and all(
+            whole(i) and -MAX_LAYER_ID <= i <= MAX_LAYER_ID for i in ids)):
+        raise error(f"{where}: {key} must name the {READS} target layers it reads "
+                    f"(whole numbers); got {described(ids)}")
+    return tuple(ids)
 
 
 def _check_rope(c: HeadConfig, head: Path | str, error: type[SpecChatError]) -> None:

@@ -175,6 +175,9 @@ class Engine:
                                             say=lambda m: say("target", m))))
         except Absent as absent:
             mtp = Slot(why=str(absent))
+        except BaseException:
+            self._drop_target()  # its own head unreadable: nothing stays half loaded
+            raise
         self._slots[MTP.needs] = mtp
 
     def _hold(self, need: str, chosen: Choice | None, say: Callable[[str], None]) -> None:
