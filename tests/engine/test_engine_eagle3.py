@@ -306,3 +306,13 @@ def test_the_rope_table_is_what_mlx_lm_builds():
             assert not applies({k: v for k, v in scaling.items() if k != key}), (kind, key)
         assert applies(scaling, None) == (kind not in ROPE_NEEDS_LENGTH), kind
     assert not applies({"rope_type": "wobbly", "factor": 2.0})
+
+
+def test_the_draft_recommendation_times_a_head_chosen_as_the_draft(head_engine):
+    """measure.forward_costs (the draft recommendation's) times one drafted
+    token of whatever the draft is, as the bench does: a head's chained
+    forward (it once asked a head for a draft model's forward and failed)."""
+    from specchat.engine.measure import forward_costs
+
+    costs = forward_costs(head_engine, list(PROMPT), reps=1)
+    assert costs.draft_s > 0 and costs.target_s > 0 and costs.draft_cost > 0
