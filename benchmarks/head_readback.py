@@ -52,7 +52,7 @@ def main() -> None:
     heads = {h: eagle3.load_head(eagle3_format.read(Path(h)), engine.target.model,
                                  engine.compute, Path(h).name, args.target)
              for h in args.heads}
-    runner.tap_layers(sorted({i for h in heads.values() for i in h.config.read_layers(layers)}))
+    read = sorted({i for h in heads.values() for i in h.config.read_layers(layers)})
     totals = {h: [0, 0] for h in heads}
     for line in args.prompts.read_text(encoding="utf-8").splitlines():
         prompt = json.loads(line)
@@ -64,7 +64,7 @@ def main() -> None:
         reply = engine.generate(GenerateRequest(prompt_ids=tuple(ids), max_tokens=args.max_tokens,
                                                 draft=DraftSettings(mode="hybrid"))).token_ids
         seq, n = [*ids, *reply], len(ids)
-        logits, tapped = runner.tapped_forward(seq, None)
+        logits, tapped = runner.tapped_forward(seq, None, layers=read)
         choice = mx.argmax(logits, axis=-1)
         rows = len(seq) - 1
         record = {"id": prompt["id"], "reply_tokens": len(reply),

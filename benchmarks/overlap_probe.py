@@ -1,5 +1,5 @@
 """Can the draft run on its own core while the target verifies? (the `ssd`
-mode, engine/ssd.py, issue 15)
+mode, engine/ssd/, issue 15)
 
 Speculative speculative decoding pays only if the draft's forwards cost
 little when they run at the same time as the target's verify. Decoding is
@@ -25,7 +25,7 @@ one process-wide value (``bli_thread_set_num_threads``; BLIS 0.9 keeps it in
 a global rntm_t, checked: a count set in one thread is what every other
 thread reads). BLIS's per-call runtime (``rntm_t`` passed to the expert
 ``bli_gemm_ex``) is only reachable by calling BLIS directly, which MLX does
-not. So the fallback, used here and by engine/ssd.py: while the two run at
+not. So the fallback, used here and by engine/ssd/: while the two run at
 once, the one process-wide count is lowered so that both together use at
 most every core (``cores // 2`` each: 1 and 1 on a two-core machine); the
 second process of the control sets its own count to 1.

@@ -150,11 +150,8 @@ def build_model(folder: Path, tokenizer_dir: Path, *, model_type: str = "llama",
 def prune_draft_head(engine, keep: int) -> None:
     """Give a loaded engine's draft the pruned output head that real
     150k-vocabulary drafts get (tiny vocabularies are never pruned on their
-    own): only ids below ``keep``, the end tokens, and ids seen in context."""
-    from specchat.engine.draft_model import ModelDrafter
-
-    engine._model_drafter = ModelDrafter(engine.draft, extra_ids=sorted(engine.end_ids),
-                                         prune=True, keep=keep)
+    own): only ids below ``keep``, the special tokens, and ids seen in context."""
+    engine.model_drafter.prune(keep)
     assert engine.model_drafter.head is not None
 
 

@@ -154,9 +154,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--target", required=True, type=_model_ref,
                    help="target model (folder, bundled:..., .gguf, hf:...)")
     b.add_argument("--draft", required=True, type=_model_ref,
-                   help="draft model sharing the target's tokenizer (or an EAGLE-3 head)")
+                   help="draft model sharing the target's tokenizer (or a draft head)")
     b.add_argument("--head", type=_model_ref, metavar="HEAD",
-                   help="an EAGLE-3 head for the target, loaded beside the draft model, so "
+                   help="a draft head for the target, loaded beside the draft model, so "
                         "the head modes run in the same process as the draft model's")
     b.add_argument("--prompts", required=True, type=_readable_file,
                    help='JSONL file, one {"id", "kind", "messages"} a line (benchmarks/prompts.jsonl)')
@@ -417,14 +417,14 @@ def _request_from(args) -> tuple:
     return request, mode
 
 
-def mode_text(mode: modes.Mode, draft) -> str:
-    """The mode in words, naming the pair's draft (``draft``: its ModelInfo
-    or None): a head chosen as the draft runs the draft model's modes, and
-    is named as what it is."""
-    if draft is None or "draft model" not in mode.label:
+def mode_text(mode: modes.Mode, pair) -> str:
+    """The mode in words, naming the pair's draft (``pair``: the
+    LoadedPair): a head chosen as the draft runs the draft model's modes,
+    and is named as what it is."""
+    if pair.draft is None or "draft model" not in mode.label:
         return mode.label
-    kind = "draft head" if draft.model_type == "eagle3" else "draft model"
-    return mode.label.replace("draft model", f"{kind} {draft.name}")
+    kind = "draft head" if pair.draft_is_head else "draft model"
+    return mode.label.replace("draft model", f"{kind} {pair.draft.name}")
 
 
 def cmd_generate(args) -> int:
@@ -467,7 +467,7 @@ def cmd_generate(args) -> int:
         sys.stdout.write("\n")
         rate = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
         shares = shares_text(s.tokens_by_origin)
-        drafts = (f" ({mode_text(modes.get(s.mode), pair.draft)}"
+        drafts = (f" ({mode_text(modes.get(s.mode), pair)}"
                   f"{': ' + shares if shares else ''})") if s.mode != modes.PLAIN.name else ""
         print(f"[{s.mode}] {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, "
               f"{s.tokens_per_step:.2f} tokens/step{rate}{drafts}, first token {s.ttft_s:.2f}s, "
@@ -540,7 +540,7 @@ def cmd_serve(args) -> int:
         server = LocalServer(service, args.host, args.port, key, args.allow_remote,
                              cors_origins=args.cors_origin)
         print(f"SpecChat API on {server.url}: model {service.served.model!r}, "
-              f"{mode_text(mode, pair.draft)}"
+              f"{mode_text(mode, pair)}"
               f"{', API key required' if key else ''}. Ctrl+C stops it.", file=sys.stderr)
         server.serve_forever()
         print("SpecChat API stopped.", file=sys.stderr)

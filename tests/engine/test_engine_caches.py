@@ -72,7 +72,7 @@ def test_a_sliding_window_wraps_while_blocks_are_rejected(arch_models):
     plain = _gen(engine, PROMPT, max_tokens=80).token_ids
     r = _gen(engine, PROMPT, "draft", 3, max_tokens=80)
     assert r.token_ids == plain and r.summary.accepted < r.summary.drafted
-    windows = [c for c in engine._slot.cache if isinstance(c, WindowKVCache)]
+    windows = [c for c in engine.target_cache.cache if isinstance(c, WindowKVCache)]
     assert windows and all(c.start > 0 for c in windows)  # past the window: old positions gone
     assert all(c.window == 8 for c in windows)
 

@@ -52,7 +52,7 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
     draft model does), so its first draft follows that token."""
     engine = head_engine
     model, head = engine.target.model, engine.draft.model
-    assert len(PROMPT) - 1 > type(engine._model_drafter).READY_ROWS
+    assert len(PROMPT) - 1 > type(engine.model_drafter).READY_ROWS
     first = _gen(engine, "plain", max_tokens=1).token_ids[0]
     context = (*PROMPT, first)
     ids = mx.array(context)[None]
@@ -63,7 +63,7 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
     feats = mx.concatenate([outs[i] for i in head.config.read_layers(6)], axis=-1)[:-1]
     out = head(mx.array(context[1:]), feats, [KVCache() for _ in head.layers], fed=True)
     want = int(head.rows()[mx.argmax(head.logits(out[-1:]), axis=-1)].item())
-    drafter = engine._model_drafter
+    drafter = engine.model_drafter
     seen = []
     propose = drafter.propose
     contexts, rows = [], []
@@ -91,7 +91,7 @@ def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_e
 def _first_proposal(engine, prompt: tuple[int, ...]):
     """The head's first proposal in a short request on ``prompt`` (adaptive
     K: its confidences are read back)."""
-    drafter, seen = engine._model_drafter, []
+    drafter, seen = engine.model_drafter, []
     propose = drafter.propose
     drafter.propose = lambda ctx, ctl: seen.append(propose(ctx, ctl)) or seen[-1]
     try:
@@ -306,3 +306,13 @@ def test_the_rope_table_is_what_mlx_lm_builds():
             assert not applies({k: v for k, v in scaling.items() if k != key}), (kind, key)
         assert applies(scaling, None) == (kind not in ROPE_NEEDS_LENGTH), kind
     assert not applies({"rope_type": "wobbly", "factor": 2.0})
+
+
+def test_the_draft_recommendation_times_a_head_chosen_as_the_draft(head_engine):
+    """measure.forward_costs (the draft recommendation's) times one drafted
+    token of whatever the draft is, as the bench does: a head's chained
+    forward (it once asked a head for a draft model's forward and failed)."""
+    from specchat.engine.measure import forward_costs
+
+    costs = forward_costs(head_engine, list(PROMPT), reps=1)
+    assert costs.draft_s > 0 and costs.target_s > 0 and costs.draft_cost > 0

@@ -37,7 +37,7 @@ def test_drafting_on_past_given_tokens_is_drafting_on_past_its_own(engine):
     what it drafted after it: the given token is read from the head's own
     output, as each of its drafts is; and the head's cache is back to its
     committed rows once the block is judged."""
-    drafter = engine._model_drafter
+    drafter = engine.model_drafter
     propose, checked = drafter.propose, []
 
     def watch(ctx, ctl):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
-from specchat.engine import drafter_kinds, modes
+from specchat.engine import modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
@@ -57,7 +57,7 @@ def test_the_first_draft_is_the_heads_prediction_from_the_targets_hidden_states(
     longer than a few rows."""
     engine = mtp_engine
     lm = engine.target.model.language_model
-    head = engine._mtp_head
+    head = engine.drafter("mtp").head
     first = _gen(engine, "plain", max_tokens=1).token_ids[0]
     context = (*PROMPT, first)
     ids = mx.array(context)[None]
@@ -65,7 +65,7 @@ def test_the_first_draft_is_the_heads_prediction_from_the_targets_hidden_states(
     out = head(lm.model.embed_tokens(ids[:, 1:]), hidden[:, :-1],
                [KVCache() for _ in head.layers])
     want = int(mx.argmax(lm.lm_head(out[0, -1]), axis=-1).item())
-    drafter = engine._drafter_of(drafter_kinds.MTP)
+    drafter = engine.drafter("mtp")
     seen, contexts = [], []
     propose = drafter.propose
 

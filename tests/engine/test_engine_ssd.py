@@ -1,4 +1,4 @@
-"""The `ssd` mode (engine/ssd.py): the draft drafts the next block on its own
+"""The `ssd` mode (engine/ssd/): the draft drafts the next block on its own
 thread while the target verifies. Hits change where the time goes, never
 the tokens: greedy output is plain decoding's, sampled output follows the
 target's distribution, and a speculated block is the very block the engine
@@ -12,11 +12,12 @@ same on every run and every machine."""
 from __future__ import annotations
 
 import pytest
-from specchat.engine import blas, drafter_kinds, modes, ssd, threads
-from specchat.engine.drafters import Parts
+from specchat.engine import blas, drafter_kinds, modes, threads
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
+from specchat.engine.ssd import drafter as ssd
+from specchat.engine.ssd import plan, worker
 from test_engine_sampling import ALPHA, chi_square_p, exact_joint
 
 PROMPTS = [
@@ -41,7 +42,7 @@ def _run(engine, prompt, mode="ssd", k=None, max_tokens=40, sampling=GREEDY):
 
 
 def _stats(engine) -> ssd.Stats:
-    return ssd.for_model(engine.model_drafter).counts
+    return engine.drafter("ssd").counts
 
 
 @pytest.mark.parametrize("settings", [ssd.Settings(), SETTLED], ids=["timed", "settled"])
@@ -117,8 +118,11 @@ def test_the_mode_is_registered_and_explained(engine):
     assert "Apple Silicon" in mode.description and "CPU" in mode.description
     kind = drafter_kinds.get("ssd")
     assert kind.uses_draft_model and kind.calibrated
-    parts = Parts(draft_model=engine.model_drafter)
-    assert kind.make(parts) is ssd.for_model(engine.model_drafter) is kind.make(parts)
+    # The engine keeps the one its kind made around its draft model, so its
+    # timings carry over from one request to the next.
+    made = engine.drafter("ssd")
+    assert isinstance(made, ssd.SpeculativeDrafter) and made.model is engine.model_drafter
+    assert engine.drafter("ssd") is made
 
 
 def test_ssd_needs_a_draft_model(tiny_target):
@@ -132,7 +136,7 @@ def test_the_worker_parks_and_gives_the_cores_back(engine):
     """Once a request's last speculation is over, the worker is out of MLX
     and the BLAS has the governor's thread count again."""
     _run(engine, PROMPTS[1], k=3)
-    ssd.worker().park()
+    worker.worker().park()
     gov = threads.governor()
     if blas.get_threads() is not None:
         assert blas.get_threads() == gov.threads
@@ -143,14 +147,14 @@ def test_fan_out_follows_the_ending_probabilities():
     position fall geometrically, the bonus position gets its boost, the
     budget is spent exactly and no position exceeds its cap."""
     a, k = 0.8, 5
-    p = ssd.ending_probs([a] * k)
+    p = plan.ending_probs([a] * k)
     assert sum(p) == pytest.approx(1.0)
     assert p[0] == pytest.approx(1 - a) and p[-1] == pytest.approx(a ** k)
-    f = ssd.fan_out(p, 12, [ssd.F_MAX] * (k + 1))
-    assert sum(f) == 12 and max(f) <= ssd.F_MAX
+    f = plan.fan_out(p, 12, [plan.F_MAX] * (k + 1))
+    assert sum(f) == 12 and max(f) <= plan.F_MAX
     assert f[:k] == sorted(f[:k], reverse=True) and f[0] > f[k - 1]
     assert f[k] >= f[k - 1]  # a^K is (1 - a)^-1 times a^K (1 - a)
-    assert ssd.fan_out(p, 40, [2] * (k + 1)) == [2] * (k + 1)  # capped, not over-spent
+    assert plan.fan_out(p, 40, [2] * (k + 1)) == [2] * (k + 1)  # capped, not over-spent
 
 
 def test_the_summary_reports_hits_and_overlap(engine, settled):

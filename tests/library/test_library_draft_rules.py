@@ -36,6 +36,11 @@ from specchat.engine.events import DraftSettings, GenerateRequest
 from specchat.engine.session import Engine
 from specchat.errors import SpecChatError
 target, mode = sys.argv[1], sys.argv[2]
+def mtp_built(e):
+    try:
+        return e.drafter("mtp") is not None
+    except SpecChatError:
+        return False
 for arg in sys.argv[3:]:
     e = Engine()
     try:
@@ -48,7 +53,7 @@ for arg in sys.argv[3:]:
     except SpecChatError as exc:
         print(json.dumps({"error": str(exc),
                           "target_loaded": e.target is not None,
-                          "draft_built": e.draft is not None or e._mtp_head is not None}))
+                          "draft_built": e.draft is not None or mtp_built(e)}))
         continue
     drafted = 0
     if mode != "model":

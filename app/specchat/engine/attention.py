@@ -12,34 +12,35 @@ Folding the heads that share a key head into the rows of one product does
 the same arithmetic as one product per key head (0.41-0.61 ms).
 
 mlx-lm's model files call ``scaled_dot_product_attention`` from their own
-module's globals (``from .base import scaled_dot_product_attention``), so
-``use`` wraps that name in the module of a loaded model. The wrapper takes
-the block path only where it computes what MLX's fallback computes: two rows
-or more, a causal mask or none, no attention sinks, no quantized cache, no
-fewer keys than rows. Everything else, a single row above all, goes to mlx-lm's
-function unchanged. Loading a model applies the compute policy's choice
-(compute.py: the block path on the CPU, never on a GPU, where MLX's kernel is
-fused; ``SPECCHAT_ATTENTION=mlx`` keeps MLX's, to compare the two). The
-wrapper, once in a module, stays for the process, so the choice is a flag it
-reads, and ``stock()`` turns the block path off for a stretch of code: the
-bench times mlx-lm's generators as mlx-lm ships them. The EAGLE-3 head's own
-layer (eagle3.py) calls mlx-lm's function directly and is not wrapped.
+module's globals. ``use`` gives a loaded model's modules whose class calls
+it a subclass whose methods are the same code read against a copy of those
+globals with the wrapper in its place, and the engine gives them their own
+classes back when it unloads the model: no module or class of mlx-lm's
+changes, and another model in the process (the bench's mlx-lm runs, one
+loaded under ``SPECCHAT_ATTENTION=mlx``) keeps mlx-lm's attention. The
+wrapper takes the block path only where it computes what MLX's fallback
+computes: two rows or more, a causal mask or none, no attention sinks, no
+quantized cache, no fewer keys than rows; a single row above all goes to
+mlx-lm's function. Loading applies the compute policy's choice (compute.py:
+the block path on the CPU, never on a GPU, where MLX's kernel is fused),
+and ``stock()`` turns it off for a stretch of code (the bench's mlx-lm
+runs). The EAGLE-3 head's own layer calls mlx-lm's function directly.
 """
 
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 
-_MARK = "_specchat_blocks"  # set on the wrapper: a module is wrapped once
-# "on": the policy's choice, set at each load (a process has one policy);
-# "off": stock() depth. Only the engine thread runs forwards of a loaded
-# model's attention (the ssd worker reads the flags, never sets them).
-_state = {"on": False, "off": 0}
+NAME = "scaled_dot_product_attention"  # what mlx-lm's model files call
+_state = {"off": 0}  # stock() depth: the engine thread's (the ssd worker only reads it)
+_BLOCKED: dict[type, type | None] = {}  # a class's subclass with the block path, if any
+_GLOBALS: dict[str, dict] = {}  # an mlx-lm module's globals with the wrapper
 
 
 def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: float,
@@ -68,35 +69,73 @@ def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: fl
 def _wrap(base: Callable) -> Callable:
     def scaled_dot_product_attention(queries, keys, values_, cache, scale, mask, sinks=None):
         causal = isinstance(mask, str) and mask == "causal"
-        if (not _state["on"] or _state["off"] or queries.shape[2] < 2 or sinks is not None
+        if (_state["off"] or queries.shape[2] < 2 or sinks is not None
                 or hasattr(cache, "bits") or not (mask is None or causal)
                 or queries.shape[1] % keys.shape[1] or keys.shape[2] < queries.shape[2]
                 or queries.dtype != keys.dtype):
             return base(queries, keys, values_, cache=cache, scale=scale, mask=mask, sinks=sinks)
         return block_attention(queries, keys, values_, scale, causal=causal)
 
-    setattr(scaled_dot_product_attention, _MARK, base)
     return scaled_dot_product_attention
 
 
-def use(model: nn.Module, blocks: bool) -> bool:
-    """Apply the policy's choice: with ``blocks``, wrap the attention of the
-    mlx-lm module(s) ``model`` is built from (a wrapper model's language
-    model may live in another module) and turn the block path on; without,
-    turn it off for every wrapped module. True if ``model`` now takes it."""
-    _state["on"] = blocks
-    if not blocks:
-        return False
-    done = False
-    for module_name in {type(m).__module__ for m in model.modules()}:
-        module = sys.modules.get(module_name)
-        base = getattr(module, "scaled_dot_product_attention", None)
-        if module is None or not module_name.startswith("mlx_lm.") or base is None:
-            continue
-        if not hasattr(base, _MARK):
-            module.scaled_dot_product_attention = _wrap(base)
-        done = True
-    return done
+def _calls(code: types.CodeType) -> bool:
+    """Whether a function's code (nested functions included) names NAME."""
+    return NAME in code.co_names or any(
+        isinstance(c, types.CodeType) and _calls(c) for c in code.co_consts)
+
+
+def _with_blocks(fn: types.FunctionType) -> types.FunctionType | None:
+    """``fn`` read against its module's globals with the wrapper, if it is
+    one of mlx-lm's and calls the attention of its module's."""
+    name = fn.__module__ or ""
+    module = sys.modules.get(name)
+    base = getattr(module, NAME, None)
+    if not name.startswith("mlx_lm.") or base is None or not _calls(fn.__code__):
+        return None
+    if name not in _GLOBALS:
+        _GLOBALS[name] = {**vars(module), NAME: _wrap(base)}
+    out = types.FunctionType(fn.__code__, _GLOBALS[name], fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    out.__kwdefaults__, out.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return out
+
+
+def _blocked(cls: type) -> type | None:
+    """The subclass of ``cls`` whose methods take the block path (made
+    once per class), or None when none of its methods calls attention."""
+    if cls not in _BLOCKED:
+        methods, seen = {}, set()
+        for klass in cls.__mro__:
+            for key, fn in vars(klass).items():
+                if key in seen:
+                    continue
+                seen.add(key)
+                if isinstance(fn, types.FunctionType) and (new := _with_blocks(fn)) is not None:
+                    methods[key] = new
+        _BLOCKED[cls] = type(f"Blocks{cls.__name__}", (cls,), methods) if methods else None
+    return _BLOCKED[cls]
+
+
+def use(model: nn.Module, blocks: bool) -> Callable[[], None]:
+    """Apply the policy's choice to ``model``: with ``blocks``, each of its
+    modules whose class calls mlx-lm's attention gets that class's subclass
+    with the block path. Returns what gives them their own classes back
+    (the engine calls it when the model unloads)."""
+    swapped = []
+    for m in model.modules() if blocks else ():
+        cls = type(m)
+        sub = _blocked(cls)
+        if sub is not None:
+            m.__class__ = sub
+            swapped.append((m, cls))
+
+    def undo() -> None:
+        while swapped:
+            m, cls = swapped.pop()
+            m.__class__ = cls
+
+    return undo
 
 
 @contextmanager

@@ -34,7 +34,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from specchat.engine import threads
 from specchat.engine.auto_off import PAUSED, PROBE, SPECULATE, auto_off_applies
 from specchat.engine.draft_policy import DraftPolicy
-from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal
+from specchat.engine.drafters import NO_DRAFT, DraftControl, Drafter, Proposal, Reading
 from specchat.engine.events import (
     REASONING,
     GenerateRequest,
@@ -135,6 +135,7 @@ class Progress:
     context: list[int]  # committed ids; the last one is not in the cache yet
     keys: KeyStream  # every random draw of the request, drafter and verifier alike
     stream: TextStream
+    reading: Reading  # what the drafter said of the prompt as the request started
     prefill_s: float = 0.0  # reading the prompt: the target's prefill, then the drafter's
     reused: int = 0  # prompt tokens already in the cache
     prompt_read: bool = False  # the drafter has read the prompt
@@ -149,23 +150,24 @@ class Progress:
 
 
 def start(d: Decoding) -> Progress:
-    """Prefill the prompt (all but its last token, which the first step
-    feeds) and let the drafter catch up: both count toward time to first
-    token, not as a step. Starts the count of BLAS threads per step."""
+    """The drafter reads what it keeps of the prompt and says how far the
+    target may reuse its cache; the target prefills the rest (all but the
+    prompt's last token, which the first step feeds): both count toward
+    time to first token, not as a step. Starts the count of BLAS threads
+    per step."""
     t_start = time.perf_counter()
     threads.governor().take_counts()
     keys = KeyStream(d.request.sampling.seed)
     stream = TextStream(d.tokenizer, d.request.stop_strings, d.splitter)
-    limit = d.drafter.reuse_limit(d.prompt_ids) if d.drafter is not None else None
-    pending = d.slot.sync_to(d.prompt_ids, limit=limit)
+    reading = d.drafter.prepare(d.prompt_ids, d.request) if d.drafter is not None else Reading()
+    pending = d.slot.sync_to(d.prompt_ids, limit=reading.reuse)
     d.slot.prefill(pending[:-1])
     d.slot.mark_prompt()
-    if d.drafter is not None:
-        d.drafter.prepare(d.prompt_ids, d.request)
     d.policy.break_even.enabled = auto_off_applies(d.request, d.drafter is not None)
     prefill_s = time.perf_counter() - t_start
     run = Progress(started=t_start, context=list(d.prompt_ids), keys=keys, stream=stream,
-                   prefill_s=prefill_s, reused=len(d.prompt_ids) - len(pending))
+                   reading=reading, prefill_s=prefill_s,
+                   reused=len(d.prompt_ids) - len(pending))
     run.tally.forward_s += prefill_s
     return run
 
@@ -183,16 +185,14 @@ def _read_prompt(d: Decoding, run: Progress) -> float:
     if run.prompt_read:
         return 0.0
     read_s = 0.0
-    if not d.drafter.ready(run.context):
-        # Not for a seeded sampled reply: whether the drafter is ready depends
+    if run.reading.behind:
+        # Not for a seeded sampled reply: whether the drafter is behind depends
         # on what an earlier reply left in its cache, and the seed promises
         # the same tokens whatever came before, so it drafts from the first step.
-        if (run.tally.steps == 0 and d.drafter.waits_for_first_token
+        if (run.tally.steps == 0 and run.reading.first_token_first
                 and not _seeded(d.request.sampling)):
             return 0.0  # the first token first
-        t0 = time.perf_counter()
-        d.drafter.catch_up(run.context)
-        read_s = time.perf_counter() - t0
+        read_s = _catch_up(d, run)
         run.prefill_s += read_s
     run.prompt_read = True
     return read_s
@@ -217,9 +217,9 @@ def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
 
 
 def _catch_up(d: Decoding, run: Progress) -> float:
-    """Before a probe: the drafter catches up on the context it skipped
-    while paused, outside the probe's timing, so the probe measures
-    speculation and not the pause's backlog."""
+    """The drafter catches up on the context, timed apart: the prompt
+    (above), or before a probe what it skipped while paused, so that the
+    probe measures speculation and not the pause's backlog."""
     t0 = time.perf_counter()
     d.drafter.catch_up(run.context)
     return time.perf_counter() - t0
@@ -429,19 +429,24 @@ def decode(d: Decoding, on_step: Callable[[StepEvent], None] | None = None) -> G
     """One reply: prefill, then verified blocks committed until the reply
     ends, each step reported to ``on_step``."""
     emit = on_step or (lambda _event: None)
-    run = start(d)
+    run = None
     try:
-        with closing(verified_blocks(d, run)) as blocks:
-            for block in blocks:
-                emit(commit(d, run, block))
-                if run.done:
-                    break
+        # The target's hidden states go to a drafter that reads them for this
+        # request only, however it ends (a failed prefill included).
+        with d.slot.tapped(d.drafter.hidden_tap if d.drafter is not None else None):
+            run = start(d)
+            with closing(verified_blocks(d, run)) as blocks:
+                for block in blocks:
+                    emit(commit(d, run, block))
+                    if run.done:
+                        break
     finally:
         # Whatever ended the reply, the caches hold a prefix of what was
         # committed, recorded for the next request's prefix reuse.
-        d.slot.settle(run.context)
-        if d.drafter is not None:
-            d.drafter.finish(run.context)
+        if run is not None:
+            d.slot.settle(run.context)
+            if d.drafter is not None:
+                d.drafter.finish(run.context)
     tail, released = _ending(run)
     if tail or released.segments or released.calls:
         run.text.append(tail)

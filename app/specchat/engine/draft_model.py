@@ -1,11 +1,10 @@
 """The draft model as a drafter: a small model with the target's tokenizer
-drafts a block token by token (``draft_block``), on its own KV cache.
+drafts a block token by token, on its own KV cache.
 
-``draft_block`` is the one proposal loop: ``ModelDrafter`` runs it on the
-draft's cache, and ssd.py runs it on branches of that cache on its worker
-thread. Either way a block stops after k tokens or where the policy's early
-stop says (``keep_going``), and at T > 0 keeps each token's q row for
-rejection sampling.
+Its blocks are drafted by the one draft step (drafting.py): ``propose``
+runs it on the draft's cache; ssd/ runs it on branches of that cache on its
+worker thread, starting where ``begin`` leaves the cache and adopting a
+branch that was right (``adopt``).
 
 Draft-side vocabulary pruning (as in FR-Spec): byte-level BPE vocabularies
 are ordered by merge rank, roughly by frequency, so the first ids cover
@@ -17,20 +16,22 @@ tokens, and for sampling q is the real (pruned) distribution.
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from functools import partial
 
 import mlx.core as mx
 
+from specchat.engine import warmup
+from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
 from specchat.engine.drafter_kinds import DRAFT_MODEL
-from specchat.engine.drafters import DraftControl, Drafter, Proposal
-from specchat.engine.events import SamplingParams
+from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading
+from specchat.engine.drafting import DraftHead, draft_block
+from specchat.engine.errors import EngineError
 from specchat.engine.kv import CacheSlot, Tokens
-from specchat.engine.loading import LoadedModel
+from specchat.engine.loading import LoadedModel, load_folder
 from specchat.engine.runner import Runner
-from specchat.engine.sampling import processed_logprobs, sample
 
 PRUNE_ABOVE = 65_536
 PRUNE_KEEP = 32_768
@@ -113,140 +114,9 @@ class PrunedHead:
     def nbytes(self) -> int:
         return self.base.nbytes + (self.extra_head.nbytes if self.extra_head is not None else 0)
 
-
-class DraftHead:
-    """The draft's output layer as it is when a block starts, over the ids
-    the target has. The pruned rows are fixed for the block (ssd.py's worker
-    drafts while the engine thread may add rows). A draft whose output layer
-    is wider than the target's (another padding of the same tokenizer) could
-    otherwise propose an id the target has no row for, and acceptance would
-    read some other token's probability for it: such columns are -inf."""
-
-    def __init__(self, runner: Runner | None, pruned: PrunedHead | None, vocab: int,
-                 rows: mx.array | None = None, rows_max: int = -1):
-        """``rows`` (with their largest id): the target id of each column of
-        logits a feed returns, for a drafter with a vocabulary of its own (an
-        EAGLE-3 head's); otherwise columns are the target's ids."""
-        self.vocab = vocab
-        self.which = "hidden" if pruned is not None else "last"  # what a feed returns
-        self.base = self.extra = self.mask = None
-        self.rows = rows
-        if pruned is not None:
-            self.base, self.extra, self.rows = pruned.base, pruned.extra_head, pruned.rows
-            rows_max = pruned.rows_max
-        if rows_max >= vocab:
-            self.mask = self.rows < vocab
-
-    def logits(self, out: mx.array) -> mx.array:
-        """[1, W] float32 logits from what a feed returned (``which``)."""
-        if self.base is None:
-            out = out.astype(mx.float32)
-            if self.rows is not None:
-                return out if self.mask is None else mx.where(self.mask, out, -mx.inf)
-            return out[..., :self.vocab] if out.shape[-1] > self.vocab else out
-        logits = out @ self.base.T
-        if self.extra is not None:
-            logits = mx.concatenate([logits, out @ self.extra.T], axis=-1)
-        logits = logits.astype(mx.float32)
-        return logits if self.mask is None else mx.where(self.mask, logits, -mx.inf)
-
-    def ids(self, idx: mx.array) -> mx.array:
-        """Token ids of logit columns."""
-        return self.rows[idx] if self.rows is not None else idx
-
-    def full_q(self, q_rows: list[mx.array]) -> mx.array:
-        """[k, vocab] draft probabilities over the target's ids (columns the
-        target lacks have probability 0: their logits are -inf)."""
-        probs = mx.concatenate(q_rows, axis=0)
-        if self.rows is not None:
-            rows = self.rows
-            if self.mask is not None:
-                rows, probs = rows[self.mask], probs[:, self.mask]
-            full = mx.zeros((probs.shape[0], self.vocab), probs.dtype)
-            full[:, rows] = probs
-            return full
-        w = probs.shape[-1]
-        if w == self.vocab:
-            return probs
-        return mx.concatenate([probs, mx.zeros((probs.shape[0], self.vocab - w), probs.dtype)],
-                              axis=1)
-
-
-@dataclass
-class Drafted:
-    """A block as drafting produced it: per token its confidence (its
-    probability under the draft), when asked the draft's next choices there
-    (id and probability, the token itself left out: ssd.py's guesses) and,
-    when sampling, its q row."""
-
-    tokens: list[int] = field(default_factory=list)
-    confs: list[float] = field(default_factory=list)
-    alts: list[list[tuple[int, float]]] = field(default_factory=list)
-    q_rows: list[mx.array] = field(default_factory=list)
-    forward_s: float = 0.0
-    forwards: int = 0
-
-
-def draft_block(head: DraftHead, feed: Callable[[Tokens], mx.array], first: Tokens, k: int,
-                sampling: SamplingParams, key_at: Callable[[int], mx.array],
-                keep_going: Callable[[list[float]], bool] = lambda confs: True,
-                lazy: bool = False, alts: int = 0, out: Drafted | None = None,
-                abandon: Callable[[], bool] = lambda: False) -> Drafted | None:
-    """Draft up to k tokens, starting by feeding ``first``; ``feed`` feeds
-    tokens into the draft's cache and returns what ``head.which`` names.
-    Stops after k tokens or where ``keep_going`` says; ``key_at(i)`` is the
-    random key of the block's i-th token (sampling only). With ``lazy`` the
-    tokens stay on the device until the block is done (fixed K: one host
-    sync per block). ``alts``: how many next choices to keep per token.
-    Continues ``out`` when given; returns None if ``abandon`` says so
-    between forwards."""
-    block = out or Drafted()
-    greedy = sampling.greedy
-    on_device: list[mx.array] = []
-    x = first
-    while len(block.tokens) + len(on_device) < k:
-        if abandon():
-            return None
-        t0 = time.perf_counter()
-        logits = head.logits(feed(x))
-        if greedy:
-            probs = mx.softmax(logits, axis=-1)
-            idx = mx.argmax(logits, axis=-1)
-        else:
-            lp = processed_logprobs(logits, sampling)
-            probs = mx.exp(lp)
-            idx = sample(lp, key_at(len(block.tokens) + len(on_device)))
-            block.q_rows.append(probs)
-        tok = head.ids(idx)
-        block.forwards += 1
-        if lazy:
-            on_device.append(tok)
-            mx.async_eval(tok)
-            x = tok
-            continue
-        conf = probs[0, idx[0]]
-        want = [tok, conf]
-        if alts:
-            n_top = min(alts + 1, probs.shape[-1])
-            top = mx.argpartition(-probs[0], kth=n_top - 1)[:n_top]
-            want += [head.ids(top), probs[0, top]]
-        mx.eval(*want)
-        block.forward_s += time.perf_counter() - t0
-        token = int(tok.item())
-        block.tokens.append(token)
-        block.confs.append(float(conf.item()))
-        if alts:
-            ranked = sorted(((i, p) for i, p in zip(want[2].tolist(), want[3].tolist(), strict=True)
-                             if i != token and p > 0), key=lambda x: -x[1])
-            block.alts.append(ranked[:alts])
-        if not keep_going(block.confs):
-            break
-        x = [token]
-    if on_device:
-        t0 = time.perf_counter()
-        block.tokens.extend(mx.concatenate(on_device).tolist())
-        block.forward_s += time.perf_counter() - t0
-    return block
+    def view(self, vocab: int) -> DraftHead:
+        """Its rows as they are now, for a block over the target's ``vocab`` ids."""
+        return DraftHead(vocab, self.rows, self.rows_max, self.base, self.extra_head)
 
 
 class ModelDrafter(Drafter):
@@ -260,19 +130,26 @@ class ModelDrafter(Drafter):
     name = DRAFT_MODEL.name
     own_cap_only = True
 
-    def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = (), prune: bool | None = None,
-                 keep: int = PRUNE_KEEP):
+    def __init__(self, draft: LoadedModel, extra_ids: Sequence[int] = ()):
+        """``extra_ids``: ids a pruned output layer always keeps (the
+        special tokens)."""
         self.loaded = draft
         self.runner = Runner(draft.model, draft.info.model_type, draft.config)
         self.slot = CacheSlot(self.runner)
         self._prompt_length = 0  # this request's prompt, in ids
+        self._extra_ids = list(extra_ids)
         self.head: PrunedHead | None = None
         weight = self.runner.head_weight()
-        vocab = weight.shape[0] if weight is not None else 0
-        if prune is None:
-            prune = vocab > PRUNE_ABOVE
-        if prune and weight is not None and vocab > keep:
-            self.head = PrunedHead(weight, keep, extra_ids)
+        if weight is not None and weight.shape[0] > PRUNE_ABOVE:
+            self.prune()
+
+    def prune(self, keep: int = PRUNE_KEEP) -> None:
+        """Project onto the first ``keep`` rows only (with the special tokens
+        and the ids the context brings), as a vocabulary above PRUNE_ABOVE
+        is; a small one too when asked (tests of the pruned path)."""
+        weight = self.runner.head_weight()
+        if weight is not None and weight.shape[0] > keep:
+            self.head = PrunedHead(weight, keep, self._extra_ids)
 
     def reset(self) -> None:
         self.slot.reset()
@@ -283,16 +160,15 @@ class ModelDrafter(Drafter):
             total -= self.head.weight.nbytes - self.head.nbytes
         return total
 
-    def prepare(self, prompt: Sequence[int], request=None) -> None:
-        """The prefix of the prompt the cache already holds is kept; the loop
-        has the rest read (``catch_up``) after the reply's first token."""
+    def prepare(self, prompt: Sequence[int], request=None) -> Reading:
+        """The prefix of the prompt the cache already holds is kept; the
+        rest is read by ``catch_up`` when it is more than a block's first
+        forward feeds."""
         if self.head is not None:
             self.head.restart(prompt)
         self.slot.sync_to(prompt)
         self._prompt_length = len(prompt)
-
-    def ready(self, context: Sequence[int]) -> bool:
-        return len(context) - self.slot.length <= FEED_MAX
+        return Reading(behind=len(prompt) - self.slot.length > FEED_MAX)
 
     def catch_up(self, context: Sequence[int]) -> None:
         reading_prompt = self.slot.length < self._prompt_length
@@ -322,31 +198,60 @@ class ModelDrafter(Drafter):
         return self.head(self.runner(tokens, cache, "hidden"))
 
     def view(self, vocab: int) -> DraftHead:
-        return DraftHead(self.runner, self.head, vocab)
+        return self.head.view(vocab) if self.head is not None else DraftHead(vocab)
 
     def feed(self, tokens: Tokens, head: DraftHead) -> mx.array:
         """Feed tokens into the draft's own cache: what ``head`` reads."""
         return self.slot.feed(tokens, head.which)
+
+    def begin(self, context: Sequence[int], vocab: int) -> tuple[list[int], DraftHead]:
+        """Where a block for ``context`` starts: the cache catches up on
+        what was accepted since the last block (many tokens after a run of
+        suffix drafts in hybrid mode: draft forward time) but the last few
+        ids, which the block's first forward feeds (returned), and is
+        checkpointed; with the output columns as they are then."""
+        first = self._pending(context[self.slot.length:])
+        self.slot.checkpoint()
+        return first, self.view(vocab)
+
+    def adopt(self, cache: list, length: int) -> None:
+        """Take a branch of the cache drafted elsewhere (ssd/'s worker)
+        holding ``length`` positions as the cache, checkpointed."""
+        self.slot.adopt(cache, length)
+        self.slot.checkpoint()
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         k = ctl.cap(self.name)
         if k <= 0:
             return Proposal(tokens=[], source=self.name)
         t0 = time.perf_counter()
-        # Catch up on what was accepted since the last call (many tokens after
-        # a run of suffix drafts in hybrid mode): that is draft forward time.
-        first = self._pending(context[self.slot.length:])
-        self.slot.checkpoint()
-        head = self.view(ctl.vocab)
+        first, head = self.begin(context, ctl.vocab)
         block = draft_block(head, lambda t: self.feed(t, head), first, k, ctl.sampling,
-                            key_at=lambda _i: ctl.keys.next(), keep_going=partial(ctl.keep_going, self.name),
-                            lazy=ctl.lazy)
-        q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
-        return Proposal(tokens=block.tokens, source=self.name, q=q, confidences=block.confs,
-                        draft_s=time.perf_counter() - t0, forwards=block.forwards)
+                            key_at=lambda _i: ctl.keys.next(),
+                            keep_going=partial(ctl.keep_going, self.name), lazy=ctl.lazy)
+        return block.proposal(self.name, head, ctl.sampling, t0)
 
     def kept(self, length: int) -> None:
         self.slot.rewind(min(self.slot.length, length))
 
     def finish(self, context: Sequence[int]) -> None:
         self.slot.settle(context)
+
+
+def build(b: Build) -> ModelDrafter:
+    """drafter_kinds.DRAFT_MODEL's maker: the draft model in ``b.folder``,
+    refused in words when its tokenizer is not the target's, and warmed up
+    as the target is (warmup.py)."""
+    loaded = load_folder(b.folder, b.compute, b.say)
+    reasons = compare_tokenizers(facts_from_tokenizer(b.target.tokenizer),
+                                 facts_from_tokenizer(loaded.tokenizer))
+    if reasons:
+        del loaded
+        gc.collect()
+        raise EngineError(f"{b.folder.name} cannot draft for {b.target.info.name}: "
+                          + "; ".join(reasons))
+    special = set(b.end_ids) | set(b.target.tokenizer.get_added_vocab().values())
+    drafter = ModelDrafter(loaded, extra_ids=sorted(special))
+    b.say(f"warming up {loaded.info.name}")
+    warmup.warm(drafter.runner)
+    return drafter

@@ -16,20 +16,22 @@ modes.py, and through it the window, may read it.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 from specchat import origins
-from specchat.engine import registry
+from specchat.engine import eagle3_format, registry
+from specchat.engine.folders import model_name
 
 
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    # Builds a drafter from what the engine has loaded (drafters.Parts), once
-    # per loaded target (or draft model) and kept with its state.
+    # Builds a new drafter from a drafters.Build: a kind that ``fills`` its
+    # need from the folder chosen for it, as it loads; any other on what
+    # holds its need, when first used (session.Slot keeps them).
     make: Callable[[Any], Any]
     prior: float  # per-token acceptance before any is measured
     cap: int  # longest block
@@ -39,8 +41,13 @@ class DrafterKind:
     cost: float = 0.0
     # What it needs loaded besides the target (events.LoadedPair.loaded):
     # "" nothing, "draft" the pair's draft (a draft model, or a head chosen
-    # as the draft), "head" an EAGLE-3 head, "mtp" the target's own MTP head.
+    # as the draft), "head" a draft head, "mtp" the target's own MTP head.
     needs: str = ""
+    fills: bool = False  # its drafter holds its need (the draft model, a head, the MTP head)
+    # For a drafter that comes as a folder of its own (a draft head): its
+    # format module, no MLX (eagle3_format; docs/architecture.md says what
+    # it answers).
+    folder: Any = None
     # It reads the target's hidden states, which the target has not computed
     # for a suffix draft's tokens: chained after one (hybrid.py), it reads
     # them from its own output, one forward a token, and its acceptance there
@@ -76,12 +83,6 @@ class DrafterKind:
     def uses_draft_model(self) -> bool:
         return self.needs == "draft"
 
-    @property
-    def made_on_load(self) -> bool:
-        """Its drafter is made when its model loads and goes with it (the
-        engine builds the others on first use and keeps them with the target)."""
-        return self.needs in ("draft", "head")
-
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
     """A constructor imported when first called, so the registry imports no MLX."""
@@ -89,8 +90,9 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
 
 
 # The draft model's block length is the early stop's call, up to 12.
-DRAFT_MODEL = DrafterKind("draft", attrgetter("draft_model"), prior=0.7, cap=12, calibrated=True,
-                          needs="draft", origin=origins.DRAFT_MODEL)
+DRAFT_MODEL = DrafterKind("draft", _lazy("specchat.engine.draft_model", "build"), prior=0.7,
+                          cap=12, calibrated=True, needs="draft", fills=True,
+                          origin=origins.DRAFT_MODEL)
 # Suffix matches over the conversation and the history: free too, and
 # scored by how many occurrences agree (suffix.py).
 # Longer matches continue correctly far more often: the prior of a statistics
@@ -134,7 +136,7 @@ def _suffix_prior(key: str) -> float:
     return priors.get(bucket, 0.6)
 
 
-SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "SuffixDrafter"), prior=0.6, cap=24,
+SUFFIX = DrafterKind("suffix", _lazy("specchat.engine.suffix", "build"), prior=0.6, cap=24,
                      key_prior=_suffix_prior, origin=origins.CONVERSATION)
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (DRAFT_MODEL, SUFFIX)}
@@ -148,21 +150,48 @@ def get(name: str) -> DrafterKind:
     return registry.lookup(KINDS, name, "drafter")
 
 
+def of_folder(config: dict) -> DrafterKind | None:
+    """The kind whose drafters come as folders like the one whose
+    config.json is ``config`` (a head's), or None (a model's)."""
+    return next((k for k in KINDS.values() if k.folder is not None
+                 and k.folder.recognizes(config)), None)
+
+
+def head_words(name: str) -> str:
+    """A draft head of the kind ``name`` (a head's model type), in words:
+    "EAGLE-3 head"; "draft head" for a kind no head format is known by."""
+    kind = KINDS.get(name)
+    return f"{kind.folder.LABEL} head" if kind is not None and kind.folder else "draft head"
+
+
+def not_a_target(folder: str | os.PathLike, kind: DrafterKind, made_for: str = "") -> str:
+    """Why a draft head's folder cannot be a target, in words, wherever a
+    target is checked; ``made_for``: the model its config names, if any."""
+    return (f"{model_name(folder)} is an {kind.folder.LABEL} draft head"
+            + (f" made for {made_for}" if made_for else "")
+            + ": a head drafts for a target and cannot be one. Use it as the draft "
+              f"(--draft {folder} on the command line, the Draft list in the window), "
+            + (f"with {made_for} as the target" if made_for
+               else "with the target it was made for"))
+
+
 # Speculative speculative decoding: the draft model drafts the next block on
-# its own thread while the target verifies this one (ssd.py).
-SSD = register(DrafterKind("ssd", _lazy("specchat.engine.ssd", "build"), prior=0.7, cap=12,
+# its own thread while the target verifies this one (ssd/).
+SSD = register(DrafterKind("ssd", _lazy("specchat.engine.ssd.drafter", "build"), prior=0.7, cap=12,
                            calibrated=True, needs="draft", origin=origins.DRAFT_MODEL))
 
 # The target's own multi-token-prediction head (mtp.py): one layer and the
 # target's output layer per drafted token; its acceptance measured elsewhere
 # runs 0.6 to 0.8 per token, and the policy learns the pair's quickly.
 MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0.7, cap=8,
-                           calibrated=True, needs="mtp", reads_target=True,
+                           calibrated=True, needs="mtp", fills=True, reads_target=True,
                            origin=origins.MTP))
 
-# An EAGLE-3 head (eagle3.py): chosen as the pair's draft it stands where a
-# draft model would (the modes that use "the draft" run it); loaded beside a
-# draft model (``specchat bench --head``) the head modes run it. It reads the
-# target's hidden states and costs what its bytes say against the target's.
-EAGLE3 = register(DrafterKind("eagle3", attrgetter("head"), prior=0.7, cap=10, calibrated=True,
-                              needs="head", reads_target=True, origin=origins.HEAD))
+# An EAGLE-3 head (eagle3.py, its folder's format eagle3_format.py): chosen as
+# the pair's draft it stands where a draft model would (the modes that use
+# "the draft" run it); loaded beside a draft model (``specchat bench --head``)
+# the head modes run it. It reads the target's hidden states and costs what
+# its bytes say against the target's.
+EAGLE3 = register(DrafterKind("eagle3", _lazy("specchat.engine.eagle3", "build"), prior=0.7,
+                              cap=10, calibrated=True, needs="head", fills=True,
+                              folder=eagle3_format, reads_target=True, origin=origins.HEAD))

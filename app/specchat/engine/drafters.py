@@ -20,7 +20,9 @@ from typing import Any
 import mlx.core as mx
 
 from specchat.engine import drafter_kinds
+from specchat.engine.errors import EngineError
 from specchat.engine.events import SamplingParams
+from specchat.engine.kv import HiddenTap
 from specchat.engine.sampling import KeyStream
 
 
@@ -75,16 +77,41 @@ class Proposal:
 NO_DRAFT = Proposal(tokens=[], source="")
 
 
-@dataclass
-class Parts:
-    """What the engine has loaded, for building drafters: a kind's ``make``
-    (drafter_kinds.py) takes what it needs from here."""
+@dataclass(frozen=True)
+class Reading:
+    """What a drafter answers as a request starts (``Drafter.prepare``):
+    how far the target may reuse its cached prompt for it, and whether it
+    has more of the prompt to read than one draft step reads."""
 
-    target: Any = None  # kv.CacheSlot: the target's cache (its runner can tap hidden states)
-    draft_model: Any = None  # draft_model.ModelDrafter, when a draft model is loaded
-    mtp_head: Any = None  # mtp.MTPModule, when the target ships one
-    head: Any = None  # eagle3.Eagle3Drafter: an EAGLE-3 head, the draft or beside it
-    history: Any = None  # history.History: the user's earlier conversations
+    # Positions of the target's cached prefix it can follow (a head needs the
+    # target's features of every row it has not fed); None: all of them.
+    reuse: int | None = None
+    # The rest of the prompt is more than a draft step reads: ``catch_up``
+    # reads it, as prompt processing, after the reply's first token has gone
+    # out (``first_token_first``; ssd: before the first step).
+    behind: bool = False
+    first_token_first: bool = True
+
+
+@dataclass
+class Build:
+    """What a drafter kind's ``make`` builds its drafter from: what the
+    engine has loaded, and what was chosen for the kind's need."""
+
+    target: Any  # loading.LoadedModel: the target as loaded
+    cache: Any  # kv.CacheSlot: the target's cache (a head reads its hidden states)
+    compute: Any  # events.ComputeInfo: the policy models are loaded with
+    history: Any  # history.History: the user's earlier conversations
+    end_ids: set[int] = field(default_factory=set)  # ids that end a reply
+    folder: Any = None  # pathlib.Path chosen for the need (a draft model's, a head's)
+    files: Any = None  # that folder as the kind's format module read and checked it
+    base: Any = None  # Drafter of the need it builds on (ssd: the draft model's)
+    say: Callable[[str], None] = lambda _message: None  # loading progress, in words
+
+
+class Absent(EngineError):
+    """A kind's ``make`` found nothing to build (the target ships no MTP
+    head that drafts): the engine keeps the words for a mode that asks."""
 
 
 @dataclass
@@ -113,8 +140,9 @@ class DraftControl:
 
 class Drafter:
     """What the loop asks of a drafter. Only ``propose`` is required; the
-    rest have do-nothing defaults for drafters that keep no state. Its kind
-    builds it with the engine's ``Parts``, which it may ignore."""
+    rest have do-nothing defaults for drafters that keep no state. Its
+    kind's ``make`` builds it from a ``Build``; a drafter that needs none of
+    it may be its own ``make`` (the class, which takes and ignores it)."""
 
     name: str  # its kind in drafter_kinds.py
     # Whether it drafts only under its own kind's cap, so that a cap of 0
@@ -125,26 +153,24 @@ class Drafter:
     # an empty proposal at once, drawing no random key.
     own_cap_only: bool = False
 
-    def __init__(self, parts: Parts | None = None):
+    # The folder it was loaded from, as loaded (loading.LoadedModel: a draft
+    # model, a head); None for a drafter made on what others loaded.
+    loaded: Any = None
+
+    def __init__(self, build: Build | None = None):
         pass
 
-    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
-        """Before a request's prefill: how many positions of the target's
-        cached prefix this drafter can follow (one that reads the target's
-        hidden states needs them for every position it has not seen), or
-        None for all of them."""
+    def prepare(self, prompt: Sequence[int], request: Any = None) -> Reading:
+        """A request (events.GenerateRequest) starts, before the target's
+        prefill: keep what an earlier request left where it is a prefix of
+        ``prompt`` (cheap work only), and say what is left to read."""
+        return Reading()
+
+    @property
+    def hidden_tap(self) -> HiddenTap | None:
+        """What it reads of the target's forwards, tapped for the length of
+        a request (kv.CacheSlot.tapped; head_drafter.py)."""
         return None
-
-    # Whether the reply's first token goes out before this drafter reads the
-    # prompt, when it is not ``ready`` for the first step.
-    waits_for_first_token: bool = True
-
-    def prepare(self, prompt: Sequence[int], request: Any = None) -> None:
-        """A request (events.GenerateRequest) starts, during the target's
-        prefill. Cheap work only: a drafter not ``ready`` for the first step
-        has the rest of the prompt read by ``catch_up``, which the loop
-        counts as prompt processing and not as a decoding step. State from
-        an earlier request may be reused where it is a prefix of ``prompt``."""
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
         raise NotImplementedError
@@ -158,14 +184,6 @@ class Drafter:
         them and overrides this."""
         return self.propose([*context, *given], ctl)
 
-    def ready(self, context: Sequence[int]) -> bool:
-        """Whether drafting for ``context`` now costs no more than a draft
-        step. One that is not (the draft model, with the prompt still to
-        read) lets the reply's first token go out first, so speculation
-        costs no time to first token, and then reads the prompt
-        (``catch_up``) outside the draft timing."""
-        return True
-
     def kept(self, length: int) -> None:
         """The target judged the last proposal (whoever made it): the first
         ``length`` tokens of the context it was made for, followed by the
@@ -175,8 +193,8 @@ class Drafter:
 
     def catch_up(self, context: Sequence[int]) -> None:
         """Bring any state up to ``context`` now, outside the draft timing:
-        the prompt, after the reply's first token; and mid-request, before
-        break-even auto-off probes speculation."""
+        the prompt, when ``prepare`` said it is behind; and mid-request,
+        before break-even auto-off probes speculation."""
 
     def finish(self, context: Sequence[int]) -> None:
         """The request ended with ``context`` committed."""
@@ -186,5 +204,10 @@ class Drafter:
 
     def stats(self) -> dict:
         """This request's own counts, for Summary.drafter_stats under the
-        drafter's name (ssd.py: hits, misses, overlap); empty for most."""
+        drafter's name (ssd/: hits, misses, overlap); empty for most."""
         return {}
+
+    def bytes_per_token(self) -> int | None:
+        """Weight bytes one drafted token reads (the engine prices a drafter
+        with weights of its own by them); None: none."""
+        return None

@@ -25,8 +25,9 @@ from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attenti
 from mlx_lm.models.rope_utils import initialize_rope
 
 from specchat.engine import compute
-from specchat.engine.draft_model import DraftHead
 from specchat.engine.drafter_kinds import EAGLE3
+from specchat.engine.drafters import Build
+from specchat.engine.drafting import DraftHead
 from specchat.engine.eagle3_format import (
     READS,
     Head,
@@ -38,8 +39,11 @@ from specchat.engine.eagle3_format import (
     rope_refusal,
 )
 from specchat.engine.errors import EngineError
+from specchat.engine.events import ModelInfo
+from specchat.engine.folders import model_name, read_config
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
+from specchat.engine.loading import LoadedModel, count_params
 
 
 def make_rope(c: HeadConfig) -> nn.Module:
@@ -207,7 +211,7 @@ class Eagle3Drafter(HeadDrafter):
         self.layers = len(head.layers)
         lm_layers = len(target.runner.trunk.layers)
         self.read = head.config.read_layers(lm_layers)
-        target.runner.tap_layers(self.read)
+        self.tap_layers = tuple(self.read)
         self._rows = head.rows()
         self._rows_max = int(mx.max(self._rows).item())
         super().__init__(target)
@@ -225,4 +229,22 @@ class Eagle3Drafter(HeadDrafter):
         return self.head.logits(out)
 
     def view(self, vocab: int) -> DraftHead:
-        return DraftHead(None, None, vocab, rows=self._rows, rows_max=self._rows_max)
+        return DraftHead(vocab, rows=self._rows, rows_max=self._rows_max)
+
+
+def build(b: Build) -> Eagle3Drafter:
+    """drafter_kinds.EAGLE3's maker: the head whose folder eagle3_format
+    read and checked (``b.files``), checked against the loaded target in
+    words, drafting from the target's own hidden states."""
+    folder = b.files.folder
+    name = model_name(folder)
+    b.say(f"loading the draft head {name}")
+    head = load_head(b.files, b.target.model, b.compute, name, b.target.info.name)
+    drafter = Eagle3Drafter(head, b.cache)
+    info = ModelInfo(name=name, path=str(folder), model_type=EAGLE3.name,
+                     n_params=count_params(head), weight_bytes=head_bytes(head),
+                     dtype=compute.weight_dtype(head), vocab_size=head.config.vocab_size,
+                     trimmable=True, untrimmable_reason=None)
+    drafter.loaded = LoadedModel(model=head, tokenizer=b.target.tokenizer,
+                                 config=read_config(folder), info=info)
+    return drafter

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specchat.engine import folders, safetensors_file
+from specchat.engine.config_fields import Fields
 from specchat.engine.errors import EngineError
 from specchat.engine.events import CHECKPOINT_FILES
 from specchat.engine.safetensors_file import FLOAT_DTYPES, WHOLE_DTYPES, Tensor, whole
@@ -35,6 +36,7 @@ from specchat.errors import SpecChatError
 from specchat.records import described
 
 NAME = "eagle3"  # drafter_kinds.EAGLE3's name, and a head's model type in the library
+LABEL = "EAGLE-3"  # what people call the format: "an EAGLE-3 head"
 
 # A vocabulary's most ids: a head's d2t has one entry per draft id and its
 # t2d one per target id, and the largest vocabularies are a few hundred
@@ -80,6 +82,24 @@ _ROPE_LISTS = ("short_factor", "long_factor")
 _LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.")
 
 
+def recognizes(config: dict) -> bool:
+    """Whether a folder's config.json is an EAGLE-3 draft head's rather
+    than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
+    archs = config.get("architectures")
+    archs = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs or "")
+    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
+            or config.get("model_type") == "eagle3")
+
+
+def made_for(config: dict) -> str:
+    """The model a head's config says it drafts for (vLLM's
+    ``speculators_config.verifier.name_or_path``), or "" where it says none."""
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 def default_layer_ids(target_layers: int) -> tuple[int, int, int]:
     """The hidden states a head reads when its config names none (EAGLE-3's
     choice: 2, n/2 and n - 3 of the target's n layers)."""
@@ -115,7 +135,7 @@ class HeadConfig:
         """The checked config, or ``error`` naming the field and the file
         (in ``shown``, the head's folder as the person gave it), in words."""
         where = shown / "config.json" if shown is not None else "config.json"
-        read = _Fields(where, error)
+        read = Fields(where, error, SIZES, "an EAGLE-3 head's")
         layer, prefix = config, ""
         if config.get("transformer_layer_config") is not None:
             layer, prefix = config["transformer_layer_config"], "transformer_layer_config."
@@ -151,7 +171,7 @@ class HeadConfig:
             vocab_size=vocab,
             draft_vocab_size=draft_vocab,
             target_hidden_size=read.size(config, "target_hidden_size", "", hidden),
-            layer_ids=read.layer_ids(config),
+            layer_ids=_layer_ids(config, where, error),
             norm_before_residual=read.flag(config, "norm_before_residual", False),
             tie_word_embeddings=read.flag(config, "tie_word_embeddings", False),
             rope_scaling=scaling,
@@ -169,71 +189,18 @@ class HeadConfig:
         return tuple(max(i - 1, 0) for i in ids)
 
 
-class _Fields:
-    """Reads a config's fields, each checked, refusing in words that name
-    the file and the field."""
-
-    _REQUIRED = object()
-
-    def __init__(self, where: Path | str, error: type[SpecChatError]):
-        self.where, self.error = where, error
-
-    def _value(self, block: dict, key: str, prefix: str, default: object):
-        value = block.get(key)
-        if value is None:
-            if default is self._REQUIRED:
-                raise self.error(f"{self.where} lacks {prefix}{key}, which an EAGLE-3 head's "
-                                 "config states")
-            return None
-        return value
-
-    def size(self, block: dict, key: str, prefix: str = "", default: object = _REQUIRED):
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        low, high = SIZES[key]
-        if not (whole(value) and low <= value <= high):
-            raise self.error(f"{self.where}: {prefix}{key} must be a whole number from {low:,} "
-                             f"to {high:,}; got {described(value)}")
-        return value
-
-    def number(self, block: dict, key: str, prefix: str, default: float) -> float:
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        if not (isinstance(value, int | float) and not isinstance(value, bool)
-                and 0 < value < math.inf):
-            raise self.error(f"{self.where}: {prefix}{key} must be a number above 0; got "
-                             f"{described(value)}")
-        return float(value)
-
-    def flag(self, block: dict, key: str, default: bool, prefix: str = "") -> bool:
-        value = self._value(block, key, prefix, default)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(f"{self.where}: {prefix}{key} must be true or false; got "
-                             f"{described(value)}")
-        return value
-
-    def mapping(self, block: dict, key: str, prefix: str) -> dict | None:
-        value = self._value(block, key, prefix, None)
-        if value is not None and not isinstance(value, dict):
-            raise self.error(f"{self.where}: {prefix}{key} must be an object (or null); got "
-                             f"{described(value)}")
-        return dict(value) if value else None
-
-    def layer_ids(self, config: dict) -> tuple[int, ...] | None:
-        key = next((k for k in ("eagle_aux_hidden_state_layer_ids", "target_layer_ids")
-                    if config.get(k) is not None), None)
-        if key is None:
-            return None
-        ids = config[key]
-        if not (isinstance(ids, list) and len(ids) == READS and all(
-                whole(i) and -MAX_LAYER_ID <= i <= MAX_LAYER_ID for i in ids)):
-            raise self.error(f"{self.where}: {key} must name the {READS} target layers it reads "
-                             f"(whole numbers); got {described(ids)}")
-        return tuple(ids)
+def _layer_ids(config: dict, where: Path | str, error: type[SpecChatError]) -> tuple[int, ...] | None:
+    """The target layers a config names (either layout's key), checked."""
+    key = next((k for k in ("eagle_aux_hidden_state_layer_ids", "target_layer_ids")
+                if config.get(k) is not None), None)
+    if key is None:
+        return None
+    ids = config[key]
+    if not (isinstance(ids, list) and len(ids) == READS and all(
+            whole(i) and -MAX_LAYER_ID <= i <= MAX_LAYER_ID for i in ids)):
+        raise error(f"{where}: {key} must name the {READS} target layers it reads "
+                    f"(whole numbers); got {described(ids)}")
+    return tuple(ids)
 
 
 def _check_rope(c: HeadConfig, head: Path | str, error: type[SpecChatError]) -> None:
@@ -446,7 +413,7 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
     shown = shown or folder
     folders.check_files(folder, error, shown)
     config = folders.read_config(folder, error, shown)
-    if not folders.is_head(config):
+    if not recognizes(config):
         raise error(f"{shown} is not an EAGLE-3 draft head (its config.json names no eagle3 "
                     "architecture)")
     c = HeadConfig.from_config(config, shown, error)
@@ -479,7 +446,7 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
                             "not whole, not ids")
             maps[n] = tuple(int(v) for v in values)
     return Head(folder=folder, config=c, files=tuple(files), tensors=tensors,
-                d2t=maps.get("d2t"), t2d=maps.get("t2d"), made_for=folders.made_for(config))
+                d2t=maps.get("d2t"), t2d=maps.get("t2d"), made_for=made_for(config))
 
 
 # -- against a target --------------------------------------------------------------------
@@ -495,6 +462,25 @@ class Target:
     hidden_size: int
     num_layers: int
     vocab_size: int
+
+
+def target_facts(name: str, config: dict) -> Target | None:
+    """What a head must fit of the target whose config.json is ``config``
+    (None where it does not state them as whole numbers)."""
+    cfg = folders.text_config(config)
+    sizes = [cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return None
+    return Target(name, *sizes)
+
+
+def fits(head: dict, target: Target) -> str:
+    """What makes a head that fits (``fit_problem``) draft for ``target``,
+    in words."""
+    ids = head["reads_layers"] or list(default_layer_ids(target.num_layers))
+    return (f"an EAGLE-3 head that reads {target.name}'s hidden states at layers {ids} (width "
+            f"{target.hidden_size}) and drafts over {head['draft_vocab']:,} of its "
+            f"{target.vocab_size:,} ids")
 
 
 def fit_problem(head: dict, target: Target, name: str) -> str | None:

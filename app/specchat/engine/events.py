@@ -191,7 +191,7 @@ class Summary:
     paused_steps: int = 0
     # what auto-off measured (auto_off.BreakEven.report); empty when it was off
     auto_off: dict = field(default_factory=dict)
-    # A drafter's own counts for this request, by drafter kind (ssd.py's
+    # A drafter's own counts for this request, by drafter kind (ssd/'s
     # hits, misses and overlap); each drafter names its fields (Drafter.stats).
     drafter_stats: dict = field(default_factory=dict)
     # How each part of the reply was decoded (engine/part_stats.py), by part
@@ -321,19 +321,20 @@ class LoadedPair:
     reason: str | None  # why speculative decoding with the draft is unavailable
     mtp: bool = False  # the target ships an MTP head that can draft for it (modes.MTP)
     own_head: bool = False  # the draft chosen is that head (``--draft mtp``): no draft model
-    # An EAGLE-3 head loaded beside a draft model (``specchat bench --head``);
-    # a head chosen as the draft is ``draft`` (model_type "eagle3").
+    # A draft head loaded beside a draft model (``specchat bench --head``);
+    # a head chosen as the draft is ``draft``, and ``draft_is_head``.
     head: ModelInfo | None = None
     chat: ChatFormat = ChatFormat()  # the target's tools and reasoning
+    draft_is_head: bool = False
 
     def loaded(self) -> set[str]:
         """What drafters can use (drafter_kinds.DrafterKind.needs): "draft"
-        for the pair's draft, "head" for an EAGLE-3 head (the draft or one
+        for the pair's draft, "head" for a draft head (the draft or one
         beside it), "mtp" for the target's own head when it was chosen."""
         have = set()
         if self.draft is not None:
             have.add("draft")
-        if self.head is not None or (self.draft is not None and self.draft.model_type == "eagle3"):
+        if self.head is not None or self.draft_is_head:
             have.add("head")
         if self.own_head:
             have.add("mtp")

@@ -13,6 +13,7 @@ import functools
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from specchat import outputs, records, values
@@ -176,37 +177,6 @@ def _json_passed(path: Path, _stamp: tuple, error: type[SpecChatError], where: P
             raise error(f"{where} is broken: {exc}") from None
 
 
-def is_head(config: dict) -> bool:
-    """Whether a folder's config.json is an EAGLE-3 draft head's (eagle3.py)
-    rather than a model's: EAGLE-3's own layout or vLLM's ``speculators``."""
-    archs = config.get("architectures")
-    archs = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs or "")
-    return ("eagle3" in archs.lower() or config.get("speculators_model_type") == "eagle3"
-            or config.get("model_type") == "eagle3")
-
-
-def not_a_target(folder: str | os.PathLike, made_for: str = "") -> str:
-    """Why a draft head's folder cannot be loaded as a target, in words: the
-    one message wherever a target is checked (validate_folder, before the
-    engine loads one, and the library's pair check). ``made_for``: the
-    model its config says it drafts for ("" when it does not say)."""
-    return (f"{model_name(folder)} is an EAGLE-3 draft head"
-            + (f" made for {made_for}" if made_for else "")
-            + ": a head drafts for a target and cannot be one. Use it as the draft "
-              f"(--draft {folder} on the command line, the Draft list in the window), "
-            + (f"with {made_for} as the target" if made_for
-               else "with the target it was made for"))
-
-
-def made_for(config: dict) -> str:
-    """The model a head's config says it drafts for (vLLM's
-    ``speculators_config.verifier.name_or_path``), or "" where it says none."""
-    spec = config.get("speculators_config")
-    verifier = spec.get("verifier") if isinstance(spec, dict) else None
-    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
-    return name if isinstance(name, str) else ""
-
-
 def read_config(folder: Path, error: type[SpecChatError] = EngineError,
                 shown: Path | None = None) -> dict:
     """A model's or a head's config.json (read_json_object)."""
@@ -217,18 +187,22 @@ def read_config(folder: Path, error: type[SpecChatError] = EngineError,
 
 
 def validate_folder(folder: Path, error: type[SpecChatError] = EngineError,
-                    shown: Path | None = None) -> dict:
+                    shown: Path | None = None,
+                    refuse: Callable[[Path, dict], str | None] | None = None) -> dict:
     """Config, weights and tokenizer are all there and every file can be
-    read (check_files); returns config.json."""
+    read (check_files); returns config.json. ``refuse(folder, config)``:
+    why a folder whose config reads this way is not a model's, or None
+    (the engine refuses a draft head's: loading.py)."""
     if not folder.exists():
         raise error(f"Model folder not found: {shown or folder}")
     if not folder.is_dir():
         raise error(f"Not a model folder: {shown or folder}")
     check_files(folder, error, shown)
     config = read_config(folder, error, shown)
+    why = refuse(folder, config) if refuse is not None else None
+    if why is not None:
+        raise error(why)
     shown = shown or folder
-    if is_head(config):  # no tokenizer of its own: it cannot be loaded as a model
-        raise error(not_a_target(folder, made_for(config)))
     if not weight_files(folder):
         pickled = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pat)]
         if pickled:

@@ -5,8 +5,9 @@ eagle3.py).
 Row p of the head's cache pairs the target's features after token p (its
 final hidden state, or a few of its layers' outputs) with the token at p + 1,
 and predicts the token at p + 2. The features come from the forwards the
-loop runs anyway: the target's runner taps them and its CacheSlot hands them
-here by position (``on_hidden``), so reading them costs no forward. A step
+loop runs anyway: for the length of a request the loop taps the target for
+the head (``hidden_tap``, kv.CacheSlot.tapped) and its CacheSlot hands them
+here by position, so reading them costs no forward. A step
 feeds the rows for the tokens committed since the last one; the last row's
 output predicts the first draft token, and the head chains from there,
 feeding its own output with each drafted token. Chained rows are dropped
@@ -25,10 +26,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specchat.engine import drafter_kinds
-from specchat.engine.draft_model import DraftHead, draft_block
-from specchat.engine.drafters import DraftControl, Drafter, Proposal
+from specchat.engine.drafters import DraftControl, Drafter, Proposal, Reading
+from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
-from specchat.engine.kv import CacheSlot, common_prefix
+from specchat.engine.kv import CacheSlot, HiddenTap, common_prefix
 
 
 class HiddenLog:
@@ -78,10 +79,12 @@ class HeadDrafter(Drafter):
     take its features from a tap, run its layers and read out its logits."""
 
     layers: int  # KV caches the head keeps (one per attention layer)
+    tap_layers: tuple[int, ...] = ()  # the target's layers it reads besides the final ones
     own_cap_only = True
     # Unfed rows a request's first proposal may feed itself; more (a long
-    # prompt) are fed by ``catch_up`` after the reply's first token has gone
-    # out, so that they count as reading the prompt and not as drafting.
+    # prompt: ``prepare`` says it is behind) are fed by ``catch_up`` after the
+    # reply's first token has gone out, so that they count as reading the
+    # prompt and not as drafting.
     READY_ROWS = 8
 
     def __init__(self, target: CacheSlot):
@@ -107,7 +110,7 @@ class HeadDrafter(Drafter):
 
     def view(self, vocab: int) -> DraftHead:
         """How logit columns map to the target's ids (and q is widened)."""
-        return DraftHead(None, None, vocab)
+        return DraftHead(vocab)
 
     # -- the drafter -----------------------------------------------------------------
     def reset(self) -> None:
@@ -122,12 +125,18 @@ class HeadDrafter(Drafter):
     def _collect(self, start: int, tapped: dict) -> None:
         self.log.add(start, self.features(tapped))
 
-    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
-        """The target's features are kept from now on. It may reuse its
-        cache as far as the kept ones cover the positions past the head's
-        rows (none are kept between requests that did not use the head);
-        else only as far as the head's rows go, computing the rest again."""
-        self.target.on_hidden = self._collect
+    @property
+    def hidden_tap(self) -> HiddenTap:
+        """The target's final hidden states, and its layers ``tap_layers``."""
+        return HiddenTap(self.tap_layers, self._collect)
+
+    def prepare(self, prompt: Sequence[int], request=None) -> Reading:
+        """The head keeps its rows and the target's kept features as far as
+        its own conversation agrees with ``prompt``; the target may reuse
+        its cache as far as the kept features cover the positions past the
+        head's rows (none are kept between requests that did not use the
+        head), else only as far as the head's rows go, computing the rest
+        again. The head's rows past what the target keeps go too."""
         # The features after token p, and row p (which also reads token
         # p + 1), hold only as far as the head's own conversation agrees with
         # this prompt: a request without the head in between may have moved
@@ -137,22 +146,16 @@ class HeadDrafter(Drafter):
         self._trim(min(self.rows, max(0, mine - 1)))
         n = min(common_prefix(self.target.ids, prompt), len(prompt) - 1)
         keep = min(self.rows, n)
-        return None if self.log.covers(keep, n) else keep
-
-    def prepare(self, prompt: Sequence[int], request=None) -> None:
-        # The target's cache was reused up to ``reused`` positions: the head's
-        # rows for that shared prefix stay, the rest go.
-        self._trim(min(self.rows, self.target.reused))
+        limit = None if self.log.covers(keep, n) else keep
+        self._trim(min(self.rows, self.target.reusable(prompt, limit)))
         self.log.forget_before(self.rows)
+        return Reading(reuse=limit, behind=len(prompt) - 1 - self.rows > self.READY_ROWS)
 
     def _trim(self, rows: int) -> None:
         for c in self.cache:
             c.trim(c.offset - rows)
         self.rows = rows
         self.outs.truncate(rows)
-
-    def ready(self, context: Sequence[int]) -> bool:
-        return len(context) - 1 - self.rows <= self.READY_ROWS
 
     def catch_up(self, context: Sequence[int]) -> None:
         """Feed the committed rows not fed yet: on a long prompt one forward
@@ -232,10 +235,8 @@ class HeadDrafter(Drafter):
         block = draft_block(head, feed, [], k, ctl.sampling, key_at=lambda _i: ctl.keys.next(),
                             keep_going=partial(ctl.keep_going, self.name), lazy=ctl.lazy)
         self.log.forget_before(self.rows)
-        q = None if ctl.sampling.greedy else head.full_q(block.q_rows)
-        return Proposal(tokens=block.tokens, source=self.name, key=key or "", q=q,
-                        confidences=block.confs, draft_s=time.perf_counter() - t0,
-                        forwards=block.forwards + len(given))
+        return block.proposal(self.name, head, ctl.sampling, t0, key=key or "",
+                              forwards=block.forwards + len(given))
 
     def kept(self, length: int) -> None:
         # Chained rows were fed the head's own outputs: they go, whatever was kept.
@@ -244,4 +245,3 @@ class HeadDrafter(Drafter):
     def finish(self, context: Sequence[int]) -> None:
         self._trim(min(self.rows, max(0, len(context) - 1)))
         self.ids = list(context)
-        self.target.on_hidden = None  # no features kept while the head is not in use

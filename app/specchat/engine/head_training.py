@@ -239,7 +239,6 @@ class _Trainer:
         c = replace(c, intermediate_size=width) if width else c
         self.config = c
         self.read = c.read_layers(self.layers)
-        self.runner.tap_layers(self.read)
         self.head = Eagle3Head(c, shared_embed=self.runner.trunk.embed_tokens)
         self.rows = mx.array(self.state.draft_ids, dtype=mx.int32)
         self.t2d = mx.full((c.vocab_size,), -1, dtype=mx.int32)
@@ -346,7 +345,7 @@ class _Trainer:
     def label(self, ids: list[int]) -> tuple[mx.array, mx.array]:
         """The target's features [L, 3H] at the head's layers and its own
         next-token choice [L] at every position, from one forward."""
-        logits, tapped = self.runner.tapped_forward(ids, None)
+        logits, tapped = self.runner.tapped_forward(ids, None, layers=self.read)
         feats = mx.concatenate([tapped[i] for i in self.read], axis=-1).astype(mx.float32)
         labels = mx.argmax(logits, axis=-1).astype(mx.int32)
         mx.eval(feats, labels)
@@ -465,15 +464,12 @@ class _Trainer:
         budget = self.plan.minutes * 60.0
         self.cancelled = cancelled  # a held-out reply being written stops too
         st = self.state
-        order = list(range(len(self.train)))
-        random.Random(self.plan.seed).shuffle(order)
         n_held = min(self.plan.held_pieces, len(self.held))
         report(TrainProgress("measuring", st.step, st.tokens, 0.0, budget, resumed=self.resumed,
                              message=f"labelling {n_held} held-out pieces to measure the head "
                                      f"on, before the {self.plan.minutes:g}-minute budget starts"))
         self.label_held()
         before, start = st.elapsed_s, time.perf_counter()
-        last_ckpt = start
 
         def progress(stage: str, loss=None, accept=(), message="") -> None:
             now = time.perf_counter() - start
@@ -483,41 +479,7 @@ class _Trainer:
 
         if not st.curve and hasattr(self, "_held"):  # the untrained head's, for the curve
             progress("training", accept=self._measure(), message="the untrained head, held out")
-        loss = None
-        owed = 0.0  # updates still due on what is labelled
-        while time.perf_counter() - start < budget:
-            if cancelled is not None and cancelled.is_set():
-                break
-            if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
-                break
-            if owed <= 0 or not self.buffer:
-                seq, _ = self.piece(self.train[order[st.cursor % len(order)]], cancelled)
-                if cancelled is not None and cancelled.is_set():
-                    break  # mid-reply: that piece is written again on resume
-                self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
-                st.cursor += 1
-                st.tokens += len(seq) - 1
-                # Until a few pieces are kept (a fresh or resumed run), fewer
-                # updates each, so they do not all fall on one piece.
-                owed += (self.plan.passes * (len(seq) - 1) / self.plan.train_len
-                         * min(1.0, len(self.buffer) / MIN_PIECES))
-                progress("labelling", loss)
-                continue
-            value, grads = self.loss_and_grad(*self._window())
-            if self.plan.clip:
-                grads, _ = optim.clip_grad_norm(grads, self.plan.clip)
-            self.optimizer.update(self.head, grads)
-            mx.eval(self.head.parameters(), self.optimizer.state, value)
-            loss = float(value.item())
-            st.step += 1
-            owed -= 1
-            if time.perf_counter() - last_ckpt >= self.plan.checkpoint_s:
-                acc = self._measure()
-                self.save()
-                last_ckpt = time.perf_counter()
-                progress("checkpoint", loss, acc)
-            else:
-                progress("training", loss)
+        loss = self._train(progress, start, budget, cancelled)
         stopped = cancelled is not None and cancelled.is_set()
         if st.step == 0 and not self.resumed:  # nothing learnt: nothing to keep
             took = f" (labelling {st.tokens:,} tokens took it)" if st.tokens else ""
@@ -530,6 +492,65 @@ class _Trainer:
         self.save()
         progress("done", loss, acc, message="cancelled" if stopped else "")
         return st
+
+    def _train(self, progress: Callable[..., None], start: float, budget: float,
+               cancelled: threading.Event | None) -> float | None:
+        """Label pieces and update the head on them until the budget (from
+        ``start``), the step limit or a cancel ends it, checkpointing as the
+        plan says; the last loss."""
+        st = self.state
+        order = list(range(len(self.train)))
+        random.Random(self.plan.seed).shuffle(order)
+        loss = None
+        owed = 0.0  # updates still due on what is labelled
+        last_ckpt = start
+        while time.perf_counter() - start < budget:
+            if cancelled is not None and cancelled.is_set():
+                break
+            if self.plan.max_steps is not None and st.step >= self.plan.max_steps:
+                break
+            if owed <= 0 or not self.buffer:
+                due = self._label_next(order, cancelled)
+                if due is None:
+                    break  # mid-reply: that piece is written again on resume
+                owed += due
+                progress("labelling", loss)
+                continue
+            loss = self._update()
+            owed -= 1
+            if time.perf_counter() - last_ckpt >= self.plan.checkpoint_s:
+                acc = self._measure()
+                self.save()
+                last_ckpt = time.perf_counter()
+                progress("checkpoint", loss, acc)
+            else:
+                progress("training", loss)
+        return loss
+
+    def _label_next(self, order: list[int], cancelled: threading.Event | None) -> float | None:
+        """Label the next training piece and keep it; the updates it is owed
+        (None: cancelled while its reply was written)."""
+        st = self.state
+        seq, _ = self.piece(self.train[order[st.cursor % len(order)]], cancelled)
+        if cancelled is not None and cancelled.is_set():
+            return None
+        self._keep(*self.label(seq), mx.array(seq, dtype=mx.int32))
+        st.cursor += 1
+        st.tokens += len(seq) - 1
+        # Until a few pieces are kept (a fresh or resumed run), fewer
+        # updates each, so they do not all fall on one piece.
+        return (self.plan.passes * (len(seq) - 1) / self.plan.train_len
+                * min(1.0, len(self.buffer) / MIN_PIECES))
+
+    def _update(self) -> float:
+        """One optimizer step on a random window of a kept piece; its loss."""
+        value, grads = self.loss_and_grad(*self._window())
+        if self.plan.clip:
+            grads, _ = optim.clip_grad_norm(grads, self.plan.clip)
+        self.optimizer.update(self.head, grads)
+        mx.eval(self.head.parameters(), self.optimizer.state, value)
+        self.state.step += 1
+        return float(value.item())
 
 
 def train(engine, plan: TrainPlan, report: Callable[[TrainProgress], None],

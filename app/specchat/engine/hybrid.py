@@ -49,7 +49,8 @@ from specchat.engine import drafter_kinds
 from specchat.engine.costs import expected_tokens
 from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafter_kinds import SUFFIX, DrafterKind, key_parts
-from specchat.engine.drafters import DraftControl, Drafter, Part, Proposal
+from specchat.engine.drafters import DraftControl, Drafter, Part, Proposal, Reading
+from specchat.engine.kv import HiddenTap
 from specchat.engine.suffix import BUCKETS, SuffixDrafter
 from specchat.origins import CONVERSATION
 
@@ -70,17 +71,16 @@ class HybridDrafter(Drafter):
         self.choices = {"suffix": 0, "model": 0, "chained": 0}
         self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
 
-    def reuse_limit(self, prompt: Sequence[int]) -> int | None:
-        limits = [n for n in (self.suffix.reuse_limit(prompt), self.model.reuse_limit(prompt))
-                  if n is not None]
-        return min(limits) if limits else None
+    def prepare(self, prompt: Sequence[int], request=None) -> Reading:
+        """Both read the prompt: the target reuses its cache as far as both
+        can follow, and the other drafter says when the rest is read."""
+        s, m = self.suffix.prepare(prompt, request), self.model.prepare(prompt, request)
+        limits = [n for n in (s.reuse, m.reuse) if n is not None]
+        return replace(m, reuse=min(limits) if limits else None)
 
-    def prepare(self, prompt: Sequence[int], request=None) -> None:
-        self.suffix.prepare(prompt, request)
-        self.model.prepare(prompt, request)
-
-    def ready(self, context: Sequence[int]) -> bool:
-        return self.model.ready(context)
+    @property
+    def hidden_tap(self) -> HiddenTap | None:
+        return self.model.hidden_tap
 
     def kept(self, length: int) -> None:
         self.suffix.kept(length)

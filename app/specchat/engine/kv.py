@@ -18,7 +18,9 @@ two it does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -29,6 +31,16 @@ from specchat.engine.runner import Runner
 PREFILL_CHUNK = 512
 
 Tokens = Sequence[int] | mx.array
+
+
+@dataclass(frozen=True)
+class HiddenTap:
+    """What a drafter reads of the target's forwards (head_drafter.py): the
+    final hidden states and the outputs of ``layers``, handed to ``collect``
+    with the first position each forward fed."""
+
+    layers: tuple[int, ...]
+    collect: Callable[[int, dict], None]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -45,10 +57,9 @@ class CacheSlot:
 
     def __init__(self, runner: Runner):
         self.runner = runner
-        # Called with (first position, [L, H] final hidden states) after every
-        # forward, for a drafter that reads the target (mtp.py); the runner
-        # keeps them only while this is set.
-        self.on_hidden: Callable[[int, mx.array], None] | None = None
+        # Called with (first position, what the runner tapped) after every
+        # forward while a request's drafter reads the target (``tapped``).
+        self.on_hidden: Callable[[int, dict], None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -116,8 +127,22 @@ class CacheSlot:
         self.runner.tapped = None
         return out
 
+    @contextmanager
+    def tapped(self, tap: HiddenTap | None) -> Iterator[None]:
+        """Every forward's hidden states go to ``tap`` while inside (a
+        request), and only then are its layers recorded (Runner.recording)."""
+        if tap is None:
+            yield
+            return
+        with self.runner.recording(tap.layers):
+            self.on_hidden = tap.collect
+            try:
+                yield
+            finally:
+                self.on_hidden = None
+
     def adopt(self, cache: list, length: int) -> None:
-        """Take over a cache built elsewhere (ssd.py's branches) holding
+        """Take over a cache built elsewhere (ssd/'s branches) holding
         ``length`` positions of the context."""
         self.cache, self.length = cache, length
         self._pending, self.pending = [], 0
@@ -176,6 +201,32 @@ class CacheSlot:
             self._tail = [_first(self._tail, keep - mark.length)] if keep > mark.length else []
         rollback.done(self.cache)
 
+    def _shared(self, context: Sequence[int], keep_last: bool, limit: int | None) -> int:
+        """The positions of ``context`` a sync would like to keep."""
+        n = common_prefix(self.ids, context)
+        if limit is not None:
+            n = min(n, limit)
+        if keep_last and n == len(context):
+            n -= 1
+        return n
+
+    def _to_prompt(self, n: int) -> bool:
+        """Whether keeping ``n`` positions goes back to where the last
+        prompt ended (a cache that cannot drop them otherwise)."""
+        prompt = self._prompt
+        return (prompt is not None and prompt.length <= n < self.fed
+                and not rollback.can_drop(self.cache, self.fed - n)
+                and rollback.restorable(self.cache, prompt))
+
+    def reusable(self, context: Sequence[int], limit: int | None = None,
+                 keep_last: bool = True) -> int:
+        """How many positions ``sync_to`` with the same arguments keeps, asked
+        before it runs (a head trims its rows to what the target keeps)."""
+        n = self._shared(context, keep_last, limit)
+        if n >= self.fed or rollback.can_drop(self.cache, self.fed - n) or self._to_prompt(n):
+            return n
+        return 0  # a cache that cannot go back there starts again
+
     def sync_to(self, context: Sequence[int], keep_last: bool = True,
                 limit: int | None = None) -> list[int]:
         """At a request's start: rewind to the longest reusable prefix of
@@ -184,18 +235,12 @@ class CacheSlot:
         feeding it. A cache that cannot drop positions is reused only as
         far as it ends on a prefix of ``context``; ``limit`` caps the reuse
         (a drafter needs the positions past it computed again)."""
-        n = common_prefix(self.ids, context)
-        if limit is not None:
-            n = min(n, limit)
-        if keep_last and n == len(context):
-            n -= 1
+        n = self._shared(context, keep_last, limit)
         self._mark, self._tail = None, []
-        prompt = self._prompt
-        if (prompt is not None and prompt.length <= n < self.fed
-                and not rollback.can_drop(self.cache, self.fed - n)
-                and rollback.restorable(self.cache, prompt)):
+        if self._to_prompt(n):
             # Back to where the last prompt ended; the rest of the shared
             # prefix is fed with this request's prefill.
+            prompt = self._prompt
             rollback.restore(self.cache, prompt)
             self._pending, self.pending = [list(context[prompt.length:n])], n - prompt.length
             self.length = n

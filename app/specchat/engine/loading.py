@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
-from specchat.engine import attention, compute, rollback
+from specchat.engine import attention, compute, drafter_kinds, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
 from specchat.engine.folders import model_name, validate_folder
@@ -24,6 +24,9 @@ class LoadedModel:
     tokenizer: TokenizerWrapper
     config: dict
     info: ModelInfo
+    # Gives back what loading changed of the model's modules (attention.use):
+    # the engine calls it when it unloads the model.
+    unload: Callable[[], None] = field(default=lambda: None, repr=False)
 
     @property
     def max_context(self) -> int | None:
@@ -59,7 +62,7 @@ def load_folder(
     (engine/distributed/stages.py)."""
     path = Path(path).expanduser().resolve()
     say = progress or (lambda _m: None)
-    config = validate_folder(path)
+    config = validate_folder(path, refuse=_not_a_head)
     say(f"reading {path.name}")
     try:
         if model_classes is not None:
@@ -85,7 +88,7 @@ def load_folder(
             f"{path.name}: the weights file is corrupt or incomplete ({exc}); "
             "re-import or re-download the model"
         ) from exc
-    attention.use(model, policy.attention == "blocks")
+    unload = attention.use(model, policy.attention == "blocks")
     say(f"loading the tokenizer of {path.name}")
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
@@ -103,7 +106,15 @@ def load_folder(
         trimmable=reason is None,
         untrimmable_reason=reason,
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, unload=unload)
+
+
+def _not_a_head(folder: Path, config: dict) -> str | None:
+    """A draft head's folder has no tokenizer of its own: it cannot be
+    loaded as a model (drafter_kinds.not_a_target says why)."""
+    head = drafter_kinds.of_folder(config)
+    return None if head is None else drafter_kinds.not_a_target(folder, head,
+                                                                 head.folder.made_for(config))
 
 
 def count_params(model: nn.Module) -> int:

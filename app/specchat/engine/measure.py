@@ -143,7 +143,7 @@ def measure_draft(engine: Engine, prompts: Sequence[str], max_tokens: int,
                   cancelled: threading.Event | None = None,
                   on_prompt: OnPrompt | None = None) -> DraftRun:
     """The loaded draft on the sample, and its forward costs."""
-    if engine.draft is None or engine.model_drafter is None:
+    if engine.model_drafter is None:
         raise EngineError("No draft model is loaded.")
     tally = run_prompts(engine, prompts, modes.DRAFT, max_tokens, cancelled, on_prompt)
     if cancelled is not None and cancelled.is_set():
@@ -181,24 +181,66 @@ def step_time(forward, ids: list[int], m: int, cache, reps: int) -> float:
     return statistics.median(times)
 
 
-def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> ForwardCosts:
-    """The target over 1 and VERIFY_TOKENS tokens with logits for every
-    position (as verification runs it) and the draft over one token with
-    the last position's logits over its (pruned) head (as drafting runs it)."""
+def forward_times(engine: Engine, ids: list[int], tokens: Sequence[int],
+                  reps: int = TIMING_REPS) -> dict:
+    """Seconds per forward on the context ``ids``, each timed as decoding
+    runs it: the target's over each of ``tokens`` tokens with logits for
+    every position (``"target"``, by token count), and one drafted token of
+    the pair's draft (``"draft"``, when one is loaded): a draft model's
+    forward with the last position's logits over its (pruned) head, a
+    head's chained forward and logits."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    target, drafter = engine.target_runner, engine.model_drafter
-    if target is None or drafter is None:
-        raise EngineError("No draft model is loaded.")
+    from specchat.engine.head_drafter import HeadDrafter
 
     def timed(model, forward, m: int) -> float:
         cache = make_prompt_cache(model)  # a fresh one holding ids, in the engine's chunks
         prefill(model, cache, ids)
         return step_time(forward, ids, m, cache, reps)
 
-    def verify(x, c):
-        return target(x, c, "all")
+    target, drafter = engine.target_runner, engine.model_drafter
+    if target is None:
+        raise EngineError("No model is loaded.")
+    out = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
+                      for m in tokens}}
+    if isinstance(drafter, HeadDrafter):
+        out["draft"] = _head_step_time(engine, drafter, ids, reps)
+    elif drafter is not None:
+        out["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)
+    return out
 
-    return ForwardCosts(target_s=timed(target.model, verify, 1),
-                        target_verify_s=timed(target.model, verify, VERIFY_TOKENS),
-                        draft_s=timed(drafter.runner.model, drafter.forward_last, 1))
+
+def _head_step_time(engine: Engine, drafter, ids: list[int], reps: int) -> float:
+    """Seconds per token a head drafts: one chained forward of its layers and
+    its logits, after its cache holds the prompt's rows fed the target's
+    real features (the target run once with its tap on). The head is reset
+    afterwards: the next request feeds it again from the target's cache."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    runner = engine.target_runner
+    out, tapped = runner.tapped_forward(ids, make_prompt_cache(runner.model), "none",
+                                        drafter.tap_layers)
+    mx.eval(out)
+    feats = drafter.features(tapped)
+    drafter.reset()
+    out = drafter.forward(mx.array(ids[1:], dtype=mx.uint32), feats[:-1], fed=True)
+    mx.eval(out)
+    h, last = out[-1:], mx.array(ids[-1:], dtype=mx.uint32)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(drafter.logits(drafter.forward(last, h, fed=False)))
+        times.append(time.perf_counter() - t0)
+        for c in drafter.cache:
+            c.trim(1)
+    drafter.reset()
+    return statistics.median(times)
+
+
+def forward_costs(engine: Engine, ids: list[int], reps: int = TIMING_REPS) -> ForwardCosts:
+    """The target over 1 and VERIFY_TOKENS tokens and one drafted token of
+    the draft (forward_times)."""
+    times = forward_times(engine, ids, (1, VERIFY_TOKENS), reps)
+    return ForwardCosts(target_s=times["target"][1],
+                        target_verify_s=times["target"][VERIFY_TOKENS], draft_s=times["draft"])

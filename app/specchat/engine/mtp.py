@@ -24,6 +24,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from specchat.engine import compute, mtp_format
 from specchat.engine.drafter_kinds import MTP
+from specchat.engine.drafters import Absent, Build
 from specchat.engine.errors import EngineError
 from specchat.engine.folders import weight_files
 from specchat.engine.head_drafter import HeadDrafter
@@ -129,6 +130,10 @@ class MTPDrafter(HeadDrafter):
         self.readout = target.runner.head  # the target's own output layer
         super().__init__(target)
 
+    def bytes_per_token(self) -> int:
+        """Its layers, and the target's output layer it reads out through."""
+        return compute.param_bytes(self.head) + self.target.runner.head_bytes()
+
     def features(self, tapped: dict) -> mx.array:
         return tapped["final"]
 
@@ -139,8 +144,15 @@ class MTPDrafter(HeadDrafter):
         return self.readout(out)
 
 
-def build(parts) -> MTPDrafter:
-    """drafter_kinds.MTP's maker."""
-    if parts.mtp_head is None:
-        raise EngineError("This target has no MTP head.")
-    return MTPDrafter(parts.mtp_head, parts.target)
+def build(b: Build) -> MTPDrafter:
+    """drafter_kinds.MTP's maker: the target's own MTP head, read from the
+    target's folder (``b.folder``); Absent, in mtp_format's words, when it
+    ships none that can draft."""
+    name = b.target.info.name
+    head, why = load_head(b.folder, b.target.model, b.compute, b.target.config, name)
+    if head is None:
+        if why != mtp_format.no_head(name):
+            b.say(why)  # it ships one, which cannot draft
+        raise Absent(why)
+    b.say(f"{name} has an MTP head: it can draft for itself")
+    return MTPDrafter(head, b.cache)

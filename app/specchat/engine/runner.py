@@ -11,7 +11,8 @@ ourselves; anything else falls back to the full call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import mlx.core as mx
@@ -48,9 +49,9 @@ class Runner:
         self.trunk = None
         self.head = None
         # While set, each forward keeps its final hidden states [L, H] in
-        # ``tapped["final"]``, and those of the layers ``tap_layers`` names
-        # under their index (kv.CacheSlot hands them to a drafter that reads
-        # them: mtp.py, eagle3.py).
+        # ``tapped["final"]``, and those of the layers being recorded
+        # (``recording``) under their index (kv.CacheSlot hands them to a
+        # drafter that reads them: mtp.py, eagle3.py).
         self.tap = False
         self.tapped: dict | None = None
         lm = model.language_model if model_type in _WRAPPED else model
@@ -101,37 +102,45 @@ class Runner:
             h = h[-1:]
         return self.head(h)
 
-    def tapped_forward(self, tokens: list[int] | mx.array, cache, which: Which = "all"):
+    def tapped_forward(self, tokens: list[int] | mx.array, cache, which: Which = "all",
+                       layers: Sequence[int] = ()):
         """``self(tokens, cache, which)`` with the tap on for this forward
-        only: (its output, the outputs it tapped). For callers outside a
-        CacheSlot (head training, timing, read-back), which sets the tap per
-        forward itself."""
+        only, recording ``layers`` too: (its output, the outputs it tapped).
+        For callers outside a CacheSlot (head training, timing, read-back),
+        which sets the tap per forward itself."""
         was = self.tap
         self.tap = True
         try:
-            return self(tokens, cache, which), self.tapped
+            with self.recording(layers):
+                return self(tokens, cache, which), self.tapped
         finally:
             self.tap, self.tapped = was, None
 
-    def tap_layers(self, ids: Sequence[int]) -> None:
-        """Keep the outputs of the trunk's layers ``ids`` too while tapping
-        (an EAGLE-3 head reads three of them). The layer objects are given a
-        subclass that records their output; the model is otherwise as it was."""
-        layers = self.trunk.layers
-        for i in ids:
-            layer = layers[i]
-            if getattr(layer, "_specchat_tap", None) is not None:
-                continue
-            base = type(layer)
+    @contextmanager
+    def recording(self, ids: Sequence[int]) -> Iterator[None]:
+        """While inside, the trunk's layers ``ids`` keep their outputs in
+        ``tapped`` too when the tap is on (an EAGLE-3 head reads three): each
+        layer object gets a subclass of its class that records, and its own
+        class back on the way out. No other model is touched."""
+        layers = self.trunk.layers if ids else []
+        swapped = []
+        try:
+            for i in dict.fromkeys(ids):  # a head may read a layer twice
+                layer = layers[i]
+                base = type(layer)
 
-            def call(module, *args, _base=base, _i=i, **kwargs):
-                out = _base.__call__(module, *args, **kwargs)
-                if self.tapped is not None:
-                    self.tapped[_i] = (out[0] if isinstance(out, tuple) else out)[0]
-                return out
+                def call(module, *args, _base=base, _i=i, **kwargs):
+                    out = _base.__call__(module, *args, **kwargs)
+                    if self.tapped is not None:
+                        self.tapped[_i] = (out[0] if isinstance(out, tuple) else out)[0]
+                    return out
 
-            layer.__class__ = type(f"Tapped{base.__name__}", (base,),
-                                   {"__call__": call, "_specchat_tap": i})
+                layer.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call})
+                swapped.append((layer, base))
+            yield
+        finally:
+            for layer, base in reversed(swapped):
+                layer.__class__ = base
 
     def hidden(self, tokens: list[int] | mx.array, cache) -> mx.array:
         """Final hidden states [L, H] (only for split-safe models)."""

@@ -1,4 +1,13 @@
-"""The engine proper: a loaded pair, its caches, and ``generate``.
+"""The engine proper: a loaded target, what its drafters need, and ``generate``.
+
+What drafters need besides the target (drafter_kinds.DrafterKind.needs) is
+held in one map, ``Engine._slots``, from need to a ``Slot``: the drafter
+that holds it (the draft model, a head, the MTP head: made by its kind as
+it loads) and those other kinds make on it when first used (ssd around the
+draft model; suffix matching on need "", the target alone), dropped with
+it. A head chosen as the draft holds its own need too: one slot, two keys.
+A head's folder is recognised and checked by its kind's format module
+(drafter_kinds.of_folder): nothing here names a kind of head.
 
 An Engine is owned by exactly one thread (see worker.py); nothing here is
 thread-safe, by design.
@@ -10,7 +19,7 @@ import gc
 import hashlib
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,23 +30,19 @@ from specchat.engine import (
     chat_rules,
     compute,
     drafter_kinds,
-    eagle3,
-    eagle3_format,
     modes,
-    mtp,
     mtp_format,
     reply_parts,
     request_check,
     threads,
     warmup,
 )
-from specchat.engine.compat import SAME_MODEL, compare_tokenizers, facts_from_tokenizer
+from specchat.engine.compat import SAME_MODEL, facts_from_tokenizer
 from specchat.engine.costs import CostModel
 from specchat.engine.decoding import Decoding, decode
-from specchat.engine.draft_model import ModelDrafter
 from specchat.engine.draft_policy import DraftPolicy
-from specchat.engine.drafter_kinds import DrafterKind
-from specchat.engine.drafters import Drafter, Parts
+from specchat.engine.drafter_kinds import DRAFT_MODEL, MTP, DrafterKind
+from specchat.engine.drafters import Absent, Build, Drafter
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     ChatFormat,
@@ -45,44 +50,66 @@ from specchat.engine.events import (
     GenerateRequest,
     GenerationResult,
     LoadedPair,
-    ModelInfo,
     StepEvent,
 )
-from specchat.engine.folders import is_cluster_folder, is_head, model_name, read_config
+from specchat.engine.folders import is_cluster_folder, model_name, read_config
 from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
-from specchat.engine.loading import LoadedModel, count_params, load_folder
+from specchat.engine.loading import LoadedModel, load_folder
 from specchat.engine.runner import Runner
 
 
-def _head_files(path: str | None) -> eagle3_format.Head | None:
-    """The checked files of the EAGLE-3 head at ``path`` (eagle3_format.read);
-    None when ``path`` is none or not a head's folder."""
-    if path is None or not Path(path).is_dir() or not is_head(read_config(Path(path))):
+@dataclass
+class Slot:
+    """What the engine holds for one need: the drafter that holds it (None:
+    the target alone, or empty for ``why``), and those made on it by kind."""
+
+    drafter: Drafter | None = None
+    made: dict[str, Drafter] = field(default_factory=dict)
+    why: str = ""  # in words (the target ships no MTP head that drafts)
+
+    @property
+    def folder(self) -> str | None:
+        loaded = self.drafter.loaded if self.drafter is not None else None
+        return loaded.info.path if loaded is not None else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A folder chosen for a need, its kind, and what the kind's format
+    module read and checked of it (a head's)."""
+
+    folder: Path
+    kind: DrafterKind
+    files: object = None
+
+
+def _choice(path: str | Path | None, head: bool = False) -> Choice | None:
+    """What ``path`` is for the draft's need or, with ``head``, the head's:
+    a head's folder is read and checked by its format before anything
+    loads, in the library's words; any other folder is a draft model's."""
+    if path is None:
         return None
-    return eagle3_format.read(Path(path))
+    folder = Path(path).expanduser().resolve()
+    kind = drafter_kinds.of_folder(read_config(folder)) if folder.is_dir() else None
+    if kind is not None:
+        return Choice(folder, kind, kind.folder.read(folder))
+    if head:
+        known = ", ".join(k.folder.LABEL for k in drafter_kinds.KINDS.values() if k.folder)
+        raise EngineError(f"{folder.name} is not a draft head: its config.json is not one of "
+                          f"the head formats SpecChat reads ({known}).")
+    return Choice(folder, DRAFT_MODEL)
 
 
 class Engine:
     def __init__(self, compute_info: ComputeInfo | None = None):
         self.compute = compute_info or compute.detect()
         self.target: LoadedModel | None = None
-        self.draft: LoadedModel | None = None
-        self._slot: CacheSlot | None = None
+        self._cache: CacheSlot | None = None  # the target's
+        self._slots: dict[str, Slot] = {}
         self._eos: set[int] = set()
         self._vocab = 0
-        # The draft's drafter: a draft model's, or an EAGLE-3 head's (eagle3.py).
-        self._model_drafter: ModelDrafter | eagle3.Eagle3Drafter | None = None
-        # An EAGLE-3 head: the draft, or one loaded beside a draft model.
-        self._head: eagle3.Eagle3Drafter | None = None
-        self.head: LoadedModel | None = None  # the one beside a draft model
-        self._mtp_head = None  # mtp.MTPModule: the target's own, when it ships one
-        self._no_mtp = ""  # why there is none (mtp_format's words)
-        # Drafters other than the draft model's, built on first use and kept
-        # (with their state: a suffix index, the MTP head's cache) while the
-        # target stays loaded.
-        self._drafters: dict[str, Drafter] = {}
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
         self._chat = ChatFormat()  # the target's tools and reasoning (chat_format.py)
@@ -98,193 +125,189 @@ class Engine:
         progress: Callable[[str, str], None] | None = None,
         head: str | Path | None = None,
     ) -> LoadedPair:
-        """Load a target and an optional draft (folders; a draft model, an
-        EAGLE-3 head, or ``modes.OWN_HEAD``: the target's own MTP head), and
-        optionally an EAGLE-3 head beside a draft model (``head``: the bench
-        runs both in one process). Reuses an already loaded model of the
-        same path. Refuses a draft whose tokenizer differs, and a head made
-        for another target."""
+        """Load a target and an optional draft (folders; a draft model, a
+        draft head, or ``modes.OWN_HEAD``: the target's own MTP head), and
+        optionally a head beside a draft model (``head``: the bench runs
+        both in one process). Reuses an already loaded model of the same
+        path. Refuses a draft whose tokenizer differs, and a head made for
+        another target, checking what it can before anything loads."""
         say = progress or (lambda _stage, _msg: None)
         target_path = str(Path(target).expanduser().resolve())
         own_head = draft == modes.OWN_HEAD
-        draft_path = str(Path(draft).expanduser().resolve()) if draft and not own_head else None
-        if draft_path == target_path:  # it would "speculate" at twice the cost of plain decoding
+        new_target = self.target is None or self.target.info.path != target_path
+        chosen = _choice(None if own_head else draft)
+        if chosen is not None and str(chosen.folder) == target_path:
+            # it would "speculate" at twice the cost of plain decoding
             name = Path(target_path).name
             raise EngineError(f"{name} cannot draft for {name}: {SAME_MODEL}.")
-        if own_head and not is_cluster_folder(target_path) and Path(target_path).is_dir() \
-                and (self.target is None or self.target.info.path != target_path):
-            # Its own head's weights are checked before the target loads, as the library does.
-            config = read_config(Path(target_path))
-            why = mtp_format.verdict(Path(target_path), config, model_name(target_path))
-            if why is not None:
-                raise EngineError(why)
-        # A head's files are checked before anything loads, in the library's words.
-        draft_head = _head_files(draft_path)
-        head_path = str(Path(head).expanduser().resolve()) if head else None
-        side_head = _head_files(head_path)
-        if head_path is not None and side_head is None:
-            raise EngineError(f"{Path(head_path).name} is not an EAGLE-3 draft head (its "
-                              "config.json names no eagle3 architecture).")
-        if self.target is None or self.target.info.path != target_path:
-            self._drop_target()
-            if is_cluster_folder(target_path):  # the target's layers spread over a cluster
-                from specchat.engine.distributed.head import load_target
+        if own_head and new_target:
+            _check_own_head(target_path)
+        beside = _choice(head, head=True)
+        if new_target:
+            self._load_target(target_path, say)
+        self._hold("draft", chosen, lambda m: say("draft", m))
+        self._hold("head", beside, lambda m: say("draft", m))
+        if own_head and self._slots[MTP.needs].drafter is None:
+            raise EngineError(self._slots[MTP.needs].why)
+        self._cost = self._price()
+        self._pair = self._describe(own_head)
+        return self._pair
 
-                self.target, runner = load_target(target_path, self.compute,
-                                                  lambda m: say("target", m))
-            else:
-                self.target = load_folder(target_path, self.compute, lambda m: say("target", m))
-                runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
-                say("target", f"warming up {self.target.info.name}")
-                warmup.warm(runner)
-            self._slot = CacheSlot(runner)
-            self._mtp_head, self._no_mtp = mtp.load_head(
-                Path(target_path), self.target.model, self.compute, self.target.config,
-                self.target.info.name)
-            if self._mtp_head is not None:
-                say("target", f"{self.target.info.name} has an MTP head: it can draft for itself")
-            elif self._no_mtp != mtp_format.no_head(self.target.info.name):
-                say("target", self._no_mtp)  # it ships one, which cannot draft
-            self._eos = chat.end_token_ids(self.target.tokenizer)
-            self._chat = chat_format.read(self.target.tokenizer)
-            self.history = History()  # ids of another tokenizer mean nothing
-            w = runner.head_weight()
-            self._vocab = int(w.shape[0]) if w is not None else int(
-                self.target.config.get("vocab_size")
-                or self.target.config.get("text_config", {}).get("vocab_size"))
-            threads.fit_model(self.target.config)
-        if draft_path is None:
-            self._drop_draft()
-        elif self.draft is None or self.draft.info.path != draft_path:
-            self._drop_draft()
-            if draft_head is not None:
-                self.draft, self._head = self._load_head(draft_head, say)
-                self._model_drafter = self._head
-            else:
-                self._load_draft_model(draft_path, say)
-        self._load_head_beside(head_path, side_head, say)
-        if own_head and self._mtp_head is None:
-            raise EngineError(self._no_mtp)
-        head_bytes = {}
-        if self._mtp_head is not None:  # a layer, and the target's output layer
-            head_bytes[drafter_kinds.MTP.name] = (compute.param_bytes(self._mtp_head)
-                                                  + self._slot.runner.head_bytes())
-        if self._head is not None:  # its layer and its own (draft-vocabulary) output layer
-            head_bytes[drafter_kinds.EAGLE3.name] = self._head.bytes_per_token()
-        self._cost = CostModel.for_pair(
-            self._slot.runner.bytes_per_token(),
-            self._model_drafter.bytes_per_token() if self._model_drafter else None,
-            self.compute.device, head_bytes)
+    def _load_target(self, path: str, say) -> None:
+        """The target, warmed up, its cache and what it holds itself: its
+        own MTP head if it drafts (need "mtp"), the need ""."""
+        self._drop_target()
+        if is_cluster_folder(path):  # the target's layers spread over a cluster
+            from specchat.engine.distributed.head import load_target
+
+            self.target, runner = load_target(path, self.compute, lambda m: say("target", m))
+        else:
+            self.target = load_folder(path, self.compute, lambda m: say("target", m))
+            runner = Runner(self.target.model, self.target.info.model_type, self.target.config)
+            say("target", f"warming up {self.target.info.name}")
+            warmup.warm(runner)
+        self._cache = CacheSlot(runner)
+        self._eos = chat.end_token_ids(self.target.tokenizer)
+        self._chat = chat_format.read(self.target.tokenizer)
+        self.history = History()  # ids of another tokenizer mean nothing
+        w = runner.head_weight()
+        self._vocab = int(w.shape[0]) if w is not None else int(
+            self.target.config.get("vocab_size")
+            or self.target.config.get("text_config", {}).get("vocab_size"))
+        threads.fit_model(self.target.config)
+        self._slots = {"": Slot()}
+        try:
+            mtp = Slot(MTP.make(self._build(folder=Path(path),
+                                            say=lambda m: say("target", m))))
+        except Absent as absent:
+            mtp = Slot(why=str(absent))
+        except BaseException:
+            self._drop_target()  # its own head unreadable: nothing stays half loaded
+            raise
+        self._slots[MTP.needs] = mtp
+
+    def _hold(self, need: str, chosen: Choice | None, say: Callable[[str], None]) -> None:
+        """What was chosen for ``need`` (the pair's draft, a head beside the
+        draft model), kept if it holds it already, else made by its kind. A
+        head chosen as the draft holds its own need too: one head at a time."""
+        draft = self._slots.get("draft")
+        if need != "draft" and draft is not None and self._slots.get(need) is draft:
+            if chosen is not None:
+                raise EngineError("The draft is a head already: load the other head as the "
+                                  "draft instead (one head at a time).")
+            return
+        held = self._slots.get(need)
+        if held is not None and chosen is not None and held.folder == str(chosen.folder):
+            return
+        self._drop(need)
+        if chosen is None:
+            return
+        self._drop(chosen.kind.needs)  # a head beside the draft model, for a head as the draft
+        slot = Slot(chosen.kind.make(self._build(folder=chosen.folder, files=chosen.files,
+                                                 say=say)))
+        for n in {need, chosen.kind.needs}:
+            self._slots[n] = slot
+
+    def _build(self, **what) -> Build:
+        return Build(target=self.target, cache=self._cache, compute=self.compute,
+                     history=self.history, end_ids=set(self._eos), **what)
+
+    def _price(self) -> CostModel:
+        """Drafting costs: the bytes a drafted token of each drafter that
+        holds a need reads, against a target forward's."""
+        draft = self._slots.get("draft")
+        kinds = {d.name: d.bytes_per_token() for d in self._held()
+                 if not drafter_kinds.get(d.name).uses_draft_model}
+        return CostModel.for_pair(self._cache.runner.bytes_per_token(),
+                                  draft.drafter.bytes_per_token() if draft else None,
+                                  self.compute.device, kinds)
+
+    def _describe(self, own_head: bool) -> LoadedPair:
+        draft = self.draft
         reason = None
         if not self.target.info.trimmable:
             reason = (f"Speculative decoding is not available for {self.target.info.name}: "
                       f"{self.target.info.untrimmable_reason}. Plain decoding still works.")
-        elif self.draft is not None and not self.draft.info.trimmable:
-            reason = (f"{self.draft.info.name} cannot be used as a draft: "
-                      f"{self.draft.info.untrimmable_reason}.")
-        self._pair = LoadedPair(
+        elif draft is not None and not draft.info.trimmable:
+            reason = (f"{draft.info.name} cannot be used as a draft: "
+                      f"{draft.info.untrimmable_reason}.")
+        slot = self._slots.get("draft")
+        return LoadedPair(
             target=self.target.info,
-            draft=self.draft.info if self.draft else None,
+            draft=draft.info if draft else None,
             compute=self.compute,
             speculative_ok=reason is None,
             reason=reason,
-            mtp=self._mtp_head is not None,
+            mtp=self._slots[MTP.needs].drafter is not None,
             own_head=own_head,
             head=self.head.info if self.head is not None else None,
+            draft_is_head=slot is not None and self._slots.get("head") is slot,
             chat=self._chat,
         )
-        return self._pair
 
-    def _load_draft_model(self, path: str, say) -> None:
-        loaded = load_folder(path, self.compute, lambda m: say("draft", m))
-        reasons = compare_tokenizers(facts_from_tokenizer(self.target.tokenizer),
-                                     facts_from_tokenizer(loaded.tokenizer))
-        if reasons:
-            del loaded
-            gc.collect()
-            raise EngineError(f"{Path(path).name} cannot draft for {self.target.info.name}: "
-                              + "; ".join(reasons))
-        self.draft = loaded
-        special = set(self._eos) | set(self.target.tokenizer.get_added_vocab().values())
-        self._model_drafter = ModelDrafter(loaded, extra_ids=sorted(special))
-        say("draft", f"warming up {loaded.info.name}")
-        warmup.warm(self._model_drafter.runner)
+    def _held(self) -> list[Drafter]:
+        """Every drafter that holds a need (a head chosen as the draft once)."""
+        return list({id(s.drafter): s.drafter for s in self._slots.values() if s.drafter}.values())
 
-    def _load_head_beside(self, path: str | None, files: eagle3_format.Head | None,
-                          say) -> None:
-        draft_is_head = self.draft is not None and self.draft.info.model_type == eagle3.EAGLE3.name
-        if self.head is not None and (self.head.info.path != path or draft_is_head):
-            if self._head is not self._model_drafter:  # not the head just loaded as the draft
-                self._head = None
-            self.head = None
-            gc.collect()
-        if path is None:
+    def _drop(self, need: str) -> None:
+        """Unload what holds ``need`` (under every key) and what was made on it."""
+        slot = self._slots.get(need)
+        if slot is None:
             return
-        if draft_is_head:
-            raise EngineError("The draft is a head already: load the other head as the draft "
-                              "instead (one head at a time).")
-        if self.head is not None:
-            return
-        self.head, self._head = self._load_head(files, say)
-
-    def _load_head(self, files: eagle3_format.Head,
-                   say) -> tuple[LoadedModel, eagle3.Eagle3Drafter]:
-        """An EAGLE-3 head (its folder checked: eagle3_format.read), checked
-        against the target in words, drafting from the target's own hidden
-        states (eagle3.py)."""
-        folder = files.folder
-        name = model_name(folder)
-        say("draft", f"loading the draft head {name}")
-        head = eagle3.load_head(files, self.target.model, self.compute, name,
-                                self.target.info.name)
-        drafter = eagle3.Eagle3Drafter(head, self._slot)
-        info = ModelInfo(name=name, path=str(folder), model_type=eagle3.EAGLE3.name,
-                         n_params=count_params(head),
-                         weight_bytes=eagle3.head_bytes(head), dtype=compute.weight_dtype(head),
-                         vocab_size=head.config.vocab_size, trimmable=True,
-                         untrimmable_reason=None)
-        return LoadedModel(model=head, tokenizer=self.target.tokenizer,
-                           config=read_config(folder), info=info), drafter
-
-    def _drop_target(self) -> None:
-        self._drop_draft()
-        self.head = self._head = None
-        self.target = None
-        self._slot = None
-        self._mtp_head = None
-        self._no_mtp = ""
-        self._chat = ChatFormat()
-        self._drafters.clear()
+        self._slots = {n: s for n, s in self._slots.items() if s is not slot}
+        _unload(slot)
+        del slot
         gc.collect()
         mx.clear_cache()
 
-    def _drop_draft(self) -> None:
-        if self.draft is not None:
-            if self._head is self._model_drafter:
-                self._head = None
-            self.draft = None
-            self._model_drafter = None
-            gc.collect()
-            mx.clear_cache()
+    def _drop_target(self) -> None:
+        for slot in {id(s): s for s in self._slots.values()}.values():
+            _unload(slot)
+        self._slots = {}
+        if self.target is not None:
+            self.target.unload()
+        self.target = None
+        self._cache = None
+        self._chat = ChatFormat()
+        gc.collect()
+        mx.clear_cache()
 
     @property
     def pair(self) -> LoadedPair | None:
         return self._pair
 
+    @property
+    def draft(self) -> LoadedModel | None:
+        """The pair's draft as loaded (a draft model, or a head chosen as the draft)."""
+        return self.model_drafter.loaded if self.model_drafter is not None else None
+
+    @property
+    def head(self) -> LoadedModel | None:
+        """A head loaded beside the draft model, as loaded."""
+        slot, draft = self._slots.get("head"), self._slots.get("draft")
+        return slot.drafter.loaded if slot is not None and slot is not draft else None
+
     def loaded_bytes(self) -> int:
         """Weight bytes held now (what loading another pair could free)."""
-        return sum(m.info.weight_bytes for m in (self.target, self.draft, self.head) if m is not None)
+        models = [self.target, *(d.loaded for d in self._held())]
+        return sum(m.info.weight_bytes for m in models if m is not None)
 
     # Read-only views for measuring tools (bench, benchmarks/): they time the
     # very runner and drafter decoding uses, and print the costs its policy
     # assumes, so their numbers describe what the engine does.
     @property
     def target_runner(self) -> Runner | None:
-        return self._slot.runner if self._slot is not None else None
+        return self._cache.runner if self._cache is not None else None
 
     @property
-    def model_drafter(self) -> ModelDrafter | None:
-        return self._model_drafter
+    def target_cache(self) -> CacheSlot | None:
+        return self._cache
+
+    @property
+    def model_drafter(self) -> Drafter | None:
+        """The pair's draft's drafter (a draft model's, or a head's)."""
+        slot = self._slots.get("draft")
+        return slot.drafter if slot is not None else None
 
     @property
     def cost_model(self) -> CostModel:
@@ -298,10 +321,10 @@ class Engine:
     def reset_cache(self) -> None:
         """Forget cached prompts (they are reused only on an exact prefix match
         anyway; this frees memory)."""
-        if self._slot is not None:
-            self._slot.reset()
-        drafters = (self._model_drafter, self._head, *self._drafters.values())
-        for drafter in {id(d): d for d in drafters if d}.values():  # the head may be the draft
+        if self._cache is not None:
+            self._cache.reset()
+        slots = {id(s): s for s in self._slots.values()}.values()  # a head may hold two needs
+        for drafter in (d for s in slots for d in (s.drafter, *s.made.values()) if d):
             drafter.reset()
 
     # -- generation ------------------------------------------------------
@@ -334,7 +357,7 @@ class Engine:
         if not ids:
             raise EngineError("The prompt is empty: write a message first.")
         self._fits(ids)  # before reading every id
-        rows = self._slot.runner.rows
+        rows = self._cache.runner.rows
         bad = next((t for t in ids if rows is not None and not 0 <= t < rows), None)
         if bad is not None:
             raise EngineError(f"Token id {bad} is not in {self.target.info.name}'s "
@@ -350,6 +373,19 @@ class Engine:
                 f"The prompt is {len(ids):,} tokens, more than {self.target.info.name} can "
                 f"read ({limit:,}). Start a new conversation or shorten the message.")
 
+    def drafter(self, kind: str) -> Drafter:
+        """The drafter the engine runs for the kind ``kind``: the one that
+        holds its need, or one its kind makes on it when first asked for."""
+        k = drafter_kinds.get(kind)
+        slot = self._slots.get(k.needs)
+        if slot is None or (k.needs and slot.drafter is None):
+            raise EngineError(f"Nothing is loaded that the {kind} drafter needs.")
+        if k.fills:
+            return slot.drafter
+        if k.name not in slot.made:
+            slot.made[k.name] = k.make(self._build(base=slot.drafter))
+        return slot.made[k.name]
+
     def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
         """The drafter for a mode, and the mode it really runs in: without a
         draft model, a mode with other drafters runs on those (hybrid runs as
@@ -359,32 +395,24 @@ class Engine:
         if not self._pair.speculative_ok and (
                 not self.target.info.trimmable or mode.needs_draft_model):
             raise EngineError(self._pair.reason)
-        have = {n for n, part in (("draft", self._model_drafter), ("mtp", self._mtp_head),
-                                  ("head", self._head)) if part is not None}
-        wanted = mode
-        mode = mode.runs_with(have)
-        if mode is None:
-            if "mtp" in wanted.needs:
-                raise EngineError(self._no_mtp)
-            if "head" in wanted.needs:
-                raise EngineError("This mode drafts with an EAGLE-3 head loaded beside the draft "
-                                  "model, and none is: load one (--head), or choose the head "
-                                  "as the draft.")
-            raise EngineError("This mode needs a draft model, which is not loaded: choose a "
-                              "draft, or draft from the conversation (suffix matching).")
-        chain = [self._drafter_of(drafter_kinds.get(name)) for name in mode.drafters]
-        if len(chain) == 1:
-            return chain[0], mode
-        return HybridDrafter(*chain), mode
+        have = {n for n, slot in self._slots.items() if n and slot.drafter is not None}
+        runs = mode.runs_with(have)
+        if runs is None:
+            raise EngineError(self._missing(mode))
+        chain = [self.drafter(name) for name in runs.drafters]
+        return (chain[0] if len(chain) == 1 else HybridDrafter(*chain)), runs
 
-    def _drafter_of(self, kind: DrafterKind) -> Drafter:
-        parts = Parts(target=self._slot, draft_model=self._model_drafter,
-                      mtp_head=self._mtp_head, head=self._head, history=self.history)
-        if kind.made_on_load:  # made when its model loaded, and kept with it
-            return kind.make(parts)
-        if kind.name not in self._drafters:
-            self._drafters[kind.name] = kind.make(parts)
-        return self._drafters[kind.name]
+    def _missing(self, mode: modes.Mode) -> str:
+        """Why ``mode`` cannot run with what is loaded, in words."""
+        kind = next(drafter_kinds.get(d) for d in mode.drafters
+                    if drafter_kinds.get(d).needs)
+        if self._slots.get(kind.needs, Slot()).why:
+            return self._slots[kind.needs].why
+        if kind.needs == "head":
+            return (f"This mode drafts with an {kind.folder.LABEL} head loaded beside the draft "
+                    "model, and none is: load one (--head), or choose the head as the draft.")
+        return ("This mode needs a draft model, which is not loaded: choose a draft, or draft "
+                "from the conversation (suffix matching).")
 
     # -- the user's history (suffix drafting) ----------------------------------
     def tokenizer_fingerprint(self) -> str:
@@ -429,9 +457,25 @@ class Engine:
         drafter, mode = self._drafter(mode)
         policy = DraftPolicy(request.draft.k, self._cost)
         eos = self._eos | set(request.stop_token_ids)
-        result = decode(Decoding(self._slot, self.target.tokenizer, eos, ids, request, drafter,
+        result = decode(Decoding(self._cache, self.target.tokenizer, eos, ids, request, drafter,
                                  policy, mode.name, self._vocab, cancelled, parts), on_step)
         if request.history_key and result.token_ids:
             # Finished (or stopped) replies join the history as they end.
             self.history.put(request.history_key, [*ids, *result.token_ids])
         return result
+
+
+def _check_own_head(target: str) -> None:
+    """The target's own MTP head chosen as the draft: its weights checked
+    before the target loads, as the library checks them."""
+    if is_cluster_folder(target) or not Path(target).is_dir():
+        return
+    why = mtp_format.verdict(Path(target), read_config(Path(target)), model_name(target))
+    if why is not None:
+        raise EngineError(why)
+
+
+def _unload(slot: Slot) -> None:
+    """What loading a need's model changed of it is given back (attention.py)."""
+    if slot.drafter is not None and slot.drafter.loaded is not None:
+        slot.drafter.loaded.unload()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specchat.engine.drafter_kinds import SUFFIX
-from specchat.engine.drafters import DraftControl, Drafter, Parts, Proposal
+from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading
 from specchat.engine.events import SamplingParams
 from specchat.engine.history import History
 from specchat.engine.suffix_index import Continuation, SuffixIndex, continuation
@@ -61,17 +61,18 @@ def stats_key(origin: str, m: int) -> str:
 class SuffixDrafter(Drafter):
     name = SUFFIX.name
 
-    def __init__(self, parts: Parts | None = None, history: History | None = None):
-        self.history = history if parts is None else parts.history
+    def __init__(self, history: History | None = None):
+        self.history = history
         self.history_key: str | None = None  # the conversation being replied to (not history)
         self.use_history = True  # per request (off for seeded sampling)
         self.conv = SuffixIndex(tail=1024)
 
-    def prepare(self, prompt: Sequence[int], request=None) -> None:
+    def prepare(self, prompt: Sequence[int], request=None) -> Reading:
         if request is not None:
             self.history_key = request.history_key
             self.use_history = history_applies(request.sampling)
         self._sync(prompt, check_all=True)
+        return Reading()
 
     def reset(self) -> None:
         self.conv = SuffixIndex(tail=1024)
@@ -122,6 +123,12 @@ class SuffixDrafter(Drafter):
             return Proposal(tokens=[], source=self.name)
         return Proposal(tokens=cont.tokens[:k], source=self.name, key=key,
                         confidences=cont.probs[:k], origins=[origin] * k)
+
+
+def build(b: Build) -> SuffixDrafter:
+    """drafter_kinds.SUFFIX's maker: matching the conversation and the
+    engine's history index."""
+    return SuffixDrafter(b.history)
 
 
 def _best(found: list[tuple[int, np.ndarray]], buf: np.ndarray, end: int,

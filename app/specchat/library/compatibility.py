@@ -5,9 +5,10 @@ weights are loaded.
 A pair works when (1) both tokenizers are identical, so a token id the draft
 proposes means the same text to the target (same vocabulary, same ids, same
 special tokens; the words come from ``engine.compat.compare_tokenizers``,
-which the engine uses at load time too), or the draft is an EAGLE-3 head
+which the engine uses at load time too), or the draft is a draft head
 made for the target (the hidden width and layers it reads, the ids it maps
-into: ``engine.eagle3_format``, the engine's own rules and words), or the
+into: its format module, ``engine.eagle3_format`` for an EAGLE-3 head, the
+engine's own rules and words), or the
 draft is the target's own MTP head (``modes.OWN_HEAD``, "mtp": its weights
 checked by ``engine.mtp_format``, as the engine checks them); (2) both
 caches can go back after rejected draft tokens (every kind mlx-lm makes
@@ -23,9 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specchat.engine import eagle3_format, folders, modes, mtp_format
+from specchat.engine import drafter_kinds, folders, modes, mtp_format
 from specchat.engine.compat import SAME_MODEL, compare_tokenizers
-from specchat.engine.folders import text_config
 from specchat.library import index, memory, refs
 from specchat.library.catalog import load_catalog
 from specchat.library.errors import LibraryError
@@ -111,37 +111,24 @@ def _tokenizer_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str]
     return [], [], ["the tokenizers cannot be compared until both models are downloaded"]
 
 
-def _target_facts(t: ModelSide) -> eagle3_format.Target | None:
-    """What a head must fit of the target on disk, from its config.json
-    (None where it does not state them as whole numbers)."""
-    cfg = text_config(folders.read_config(Path(t.path), LibraryError))
-    sizes = [cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
-        return None
-    return eagle3_format.Target(t.name, *sizes)
-
-
 def _head_verdict(t: ModelSide, d: ModelSide) -> tuple[list[str], list[str], list[str]]:
-    """(problems, good reasons, notes) for an EAGLE-3 head drafting for a
-    target, by the engine's own rules and words (eagle3_format.fit_problem
+    """(problems, good reasons, notes) for a draft head drafting for a
+    target, by the engine's own rules and words (its format's fit_problem
     and map_problem: the engine refuses the same at load)."""
     head = d.facts.head
+    fmt = drafter_kinds.get(d.facts.model_type).folder
     if not t.on_disk or not t.path:
         return [], [], ["the head is checked against the target once the target is downloaded"]
-    target = _target_facts(t)
+    target = fmt.target_facts(t.name, folders.read_config(Path(t.path), LibraryError))
     if target is None:
         return [], [], [f"{t.name}'s config.json does not state its hidden size, layers and "
                         "vocabulary, so the head is checked against it when the pair is loaded"]
-    problem = eagle3_format.fit_problem(head, target, d.name)
+    problem = fmt.fit_problem(head, target, d.name)
     if problem is None and d.on_disk and d.path:
-        problem = eagle3_format.map_problem(eagle3_format.read(Path(d.path), LibraryError),
-                                            target, d.name)
+        problem = fmt.map_problem(fmt.read(Path(d.path), LibraryError), target, d.name)
     if problem is not None:
         return [problem], [], []
-    ids = head["reads_layers"] or list(eagle3_format.default_layer_ids(target.num_layers))
-    return [], [f"an EAGLE-3 head that reads {t.name}'s hidden states at layers {ids} (width "
-                f"{target.hidden_size}) and drafts over {head['draft_vocab']:,} of its "
-                f"{target.vocab_size:,} ids"], []
+    return [], [fmt.fits(head, target)], []
 
 
 def _own_head(t: ModelSide, context_tokens: int) -> CompatReport:
@@ -153,7 +140,7 @@ def _own_head(t: ModelSide, context_tokens: int) -> CompatReport:
     draft = ModelSide(modes.OWN_HEAD, f"{t.name}'s own MTP head", t.path, t.facts, t.catalog)
     notes = []
     if t.facts is not None and t.facts.head is not None:
-        problem = folders.not_a_target(t.path or t.ref, t.facts.head.get("for") or "")
+        problem = _not_a_target(t)
     elif t.on_disk and t.path:
         path = Path(t.path)
         problem = mtp_format.verdict(path, folders.read_config(path, LibraryError), t.name,
@@ -168,6 +155,12 @@ def _own_head(t: ModelSide, context_tokens: int) -> CompatReport:
     est = memory.estimate(t, None, context_tokens) if t.params else None
     return CompatReport(compatible=problem is None, reasons=[problem] if problem else good,
                         target=t, draft=draft, memory=est, notes=notes)
+
+
+def _not_a_target(t: ModelSide) -> str:
+    """A head chosen as the target, in the engine's words."""
+    return drafter_kinds.not_a_target(t.path or t.ref, drafter_kinds.get(t.facts.model_type),
+                                      t.facts.head.get("for") or "")
 
 
 def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
@@ -195,7 +188,7 @@ def check(target_ref: str, draft_ref: str, context_tokens: int = 4096,
         good.append("both caches can be rewound after rejected draft tokens")
     if t.facts is not None and t.facts.head is not None:  # a head chosen as the target:
         # that is the one thing to say (the engine refuses to load it the same way)
-        problems = [folders.not_a_target(t.path or t.ref, t.facts.head.get("for") or "")]
+        problems = [_not_a_target(t)]
     est = memory.estimate(t, d, context_tokens) if t.params else None
     return CompatReport(compatible=not problems, reasons=problems or good, target=t, draft=d,
                         memory=est, notes=notes)

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specchat.engine import eagle3_format, folders, mtp_format
+from specchat.engine import drafter_kinds, folders, mtp_format
 from specchat.engine.compat import facts_from_tokenizer_json
 from specchat.engine.events import CHECKPOINT_FILES
 from specchat.engine.folders import text_config
@@ -65,8 +65,8 @@ class ModelFacts:
     # check: it can draft for itself.
     mtp: bool | None
     hidden_size: int | None  # the width of its hidden states (what a draft head reads)
-    # For an EAGLE-3 draft head (engine/eagle3.py), what it needs of a target
-    # (engine.eagle3_format.Head.facts); None for a model.
+    # For a draft head (an EAGLE-3 head: engine/eagle3.py), what it needs of
+    # a target (its format's Head.facts: engine.eagle3_format); None for a model.
     head: dict | None = None
 
     def to_json(self) -> dict:
@@ -101,12 +101,13 @@ def validate_folder(folder: Path, shown: Path | None = None) -> dict:
 
 
 def _head_config(folder: Path) -> dict | None:
-    """config.json of a draft head's folder; None for anything else."""
+    """config.json of a draft head's folder (one a head format recognizes:
+    drafter_kinds.of_folder); None for anything else."""
     try:
         config = folders.read_config(folder, LibraryError) if folder.is_dir() else None
     except LibraryError:
         return None  # validate_folder says what is wrong, in its words
-    return config if config is not None and folders.is_head(config) else None
+    return config if config is not None and drafter_kinds.of_folder(config) else None
 
 
 def _validate(folder: Path, shown: Path | None) -> tuple[dict, dict[str, Tensor]]:
@@ -245,19 +246,20 @@ def _parsed_tokenizer(folder: Path, *_stamps: object):
 
 
 def read_head(folder: Path, shown: Path | None = None) -> ModelFacts:
-    """The facts of an EAGLE-3 draft head's folder (no tokenizer of its own:
-    it drafts with the target's), after the engine's own check of its files
-    (eagle3_format.read: its config, its weights' shapes against it, its
-    vocabulary map), so the library and the engine refuse the same heads in
-    the same words. A head trained here keeps its training checkpoint
-    beside it (events.CHECKPOINT_FILES: the optimizer's state, as big as the
-    head twice over): for resuming, not the head, so neither its size nor
-    its parameters count it."""
-    head = eagle3_format.read(folder, LibraryError, shown)
+    """The facts of a draft head's folder (no tokenizer of its own: it
+    drafts with the target's), after the engine's own check of its files by
+    its format (eagle3_format.read: its config, its weights' shapes against
+    it, its vocabulary map), so the library and the engine refuse the same
+    heads in the same words. A head trained here keeps its training
+    checkpoint beside it (events.CHECKPOINT_FILES: the optimizer's state, as
+    big as the head twice over): for resuming, not the head, so neither its
+    size nor its parameters count it."""
+    kind = drafter_kinds.of_folder(folders.read_config(folder, LibraryError, shown))
+    head = kind.folder.read(folder, LibraryError, shown)
     params, label = count_params({}, head.tensors)
     facts = head.facts()
     return ModelFacts(size_bytes=folder_size(folder, CHECKPOINT_FILES), params=params or None,
-                      quantization=label, model_type=eagle3_format.NAME,
+                      quantization=label, model_type=kind.name,
                       vocab_size=facts["vocab"], attention="full", mtp=False,
                       hidden_size=facts["reads_width"], head=facts)
 

@@ -102,7 +102,7 @@ def summarize(runs: list[Run], plain: dict[str, list[int]], base_tps: float | No
 
 
 def _ssd(runs: list[Run]) -> dict:
-    """Speculative speculative decoding over the runs (engine/ssd.py, the
+    """Speculative speculative decoding over the runs (engine/ssd/, the
     drafter's counts a Run keeps in ``ssd``): hit rate over the steps
     that drafted, and overlap: draft seconds hidden behind verification over
     all draft seconds behind the verified blocks."""

@@ -42,8 +42,7 @@ class Variant:
         needs = ({"draft"} if self.k else set()) if self.mlx_lm else self.mode.needs
         if not needs <= pair.loaded():
             return f"needs {' and '.join(sorted(needs - pair.loaded()))}"
-        draft_is_head = pair.draft is not None and pair.draft.model_type == "eagle3"
-        if draft_is_head and self.needs_draft_model and (
+        if pair.draft_is_head and self.needs_draft_model and (
                 self.mlx_lm or "draft" not in self.mode.drafters):
             return "needs a draft model, and the draft is a head"
         return None
@@ -75,8 +74,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("suffix", modes.SUFFIX),
     Variant("spec-k2", modes.DRAFT, 2),
     Variant("spec-k4", modes.DRAFT, 4),
-    Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd.py)
-    # An EAGLE-3 head (``specchat bench --head``, or a head as the --draft).
+    Variant("ssd", modes.SSD),  # the draft drafts ahead while the target verifies (engine/ssd/)
+    # A draft head (``specchat bench --head``, or a head as the --draft).
     Variant("head", modes.HEAD),
     Variant("head+suffix", modes.HEAD_HYBRID),
     MLX_LM_PLAIN,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from specchat.engine.drafter_kinds import head_words
 from specchat.library import bundled, compatibility, index
 from specchat.library import catalog as cat
 from specchat.library.bundled import PreparedModel
@@ -78,7 +79,7 @@ def _install_names(m: InstalledModel) -> set[str]:
 
 
 def _made_for(head: InstalledModel, model: InstalledModel) -> bool:
-    """Whether an EAGLE-3 head names ``model`` as the one it drafts for."""
+    """Whether a draft head names ``model`` as the one it drafts for."""
     made_for = (head.head or {}).get("for") or ""
     return bool(made_for) and made_for in _install_names(model)
 
@@ -112,7 +113,7 @@ def source_text(m: InstalledModel, listed: bool = True) -> str:
     if not m.head:
         return m.source
     made_for = m.head.get("for") or "its target"
-    return (f"{m.source} (EAGLE-3 head for {made_for}"
+    return (f"{m.source} ({head_words(m.model_type or '')} for {made_for}"
             + ("" if listed else ", which is not in the library") + ")")
 
 
@@ -208,12 +209,14 @@ def head_verdict(target: str, head: str, made_for: str = "",
         return Verdict(None, (f"Checked when the pair loads ({exc}).",))
     if not report.compatible or report.target.on_disk:
         return _verdict(report)
+    draft = report.draft
+    words = head_words(draft.facts.model_type if draft.facts is not None
+                       else draft.catalog.kind if draft.catalog is not None else "")
     if made_for and made_for in (names if names is not None else _names(report.target)):
-        return Verdict(True, (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",
-                              *report.notes))
+        return Verdict(True, (f"{draft.name} is an {words} made for {made_for}", *report.notes))
     # Another name may still be this model (a conversion, a quantized copy):
     # unknown, not refused, until the target's files are here to check.
-    said = (f"{report.draft.name} is an EAGLE-3 head made for {made_for}",) if made_for else ()
+    said = (f"{draft.name} is an {words} made for {made_for}",) if made_for else ()
     return Verdict(None, (*said, *report.notes) or ("Checked when the pair loads.",))
 
 

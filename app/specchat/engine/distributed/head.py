@@ -161,7 +161,7 @@ class Link:
         info = replace(local.info, name=f"{Path(spec.model).name} on {spec.name}", path=str(folder),
                        n_params=local.info.n_params + sum(r["layer_params"] for r in replies.values()),
                        weight_bytes=local.info.weight_bytes + sum(r["layer_bytes"] for r in replies.values()))
-        return LoadedModel(local.model, local.tokenizer, local.config, info), runner
+        return replace(local, info=info), runner
 
 
 class DistributedRunner(Runner):
