@@ -251,7 +251,9 @@ SHARED = {
 CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", "port",
             # models recommend's, bench's, and heads train's (the window's Train row too)
             "prompts", "background load", "minutes", "updates", "checkpoint seconds",
-            "held-out pieces", "draft vocabulary", "text characters", "replies", "reply tokens"}
+            "held-out pieces", "draft vocabulary", "text characters", "replies", "reply tokens",
+            # serve's and the Local server setting's memory for conversations put aside
+            "prompt cache"}
 # Bounds on what one request carries (``values.size``, ``prompt_size``),
 # not values typed: the prompt's size and the stop strings and messages,
 # checked by the engine for every caller alike (request_check.py), as are

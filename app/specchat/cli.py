@@ -291,6 +291,11 @@ def _add_serve(sub) -> None:
                         "a browser (repeatable; none by default)")
     s.add_argument("--max-tokens-cap", type=_value("max tokens"), default=None, metavar="N",
                    help="most new tokens a request may ask for (default: the context's room)")
+    s.add_argument("--prompt-cache-gb", type=_value("prompt cache"),
+                   default=values.PROMPT_CACHE_GB, metavar="GB",
+                   help="memory for the caches of conversations put aside, so clients that "
+                        f"alternate do not read each other's prompts again (default "
+                        f"{values.PROMPT_CACHE_GB:g}; 0 = one conversation at a time)")
 
 
 def _key_refused(_text: str) -> str:
@@ -533,6 +538,7 @@ def cmd_serve(args) -> int:
         # No draft model for the target's own MTP head (``--draft mtp``).
         pair = client.load(target, None if draft == modes.OWN_HEAD else draft).wait(
             on_event=_print_load)
+        client.prompt_cache(int(args.prompt_cache_gb * 2 ** 30)).wait()
         mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
                               mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),

@@ -29,6 +29,9 @@ from specchat.errors import SpecChatError
 # MLX's PRNG takes an unsigned 64-bit seed; any integer a user types is
 # folded into that range, so "-1" and "10**30" are seeds like any other.
 SEED_MODULUS = 2 ** 64
+# The default of the "prompt cache" limit, in GB: a few dozen agents'
+# prompts of a 1.5B model in float32.
+PROMPT_CACHE_GB = 2.0
 
 
 class BadValue(SpecChatError):
@@ -76,6 +79,10 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("K", int, 1, 32, "draft length; auto = adaptive", optional=True),
     Limit("hub timeout", float, 0.0, 3600.0, "seconds, SPECCHAT_HUB_TIMEOUT", low_open=True),
     Limit("cluster port", int, 1, 65535, "a cluster's first port"),
+    # The memory conversations put aside may hold with their caches
+    # (engine/prompt_cache.py: serve --prompt-cache-gb, Settings); 0 keeps
+    # one conversation at a time.
+    Limit("prompt cache", float, 0.0, 1024.0, "GB for conversations put aside; 0 = one at a time"),
     # The local API's port; 0 lets the system pick a free one (the window shows which).
     Limit("port", int, 0, 65535, "0 = any free port"),
     # What one request may carry (``size``), counted before any of it is

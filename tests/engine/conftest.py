@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from specchat.engine.session import Engine
+from tinymodels import build_arch
 
 
 @pytest.fixture
@@ -22,3 +23,21 @@ def engine(tiny_target, tiny_draft) -> Engine:
     e = Engine()
     e.load(tiny_target, tiny_draft)
     return e
+
+
+@pytest.fixture(scope="session")
+def arch_models(tiny_dir, tiny_tokenizer):
+    """``get(arch)``: a tiny target of one of tinymodels.ARCHS (a cache kind
+    mlx-lm makes: recurrent state, sliding windows) and its draft, the same
+    architecture with noise (blocks are accepted and rejected), built once."""
+    built: dict = {}
+
+    def get(arch: str):
+        if arch not in built:
+            target = build_arch(tiny_dir / f"arch-{arch}", tiny_tokenizer, arch)
+            draft = build_arch(tiny_dir / f"arch-{arch}-draft", tiny_tokenizer, arch, seed=6,
+                               noise_from=target, noise=0.05)
+            built[arch] = (target, draft)
+        return built[arch]
+
+    return get

@@ -21,27 +21,12 @@ from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParam
 from specchat.engine.session import Engine
 from specchat.engine.window_kv import WindowKVCache
 from test_engine_sampling import check_distribution
-from tinymodels import ARCHS, build_arch
+from tinymodels import ARCHS
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3  # 24 tokens: past gemma's window of 8
 MODES = [("draft", 3), ("draft", None), ("hybrid", None), ("hybrid", 2), ("suffix", None),
          ("ssd", 3)]
 RECURRENT = {"qwen3_5", "qwen3_next", "falcon_h1", "nemotron_h", "lfm2"}
-
-
-@pytest.fixture(scope="session")
-def arch_models(tiny_dir, tiny_tokenizer):
-    built: dict = {}
-
-    def get(arch: str):
-        if arch not in built:
-            target = build_arch(tiny_dir / f"arch-{arch}", tiny_tokenizer, arch)
-            draft = build_arch(tiny_dir / f"arch-{arch}-draft", tiny_tokenizer, arch, seed=6,
-                               noise_from=target, noise=0.05)
-            built[arch] = (target, draft)
-        return built[arch]
-
-    return get
 
 
 def _engine(paths) -> Engine:

@@ -92,6 +92,18 @@ class EngineClient:
 
         return self._thread.submit(work, loop)
 
+    def prompt_cache(self, budget: int | None = None,
+                     loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """How the cache of conversations put aside stands
+        (prompt_cache.CacheUse), after setting its budget in bytes if given."""
+
+        def work(_job: Job):
+            engine = self._engine_here()
+            return engine.prompt_cache_use() if budget is None else \
+                engine.set_prompt_cache(budget)
+
+        return self._thread.submit(work, loop)
+
     def train_head(self, plan: TrainPlan, loop: asyncio.AbstractEventLoop | None = None) -> Job:
         """Train (or go on training) an EAGLE-3 head for the loaded target.
         Emits TrainProgress; ``cancel()`` stops it at the next step with its

@@ -26,7 +26,7 @@ import mlx.core as mx
 from specchat.engine import warmup
 from specchat.engine.compat import compare_tokenizers, facts_from_tokenizer
 from specchat.engine.drafter_kinds import DRAFT_MODEL
-from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading
+from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading, Saved
 from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
 from specchat.engine.kv import CacheSlot, Tokens
@@ -153,6 +153,16 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.slot.reset()
+
+    def save(self) -> Saved:
+        state = self.slot.take()
+        return Saved(state, state.nbytes)
+
+    def restore(self, saved: Saved | None) -> None:
+        if saved is None:
+            self.reset()
+        else:
+            self.slot.put(saved.state)
 
     def bytes_per_token(self) -> int:
         total = self.runner.bytes_per_token()

@@ -202,6 +202,18 @@ class Drafter:
     def reset(self) -> None:
         """Forget everything (the cache was dropped)."""
 
+    def save(self) -> Saved | None:
+        """What this drafter holds of the conversation the target's cache
+        holds, moved out (the drafter starts empty), for when the engine
+        puts that conversation aside (prompt_cache.py); None for a drafter
+        that keeps nothing between requests."""
+        self.reset()
+        return None
+
+    def restore(self, saved: Saved | None) -> None:
+        """Hold again what ``save`` moved out (None: start empty)."""
+        self.reset()
+
     def stats(self) -> dict:
         """This request's own counts, for Summary.drafter_stats under the
         drafter's name (ssd/: hits, misses, overlap); empty for most."""
@@ -211,3 +223,12 @@ class Drafter:
         """Weight bytes one drafted token reads (the engine prices a drafter
         with weights of its own by them); None: none."""
         return None
+
+
+@dataclass
+class Saved:
+    """A drafter's state moved out of it (``Drafter.save``): its own, and
+    the bytes it holds."""
+
+    state: Any
+    nbytes: int

@@ -26,10 +26,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specchat.engine import drafter_kinds
-from specchat.engine.drafters import DraftControl, Drafter, Proposal, Reading
+from specchat.engine.drafters import DraftControl, Drafter, Proposal, Reading, Saved
 from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
-from specchat.engine.kv import CacheSlot, HiddenTap, common_prefix
+from specchat.engine.kv import CacheSlot, HiddenTap
+from specchat.engine.prompt_cache import common_prefix
 
 
 class HiddenLog:
@@ -121,6 +122,21 @@ class HeadDrafter(Drafter):
         # The conversation its rows and kept features belong to, as of the
         # last request it drafted in (the target's cache follows every request).
         self.ids: list[int] = []
+
+    _STATE = ("cache", "rows", "log", "outs", "ids")
+
+    def save(self) -> Saved:
+        state = {k: getattr(self, k) for k in self._STATE}
+        nbytes = sum(c.nbytes for c in self.cache) + sum(
+            rows.nbytes for log in (self.log, self.outs) for _, rows in log.parts)
+        self.reset()
+        return Saved(state, nbytes)
+
+    def restore(self, saved: Saved | None) -> None:
+        self.reset()
+        if saved is not None:
+            for k, v in saved.state.items():
+                setattr(self, k, v)
 
     def _collect(self, start: int, tapped: dict) -> None:
         self.log.add(start, self.features(tapped))

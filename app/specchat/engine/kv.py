@@ -26,6 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specchat.engine import rollback, threads
+from specchat.engine.prompt_cache import common_prefix
 from specchat.engine.runner import Runner
 
 PREFILL_CHUNK = 512
@@ -41,14 +42,6 @@ class HiddenTap:
 
     layers: tuple[int, ...]
     collect: Callable[[int, dict], None]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class CacheSlot:
@@ -263,6 +256,31 @@ class CacheSlot:
     @property
     def nbytes(self) -> int:
         return sum(getattr(c, "nbytes", 0) for c in self.cache)
+
+    # -- several conversations (prompt_cache.py) ---------------------------------------
+    _STATE = ("cache", "length", "reused", "ids", "_pending", "pending", "_mark", "_tail",
+              "_prompt", "_plain")
+
+    def take(self) -> SlotState:
+        """What this cache holds (a conversation's prefix, settled), moved
+        out: the slot starts empty, the state can be ``put`` back later.
+        Nothing is copied."""
+        state = SlotState({k: getattr(self, k) for k in self._STATE}, self.nbytes)
+        self.reset()
+        return state
+
+    def put(self, state: SlotState) -> None:
+        """Hold ``state`` again (what ``take`` moved out), as it was."""
+        for k, v in state.fields.items():
+            setattr(self, k, v)
+
+
+@dataclass
+class SlotState:
+    """A CacheSlot's contents moved out of it: its cache and how far it reaches."""
+
+    fields: dict
+    nbytes: int
 
 
 def _count(tokens: Tokens) -> int:

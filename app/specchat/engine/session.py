@@ -15,6 +15,7 @@ thread-safe, by design.
 
 from __future__ import annotations
 
+import copy
 import gc
 import hashlib
 import threading
@@ -57,7 +58,14 @@ from specchat.engine.history import History, SyncReport
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.kv import CacheSlot
 from specchat.engine.loading import LoadedModel, load_folder
+from specchat.engine.prompt_cache import CacheUse, Conversation, PromptCache, common_prefix
 from specchat.engine.runner import Runner
+
+# A conversation a request would cut short by this many tokens or more is put
+# aside first; when the request shares at least FORK_MIN tokens with it, a copy
+# is (the request reuses that prefix in place).
+KEEP_MIN = 32
+FORK_MIN = 256
 
 
 @dataclass
@@ -113,6 +121,8 @@ class Engine:
         self._cost = CostModel()
         self._pair: LoadedPair | None = None
         self._chat = ChatFormat()  # the target's tools and reasoning (chat_format.py)
+        # Conversations put aside with their caches (prompt_cache.py).
+        self._conversations = PromptCache()
         # The user's earlier conversations, for suffix drafting (history.py):
         # tied to the target's tokenizer, filled by sync_history.
         self.history = History()
@@ -254,6 +264,7 @@ class Engine:
         slot = self._slots.get(need)
         if slot is None:
             return
+        self._conversations.clear()  # what was put aside holds its drafter's state
         self._slots = {n: s for n, s in self._slots.items() if s is not slot}
         _unload(slot)
         del slot
@@ -261,6 +272,7 @@ class Engine:
         mx.clear_cache()
 
     def _drop_target(self) -> None:
+        self._conversations.clear()
         for slot in {id(s): s for s in self._slots.values()}.values():
             _unload(slot)
         self._slots = {}
@@ -319,8 +331,8 @@ class Engine:
         return set(self._eos)
 
     def reset_cache(self) -> None:
-        """Forget cached prompts (they are reused only on an exact prefix match
-        anyway; this frees memory)."""
+        """Forget cached prompts, those put aside too (this frees memory)."""
+        self._conversations.clear()
         if self._cache is not None:
             self._cache.reset()
         slots = {id(s): s for s in self._slots.values()}.values()  # a head may hold two needs
@@ -414,6 +426,64 @@ class Engine:
         return ("This mode needs a draft model, which is not loaded: choose a draft, or draft "
                 "from the conversation (suffix matching).")
 
+    # -- several conversations (prompt_cache.py) ---------------------------------
+    def _nearest_conversation(self, ids: list[int]) -> None:
+        """Before a request: the caches hold the conversation that shares
+        the most of ``ids`` (one put aside is taken back); one the request
+        would cut short is put aside first (a copy of it, when the request
+        shares a long prefix with it and will reuse that in place)."""
+        if self._cache is None:
+            return
+        held = self._cache.ids
+        current = common_prefix(held, ids)
+        found = self._conversations.nearest(ids, current)
+        if found is not None:
+            self._set_aside(self._move_out())
+            self._move_in(found)
+        elif len(held) - current >= KEEP_MIN and self._conversations.budget > 0:
+            if current >= FORK_MIN:  # keep the conversation aside, reuse the prefix here
+                conv = self._move_out()
+                self._move_in(conv)
+                self._set_aside(copy.deepcopy(conv))
+            else:
+                self._set_aside(self._move_out())
+
+    def _stateful(self) -> list[tuple[str, Drafter]]:
+        """Every drafter that may hold a conversation's state, by a key
+        that stays its own while the pair stays loaded."""
+        out, seen = [], set()
+        for need, slot in self._slots.items():
+            for key, d in ((need, slot.drafter), *((f"{need}:{k}", m)
+                                                    for k, m in slot.made.items())):
+                if d is not None and id(d) not in seen:
+                    seen.add(id(d))
+                    out.append((key, d))
+        return out
+
+    def _move_out(self) -> Conversation:
+        ids, target = list(self._cache.ids), self._cache.take()
+        drafters = {key: d.save() for key, d in self._stateful()}
+        return Conversation(ids, target, drafters,
+                            target.nbytes + sum(s.nbytes for s in drafters.values() if s))
+
+    def _move_in(self, conv: Conversation) -> None:
+        self._cache.put(conv.target)
+        for key, d in self._stateful():
+            d.restore(conv.drafters.get(key))
+
+    def _set_aside(self, conv: Conversation) -> None:
+        if self._conversations.put_aside(conv):  # some dropped: give their memory back
+            mx.clear_cache()
+
+    def set_prompt_cache(self, budget: int) -> CacheUse:
+        """The bytes conversations put aside may hold (0: one at a time)."""
+        if self._conversations.resize(budget):
+            mx.clear_cache()
+        return self._conversations.use()
+
+    def prompt_cache_use(self) -> CacheUse:
+        return self._conversations.use()
+
     # -- the user's history (suffix drafting) ----------------------------------
     def tokenizer_fingerprint(self) -> str:
         if self.target is None:
@@ -451,6 +521,7 @@ class Engine:
         request = request_check.checked(request)  # every value in range, before MLX sees one
         mode = modes.get(request.draft.mode)
         ids, parts = self._prompt(request, cancelled)
+        self._nearest_conversation(ids)
         limit = self.target.max_context
         if limit is not None:  # the reply cannot run past the model's context
             request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))

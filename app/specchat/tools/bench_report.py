@@ -13,7 +13,7 @@ from pathlib import Path
 from specchat import origins
 from specchat.engine import threads
 from specchat.engine.drafter_kinds import key_parts
-from specchat.engine.kv import common_prefix
+from specchat.engine.prompt_cache import common_prefix
 from specchat.engine.session import Engine
 from specchat.library.recommendations import cpu_name
 from specchat.tools.bench_runs import Run

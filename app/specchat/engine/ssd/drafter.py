@@ -89,6 +89,13 @@ class SpeculativeDrafter(Drafter):
         self._drop_job()
         self.model.reset()
 
+    def save(self) -> None:
+        """Its conversation's state is the draft model's, saved with it."""
+        self._drop_job()
+
+    def restore(self, saved) -> None:
+        self._drop_job()
+
     def stats(self) -> dict:
         """This request's counts, for Summary.drafter_stats."""
         return {self.name: self.counts.fields()}
