@@ -36,7 +36,8 @@ def test_the_parts_add_up_to_the_reply_and_are_counted_as_its_events_are(agent_e
     for messages in (ASK, AGAIN):
         events = []
         r = agent_engine.generate(GenerateRequest(messages=messages, tools=json.dumps(AGENT_TOOLS),
-                                                  max_tokens=40, draft=DraftSettings(mode=mode)),
+                                                  max_tokens=40, draft=DraftSettings(
+                                                      mode=mode, k=3 if mode == "draft" else None)),
                                   on_step=events.append)
         s, parts = r.summary, r.summary.by_part
         assert {p: n["tokens"] for p, n in parts.items()} == dict(Counter(r.parts))

@@ -59,7 +59,7 @@ def test_two_conversations_that_alternate_reuse_their_own_prefixes(tiny_target, 
     assert use.conversations == 1 and use.switches == 2 and 0 < use.held <= use.budget
 
 
-@pytest.mark.parametrize("mode,k", [("draft", 3), ("hybrid", None), ("ssd", 3)])
+@pytest.mark.parametrize("mode,k", [("draft", 3), ("hybrid", 3), ("ssd", 3)])
 def test_the_drafters_state_goes_with_its_conversation(tiny_target, tiny_draft, mode, k):
     """The draft model's cache travels with its conversation: the turn that
     takes A back neither reads A's prompt into the draft again nor drafts

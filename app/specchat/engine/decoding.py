@@ -189,9 +189,13 @@ def _read_prompt(d: Decoding, run: Progress) -> float:
         # Not for a seeded sampled reply: whether the drafter is behind depends
         # on what an earlier reply left in its cache, and the seed promises
         # the same tokens whatever came before, so it drafts from the first step.
-        if (run.tally.steps == 0 and run.reading.first_token_first
-                and not _seeded(d.request.sampling)):
+        seeded = _seeded(d.request.sampling)
+        if run.tally.steps == 0 and run.reading.first_token_first and not seeded:
             return 0.0  # the first token first
+        if not seeded and not d.policy.worth_reading(
+                run.reading.reader or d.drafter.name, run.reading.unread, len(run.out),
+                d.request.max_tokens - len(run.out)):
+            return 0.0  # not yet: the reply so far has not paid for the reading
         read_s = _catch_up(d, run)
         run.prefill_s += read_s
     run.prompt_read = True
@@ -201,7 +205,7 @@ def _read_prompt(d: Decoding, run: Progress) -> float:
 def _propose(d: Decoding, run: Progress, remaining: int) -> Proposal | None:
     """The drafter's block for this step, capped by the policy and by the
     token budget (the target's own token needs one)."""
-    if d.drafter is None or remaining <= 1 or not run.prompt_read:
+    if d.drafter is None or remaining <= 1 or not (run.prompt_read or run.reading.drafts_behind):
         return None
     policy = d.policy
     ctl = DraftControl(

@@ -40,6 +40,12 @@ CONTEXT_ROWS_MAX = 8_192
 # Most pending context ids fed with the first draft forward; more are
 # prefilled first (in chunks, without logits).
 FEED_MAX = 8
+# The draft reads at most the last WINDOW ids of a prompt (an agent's request
+# holds files and tool results: thousands of ids a draft model would read
+# for a reply of a dozen). When a conversation runs past it, the window moves
+# to the last WINDOW_KEPT ids, leaving room for the turns that follow.
+WINDOW = 1024
+WINDOW_KEPT = 512
 
 
 class PrunedHead:
@@ -136,6 +142,9 @@ class ModelDrafter(Drafter):
         self.loaded = draft
         self.runner = Runner(draft.model, draft.info.model_type, draft.config)
         self.slot = CacheSlot(self.runner)
+        # The context index of the cache's first position: the draft reads
+        # at most a window of a long prompt's end (``window_start``).
+        self.offset = 0
         self._prompt_length = 0  # this request's prompt, in ids
         self._extra_ids = list(extra_ids)
         self.head: PrunedHead | None = None
@@ -153,16 +162,20 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.slot.reset()
+        self.offset = 0
 
     def save(self) -> Saved:
         state = self.slot.take()
-        return Saved(state, state.nbytes)
+        saved = Saved((state, self.offset), state.nbytes)
+        self.offset = 0
+        return saved
 
     def restore(self, saved: Saved | None) -> None:
         if saved is None:
             self.reset()
         else:
-            self.slot.put(saved.state)
+            state, self.offset = saved.state
+            self.slot.put(state)
 
     def bytes_per_token(self) -> int:
         total = self.runner.bytes_per_token()
@@ -171,22 +184,31 @@ class ModelDrafter(Drafter):
         return total
 
     def prepare(self, prompt: Sequence[int], request=None) -> Reading:
-        """The prefix of the prompt the cache already holds is kept; the
-        rest is read by ``catch_up`` when it is more than a block's first
-        forward feeds."""
+        """The cache keeps what it holds of the prompt's window (its end:
+        ``window_start``); the rest is read by ``catch_up`` when it is more
+        than a block's first forward feeds."""
         if self.head is not None:
             self.head.restart(prompt)
-        self.slot.sync_to(prompt)
+        start = window_start(len(prompt), self.offset)
+        if start != self.offset:  # another window: nothing held is of use
+            self.slot.reset()
+            self.offset = start
+        self.slot.sync_to(prompt[start:])
         self._prompt_length = len(prompt)
-        return Reading(behind=len(prompt) - self.slot.length > FEED_MAX)
+        unread = len(prompt) - start - self.slot.length
+        return Reading(behind=unread > FEED_MAX, unread=unread, reader=self.name)
 
     def catch_up(self, context: Sequence[int]) -> None:
-        reading_prompt = self.slot.length < self._prompt_length
-        self._pending(context[self.slot.length:], feed_max=1)
-        if reading_prompt and self.slot.length == self._prompt_length:
+        reading_prompt = self.offset + self.slot.length < self._prompt_length
+        self._pending(self._unseen(context), feed_max=1)
+        if reading_prompt and self.offset + self.slot.length == self._prompt_length:
             # As the target's after its prefill: a regenerated reply (the same
             # prompt) goes back here on a cache that cannot drop positions.
             self.slot.mark_prompt()
+
+    def _unseen(self, context: Sequence[int]) -> Sequence[int]:
+        """The context's ids past what the cache holds (of its window)."""
+        return context[self.offset + self.slot.length:]
 
     def _pending(self, pending: Sequence[int], feed_max: int = FEED_MAX) -> list[int]:
         """Prefill all but the last ``feed_max`` of the context ids the cache
@@ -220,14 +242,14 @@ class ModelDrafter(Drafter):
         suffix drafts in hybrid mode: draft forward time) but the last few
         ids, which the block's first forward feeds (returned), and is
         checkpointed; with the output columns as they are then."""
-        first = self._pending(context[self.slot.length:])
+        first = self._pending(self._unseen(context))
         self.slot.checkpoint()
         return first, self.view(vocab)
 
     def adopt(self, cache: list, length: int) -> None:
         """Take a branch of the cache drafted elsewhere (ssd/'s worker)
-        holding ``length`` positions as the cache, checkpointed."""
-        self.slot.adopt(cache, length)
+        holding ``length`` positions of the context as the cache, checkpointed."""
+        self.slot.adopt(cache, length - self.offset)
         self.slot.checkpoint()
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
@@ -242,10 +264,21 @@ class ModelDrafter(Drafter):
         return block.proposal(self.name, head, ctl.sampling, t0)
 
     def kept(self, length: int) -> None:
-        self.slot.rewind(min(self.slot.length, length))
+        self.slot.rewind(max(0, min(self.slot.length, length - self.offset)))
 
     def finish(self, context: Sequence[int]) -> None:
-        self.slot.settle(context)
+        self.slot.settle(context[self.offset:])
+
+
+def window_start(n: int, offset: int) -> int:
+    """Where the draft's cache starts for a prompt of ``n`` ids, holding
+    ``offset`` now: it stays while the prompt runs at most WINDOW past it
+    (the turns of a conversation extend it, read once), else moves to
+    WINDOW_KEPT before the end. The draft only proposes; the target checks
+    every token, so how much it has read changes speed, never output."""
+    if offset <= n and n - offset <= WINDOW:
+        return offset
+    return max(0, n - WINDOW_KEPT)
 
 
 def build(b: Build) -> ModelDrafter:

@@ -114,6 +114,12 @@ class Calibration:
             self.hits[i] += 1.0 if j < n else 0.0
 
 
+# A reply's expected length in tokens before the engine has seen any.
+EXPECTED_REPLY = 128.0
+# Unread prompt ids a drafter reads whatever the reply: as cheap as a verify block.
+READ_AT_ONCE = 64
+
+
 class DraftPolicy:
     """Draft-length decisions for one request."""
 
@@ -121,9 +127,12 @@ class DraftPolicy:
     PRIOR_RATE = 0.7  # cost per token before anything is measured (target-forward units)
 
     def __init__(self, fixed_k: int | None = None, cost: CostModel | None = None,
-                 timing: StepTiming | None = None):
+                 timing: StepTiming | None = None, expected_reply: float = EXPECTED_REPLY):
         self.fixed_k = fixed_k
         self.cost = cost or CostModel()
+        # How long replies have run lately (the engine's average): what
+        # reading a long prompt into a draft model is weighed against.
+        self.expected_reply = expected_reply
         # Break-even auto-off (off until the loop arms it for a request that
         # may use it: auto_off_applies); ``timing`` replaces the clock in tests.
         self.break_even = BreakEven(self.cost, timing)
@@ -194,6 +203,31 @@ class DraftPolicy:
             survive *= self.calibration(c)
         worth = survive * self.calibration(confidences[-1]) * self.rate
         return worth >= self.cost.token(drafter_kinds.get(kind)) + self.cost.slope
+
+    def worth_reading(self, kind: str, unread: int, produced: int, remaining: int) -> bool:
+        """Whether a drafter of ``kind`` should read the ``unread`` ids of
+        the prompt it has not read, ``produced`` tokens into a reply that may
+        run ``remaining`` more: reading costs what a forward over them costs
+        the drafter; each token after it is that much cheaper than without
+        the drafter (1 - 1 / its rate at the best K, in target forwards).
+        The reply's remaining length is unknown: a reply runs about as long
+        as replies lately did (``expected_reply``), and one that has already
+        run ``produced`` tokens about as many again (the rent-or-buy rule:
+        once the tokens decoded without it would have paid for the reading,
+        read). A request's own fixed K reads at once, as asked; so does a
+        short prompt (READ_AT_ONCE ids cost about a verify block), which
+        also lets a drafter the prior undervalues be probed and learnt."""
+        if unread <= READ_AT_ONCE or self.fixed_k is not None:
+            return True
+        spec = drafter_kinds.get(kind)
+        c = self.cost.token(spec)
+        a = self.stats(kind).accept
+        k = self.cost.best_k(a, c, spec.cap)
+        if k == 0:
+            return False
+        gain = 1.0 - 1.0 / self.cost.rate(a, k, c)
+        ahead = min(max(produced, self.expected_reply - produced), remaining)
+        return ahead * gain >= c * self.cost.verify(unread)
 
     def observe_proposal(self, proposal, n: int) -> None:
         """One verify step of a drafters.Proposal with ``n`` tokens accepted.

@@ -91,6 +91,14 @@ class Reading:
     # out (``first_token_first``; ssd: before the first step).
     behind: bool = False
     first_token_first: bool = True
+    # How many ids the rest is, and which drafter kind reads them: what
+    # reading it costs, for the policy's choice of whether it pays
+    # (DraftPolicy.worth_reading); 0 and "" when nothing is left to read.
+    unread: int = 0
+    reader: str = ""
+    # It drafts before the rest is read (hybrid.py: suffix matches), so
+    # steps go on drafting while the reading waits.
+    drafts_behind: bool = False
 
 
 @dataclass

@@ -70,13 +70,15 @@ class HybridDrafter(Drafter):
         self.name = f"{suffix.name}+{model.name}"
         self.choices = {"suffix": 0, "model": 0, "chained": 0}
         self._overruled: dict[str, int] = {}  # per request: HybridDrafter is built per request
+        self._model_read = True  # the other drafter has read the prompt (prepare says)
 
     def prepare(self, prompt: Sequence[int], request=None) -> Reading:
         """Both read the prompt: the target reuses its cache as far as both
         can follow, and the other drafter says when the rest is read."""
         s, m = self.suffix.prepare(prompt, request), self.model.prepare(prompt, request)
         limits = [n for n in (s.reuse, m.reuse) if n is not None]
-        return replace(m, reuse=min(limits) if limits else None)
+        self._model_read = not m.behind  # until it is, the suffix drafts alone
+        return replace(m, reuse=min(limits) if limits else None, drafts_behind=True)
 
     @property
     def hidden_tap(self) -> HiddenTap | None:
@@ -89,6 +91,7 @@ class HybridDrafter(Drafter):
     def catch_up(self, context: Sequence[int]) -> None:
         self.suffix.catch_up(context)
         self.model.catch_up(context)
+        self._model_read = True
 
     def finish(self, context: Sequence[int]) -> None:
         self.suffix.finish(context)
@@ -102,6 +105,8 @@ class HybridDrafter(Drafter):
         return {**self.suffix.stats(), **self.model.stats(), "hybrid": dict(self.choices)}
 
     def propose(self, context: Sequence[int], ctl: DraftControl) -> Proposal:
+        if not self._model_read:  # the other drafter has not read the prompt yet
+            return self.suffix.propose(context, ctl)
         s = self.suffix.propose(context, replace(ctl, fallback=True))
         policy: DraftPolicy | None = ctl.policy
         if not s.tokens:

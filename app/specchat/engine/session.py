@@ -41,7 +41,7 @@ from specchat.engine import (
 from specchat.engine.compat import SAME_MODEL, facts_from_tokenizer
 from specchat.engine.costs import CostModel
 from specchat.engine.decoding import Decoding, decode
-from specchat.engine.draft_policy import DraftPolicy
+from specchat.engine.draft_policy import EXPECTED_REPLY, DraftPolicy
 from specchat.engine.drafter_kinds import DRAFT_MODEL, MTP, DrafterKind
 from specchat.engine.drafters import Absent, Build, Drafter
 from specchat.engine.errors import EngineError
@@ -66,6 +66,7 @@ from specchat.engine.runner import Runner
 # is (the request reuses that prefix in place).
 KEEP_MIN = 32
 FORK_MIN = 256
+REPLY_ALPHA = 0.3  # the weight of the latest reply in the average reply length
 
 
 @dataclass
@@ -123,6 +124,9 @@ class Engine:
         self._chat = ChatFormat()  # the target's tools and reasoning (chat_format.py)
         # Conversations put aside with their caches (prompt_cache.py).
         self._conversations = PromptCache()
+        # How long replies run, lately (an average): what reading a long
+        # prompt into a draft model is weighed against (DraftPolicy.worth_reading).
+        self._expected_reply = EXPECTED_REPLY
         # The user's earlier conversations, for suffix drafting (history.py):
         # tied to the target's tokenizer, filled by sync_history.
         self.history = History()
@@ -526,10 +530,13 @@ class Engine:
         if limit is not None:  # the reply cannot run past the model's context
             request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))
         drafter, mode = self._drafter(mode)
-        policy = DraftPolicy(request.draft.k, self._cost)
+        policy = DraftPolicy(request.draft.k, self._cost, expected_reply=self._expected_reply)
         eos = self._eos | set(request.stop_token_ids)
         result = decode(Decoding(self._cache, self.target.tokenizer, eos, ids, request, drafter,
                                  policy, mode.name, self._vocab, cancelled, parts), on_step)
+        if result.summary.finish_reason != "cancelled":  # how long replies run, lately
+            self._expected_reply += REPLY_ALPHA * (result.summary.new_tokens
+                                                   - self._expected_reply)
         if request.history_key and result.token_ids:
             # Finished (or stopped) replies join the history as they end.
             self.history.put(request.history_key, [*ids, *result.token_ids])
