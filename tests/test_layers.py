@@ -39,7 +39,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "origins": (),
     "values": ("specchat.errors",),
     "records": ("specchat.errors", "specchat.values"),
-    "outputs": ("specchat.errors", "specchat.records"),
+    "outputs": ("specchat.errors", "specchat.records", "specchat.home"),
     "home": (),
     "applog": ("specchat.home",),
     "startup": ("specchat.values", "specchat.home", "specchat.engine.blas"),

@@ -177,12 +177,18 @@ def read_record(path: Path) -> dict:
 def write_json(path: Path, data: object, **dump: Any) -> None:
     """Replace ``path`` with ``data`` as JSON (``json.dumps(data, **dump)``
     and a newline, as the files it stands in for end, e.g. a model's
-    config.json), atomically and durably: written to ``.<name>.<random>.tmp``
-    beside it (a name no ``*.json`` glob picks up), fsynced, then renamed
-    over it in one ``os.replace``, so no reader, in this process or another,
-    after a kill or a crash, ever sees half a file."""
+    config.json), as ``write_text`` writes."""
+    write_text(path, json.dumps(data, **dump) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically and durably:
+    written to ``.<name>.<random>.tmp`` beside it (a name no ``*.json``
+    glob picks up, made anew: never a link someone left there), fsynced,
+    then renamed over it in one ``os.replace``, so no reader, in this
+    process or another, after a kill, a crash or a full disk, ever sees
+    half a file, and the file it replaces is whole until then."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, **dump) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

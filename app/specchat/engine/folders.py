@@ -63,6 +63,7 @@ def is_training_folder(path: str | os.PathLike) -> bool:
         return False
 
 
+MODELS = "models"  # the home's folder of models (library/paths.py), where a head may be trained
 TRAINING_HINT = "choose a new or empty folder, or the folder of a head being trained here"
 
 
@@ -74,7 +75,7 @@ def training_folder(path: str | os.PathLike, hint: str = TRAINING_HINT,
     checks before it reads anything and again at every checkpoint; the
     command line and the window before they start (library/trained_heads.py)."""
     check = outputs.make_folder if make else outputs.folder
-    return check(path, "the head", is_training_folder, hint, error)
+    return check(path, "the head", is_training_folder, hint, error, home_place=MODELS)
 
 
 def model_name(folder: str | os.PathLike) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 from specchat import outputs, records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import HOSTFILE, is_cluster_folder, read_config
+from specchat.engine.folders import HOSTFILE, clusters_dir, is_cluster_folder, read_config
 
 MAX_RANKS = 64
 MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
@@ -292,7 +292,7 @@ def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
         # to one.
         folder = outputs.make_folder(folder, "the cluster", is_cluster_folder,
                                      "choose another name, or remove what is there",
-                                     EngineError)
+                                     EngineError, home_place=clusters_dir())
         secret.ensure(folder)
         for old in folder.iterdir():
             if old.is_symlink():
