@@ -144,9 +144,11 @@ def nested_deeper(data: str | bytes, limit: int) -> bool:
     (In UTF-8 these bytes never occur inside another character; a
     backslash outside a string is not JSON, which ``json.loads`` says at
     that point, before it nests further.)"""
+    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if len(body) <= limit:  # each level opens with a byte of its own: nothing to count
+        return False
     import numpy as np
 
-    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     pieces = unescaped.translate(None, _ONLY_QUOTES_AND_BRACKETS).split(b'"')
     outside = np.frombuffer(b"".join(pieces[::2]), np.uint8)  # odd pieces are strings

@@ -127,6 +127,11 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("replies", int, 0, 100_000, "requests the target answers itself"),
     Limit("reply tokens", int, 1, 32_768, "the longest reply to one request"),
     Limit("tool calls", int, 0, 128, "in one message"),
+    # ... and in the whole conversation: each is a turn of the template's
+    # loop too, and each is read, checked and rendered, so they are bounded
+    # as the messages are (76,800 calls, 128 in each of 600 messages, held
+    # the engine thread for 8 s).
+    Limit("tool calls in all", int, 0, 10_000, "in one request"),
     # The chat template's switches a request sets (chat_template_kwargs):
     # a template reads a handful; a text value may be written into the prompt.
     Limit("template switches", int, 0, 32, "in one request"),

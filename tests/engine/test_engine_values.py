@@ -14,7 +14,13 @@ from specchat import values
 from specchat.engine.client import EngineClient
 from specchat.engine.compat import SAME_MODEL
 from specchat.engine.errors import EngineError
-from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
+from specchat.engine.events import (
+    DraftSettings,
+    GenerateRequest,
+    Message,
+    SamplingParams,
+    ToolCall,
+)
 from specchat.engine.session import Engine
 from specchat.engine.worker import EngineThread, JobFailed
 from specchat.errors import SpecChatError
@@ -66,6 +72,11 @@ BAD = {
                                      "4,096 in one request"),
     "messages past the count": (replace(BASE, messages=(Message("user", "hi"),) * 10_001),
                                 "too many messages: 10,001; at most 10,000 in one request"),
+    # 128 calls in each of 79 turns: 76,800 of them held the engine for 8 s.
+    "tool calls past the count in all": (replace(BASE, messages=(Message("user", "hi"),) + tuple(
+        Message("assistant", "", tool_calls=tuple(ToolCall(f"{i}-{j}", "f", "{}")
+                                                  for j in range(128))) for i in range(79))),
+        "too many tool calls in all: 10,112; at most 10,000 in one request"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }

@@ -50,6 +50,7 @@ def checked(request: GenerateRequest) -> GenerateRequest:
     # before the template and the tokenizer, which would hold the engine
     # thread for seconds, only to find it longer than the model reads.
     values.size("messages", len(request.messages))
+    values.size("tool calls in all", sum(len(m.tool_calls) for m in request.messages))
     messages = tuple(_message(m, i) for i, m in enumerate(request.messages))
     chat_rules.conversation(messages)
     values.prompt_size(values.utf8_size(t for m in messages for t in chat_rules.texts(m)))

@@ -291,10 +291,14 @@ def _messages(messages: object) -> tuple[Message, ...]:
                         "messages")
     _sized("messages", "messages", len(messages))
     out = []
+    calls = 0  # in all, each message's counted before its calls are read
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad_value(f"{where} must be an object with a role and a content", where)
+        if isinstance(m.get("tool_calls"), list):
+            calls += len(m["tool_calls"])
+            _sized(f"{where}.tool_calls", "tool calls in all", calls)
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "
