@@ -440,6 +440,12 @@ TOKENIZER_CONFIGS = {
         "the chat template 'tool_use' is broken, it is not valid Jinja"),
     # JSON nested past Python's recursion limit is a RecursionError, no ValueError.
     "deep": ("[" * 100_000, "tokenizer_config.json is broken: it is nested too deeply to read"),
+    # Compiling took 11 microseconds a character: 1.6 million held the
+    # import (and the check, and the engine's load) for 18 s; the file may
+    # hold 64 MB. Refused by its length before Jinja sees it.
+    "long": (json.dumps({"chat_template": "{{ 'x' }}" * 200_000}),
+             "tokenizer_config.json: the chat template is broken, it is 1,800,000 characters "
+             "long, more than a chat template is (SpecChat compiles at most 131,072)"),
 }
 
 
