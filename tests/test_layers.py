@@ -41,7 +41,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "records": ("specchat.errors", "specchat.values"),
     "outputs": ("specchat.errors", "specchat.records", "specchat.home"),
     "home": (),
-    "applog": ("specchat.home",),
+    "applog": ("specchat.home", "specchat.records"),
     "startup": ("specchat.values", "specchat.home", "specchat.engine.blas"),
     "engine": (*BASE, "specchat.home"),
     # The engine modules that load no MLX when imported.
