@@ -47,6 +47,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     # The engine modules that load no MLX when imported.
     "library": (*BASE, "specchat.home", "specchat.engine.compat", "specchat.engine.folders",
                 "specchat.engine.safetensors_file", "specchat.engine.eagle3_format",
+                "specchat.engine.rope_rules",
                 "specchat.engine.mtp_format", "specchat.engine.modes",
                 "specchat.engine.errors", "specchat.engine.client", "specchat.engine.template",
                 "specchat.engine.events", "specchat.engine.costs",

@@ -9,6 +9,7 @@ with the same words. The cluster check is here rather than in
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import fcntl
 import functools
@@ -166,7 +167,11 @@ def read_json_object(path: Path, error: type[SpecChatError] = EngineError,
     broken like any other. ``shown`` names it in the message."""
     where = shown or path
     try:
-        data = records.read_json(path, records.MAX_JSON_BYTES)
+        raw = records.read_file(path, records.MAX_JSON_BYTES)
+        if raw.startswith(codecs.BOM_UTF8):  # Python's json takes it; mlx-lm's loading does not
+            raise records.BadRecord("it starts with a byte order mark (BOM), which mlx-lm "
+                                    "does not read; save it as UTF-8 without one")
+        data = records.parse_json(raw)
     except (OSError, records.BadRecord) as exc:
         raise error(f"{where} is broken: {getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(data, dict):
