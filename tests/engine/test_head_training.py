@@ -477,3 +477,25 @@ def test_one_run_at_a_time_trains_in_a_folder(tmp_path, tiny_target, texts, trai
     head_training.train(engine, _plan(texts, folder, 3), lambda _p: None)
     assert kept.read_text() == "mine\n"
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_a_head_is_trained_for_a_target_of_few_layers(tmp_path, tiny_tokenizer, texts, layers):
+    """EAGLE-3 reads the hidden states of layers 2, n/2 and n - 3: a target
+    of one layer has no layer 2, and training a head for it ended on an
+    internal error (IndexError). The ids stop at the last layer's output;
+    the head trains, loads and drafts."""
+    from specchat.engine import eagle3_format, head_training
+    from tinymodels import build_model
+
+    target = build_model(tmp_path / "target", tiny_tokenizer, layers=layers, seed=3)
+    engine = Engine()
+    engine.load(target)
+    out = tmp_path / "head"
+    head_training.train(engine, _plan(texts, out, 1), lambda _p: None)
+    ids = eagle3_format.read(out).config.layer_ids
+    assert ids == eagle3_format.default_layer_ids(layers) and max(ids) <= layers
+    engine.load(target, out)
+    result = engine.generate(GenerateRequest(prompt_ids=(5, 6, 7) * 4, max_tokens=8,
+                                             draft=DraftSettings(mode="draft", k=2)))
+    assert result.summary.drafted > 0

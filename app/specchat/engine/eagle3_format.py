@@ -65,8 +65,10 @@ _LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.")
 
 def default_layer_ids(target_layers: int) -> tuple[int, int, int]:
     """The hidden states a head reads when its config names none (EAGLE-3's
-    choice: 2, n/2 and n - 3 of the target's n layers)."""
-    return 2, target_layers // 2, target_layers - 3
+    choice: 2, n/2 and n - 3 of the target's n layers), none past the last
+    layer's output (id n): a target of one layer has no id 2, and training
+    a head for one ended on an internal error (IndexError)."""
+    return min(2, target_layers), target_layers // 2, target_layers - 3
 
 
 @dataclass(frozen=True)
