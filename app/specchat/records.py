@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 import types
@@ -127,6 +128,9 @@ def parse_json(data: str | bytes, max_depth: int | None = None) -> object:
     except RecursionError:
         raise BadRecord("it is nested too deeply to read") from None
     except ValueError as exc:  # UnicodeDecodeError included
+        if "integer string conversion" in str(exc):  # Python's bound, and its advice to coders
+            raise BadRecord(f"it holds a whole number of more than "
+                            f"{sys.get_int_max_str_digits():,} digits") from None
         raise BadRecord(f"it is not valid JSON ({exc})") from None
 
 

@@ -95,6 +95,10 @@ def calls(n: int, turn: int) -> dict:
     # calls (128 in each of 600 turns) held the engine thread for 8 s.
     ("chat", {"messages": USER + [calls(128, i) for i in range(78)] + [calls(128, 78)]},
      "messages[79].tool_calls"),
+    # A switch's name is text the request sends too (one of 200,000
+    # characters was echoed whole in the 400).
+    ("chat", {"messages": USER, "chat_template_kwargs": {"k" * 4096 + "x": True}},
+     "chat_template_kwargs"),
 ])
 def test_bad_fields_are_refused_by_name(kind, body, param):
     assert refused(kind, body).param == param

@@ -280,6 +280,7 @@ def switches(value: object, where: str = "chat_template_kwargs") -> tuple[tuple[
             _wrong(at, "a finite number", v)
         if not isinstance(v, bool | int | float | str) and v is not None:
             _wrong(at, "true, false, a number, text or null (a template switch)", v)
+        chars += len(key)  # a name is text a request sends too (one of 200,000 was echoed)
         if isinstance(v, str):
             chars += len(_text(v, at))
         out.append((key, v))
@@ -307,8 +308,8 @@ def template_variables(fmt: ChatFormat, pairs: Sequence[tuple[str, Scalar]], wan
         if key not in fmt.switches:
             reads = (f"it reads {', '.join(fmt.switches)}" if fmt.switches
                      else "it reads none a request can set")
-            raise BadField(f"{where} sets {key!r}, which this model's chat template does not "
-                           f"read (it would do nothing); {reads}", f"{where}.{key}")
+            raise BadField(f"{where} sets '{values.shown(key)}', which this model's chat template "
+                           f"does not read (it would do nothing); {reads}", f"{where}.{key}")
         out[key] = v
     if not wanted:
         return out
