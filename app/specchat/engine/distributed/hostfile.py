@@ -236,6 +236,12 @@ def plan(name: str, model: str | os.PathLike, ips: list[str], port: int,
         raise EngineError(f"--port {port} leaves no room for {n} ranks: they use ports {port} "
                           f"to {last}, past {HIGHEST_PORT}; pick a port up to "
                           f"{HIGHEST_PORT - 2 * n + 1}.")
+    if not remote_command.strip() or not remote_command.isprintable():
+        # ssh would run the rank's arguments as the command, or a second line as another
+        got = ("nothing" if not remote_command.strip()
+               else "a line break or a control character in it")
+        raise EngineError("--remote-command must say how ssh runs SpecChat on the other hosts, "
+                          f"on one line; got {got}.")
     folder = Path(model).expanduser().resolve()
     check_layers(layers, n, _layer_count(folder))
     ranks = tuple(Rank(i, ip, ip, port + i, port + n + i) for i, ip in enumerate(ips))
