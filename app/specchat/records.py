@@ -217,7 +217,11 @@ def locked(lock: Path) -> Iterator[None]:
     when its process dies, however it dies. The same lock ``filelock``
     takes, so code holding a ``FileLock`` of the same file waits too."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a folder in its place was only "Is a directory"
+        raise type(exc)(exc.errno, f"the lock file {lock} cannot be opened "
+                                   f"({exc.strerror or exc})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # each open file its own lock: threads wait too
         yield

@@ -983,3 +983,26 @@ def test_a_file_that_is_not_a_regular_file_is_refused_never_read(lib_home, tmp_p
         f"specchat: error: {src / 'config.json'} is {what}, not a regular file; SpecChat "
         "imports only regular files."]
     _nothing_listed_or_left()
+
+
+@pytest.mark.parametrize("place,make", [(".index.lock", "folder"), ("models", "file"),
+                                        ("tmp", "file")])
+def test_a_library_folder_or_lock_that_is_something_else_is_named(lib_home, tiny_draft, place,
+                                                                 make):
+    """In the home, the index's lock file as a folder, or the models' or
+    the work folder as a file, made an import say only "Is a directory" or
+    "File exists"; it names what is in the way now."""
+    lib_home.mkdir()
+    if make == "folder":
+        (lib_home / place).mkdir()
+    else:
+        (lib_home / place).write_text("mine\n")
+    env = {**os.environ, "SPECCHAT_HOME": str(lib_home)}
+    done = subprocess.run([sys.executable, "-m", "specchat", "models", "import", str(tiny_draft)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    said = (f"the lock file {lib_home / place} cannot be opened (Is a directory)"
+            if make == "folder" else f"{lib_home / place} is a file, not a folder; SpecChat "
+                                     "keeps its files there: move it away")
+    assert errors[0].endswith(said), errors
