@@ -207,3 +207,29 @@ def test_no_command_writes_into_spec_chat_s_own_folder_but_where_it_keeps_such_t
                     str(lib_home / "models" / "t-head"), "--texts", str(ENGINE), "--no-history",
                     "--minutes", "0.2", "--steps", "1", "--draft-vocab", "64", "--held-out", "1")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_another_name_for_the_home_is_the_home(lib_home, tiny_target, tmp_path):
+    """The home by another path (here a bind mount of it; on macOS the same
+    path in other letter case, which its file system takes as the same
+    folder) was not the home to a comparison of paths: a head went into
+    its Hub cache's place. The folders are compared as themselves."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a bind mount needs root")
+    lib_home.mkdir()
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    done = subprocess.run(["mount", "--bind", str(lib_home), str(alias)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        proc = specchat(lib_home, "heads", "train", "--target", str(tiny_target), "--out",
+                        str(alias / "hub"), "--texts", str(ENGINE), "--no-history",
+                        "--minutes", "0.2", "--steps", "1", "--draft-vocab", "64",
+                        "--held-out", "1")
+        assert proc.returncode == 1, proc.stderr
+        assert f"it is in SpecChat's own folder {lib_home}" in proc.stderr, proc.stderr
+        assert not (lib_home / "hub").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(alias)], capture_output=True)

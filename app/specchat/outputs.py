@@ -189,20 +189,45 @@ def _outside_home(place: Path, what: str, hint: str, error: type[SpecChatError],
                   home_place: Place) -> None:
     """Refuse ``place`` if it is in SpecChat's own folder anywhere but
     directly in ``home_place`` (a folder of the home by name, or a folder
-    SpecChat chose itself by its path; None: nowhere in it)."""
+    SpecChat chose itself by its path; None: nowhere in it). The folders
+    are compared as themselves, not as text: another name for the home (a
+    bind mount of it; on macOS the same path in other letter case) is the
+    home too."""
     try:
         root = home().resolve()
     except (OSError, RuntimeError):
         return
-    if not (place == root or place.is_relative_to(root)):
+    if not _within(place, root):
         return
     allowed = root / home_place if home_place is not None else None
-    if allowed is not None and place.parent == allowed.resolve():
+    if allowed is not None and _same(place.parent, allowed):
         return
     where = (f"goes only directly in {allowed}" if allowed is not None
              else "has no place there")
     raise _refused(what, place, f"it is in SpecChat's own folder {root}, which SpecChat "
                    f"arranges itself ({what} {where})", hint, error)
+
+
+def _within(place: Path, root: Path) -> bool:
+    """``place`` is ``root`` or inside it: by their paths, or by one of the
+    folders above ``place`` being ``root`` itself."""
+    if place == root or place.is_relative_to(root):
+        return True
+    folder = _identity(root)
+    return folder is not None and any(_identity(p) == folder for p in (place, *place.parents))
+
+
+def _same(a: Path, b: Path) -> bool:
+    ids = _identity(a)
+    return a == b.resolve() or (ids is not None and ids == _identity(b))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _lstat(place: Path, what: str, hint: str, error: type[SpecChatError]) -> os.stat_result | None:

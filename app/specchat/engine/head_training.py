@@ -274,11 +274,11 @@ class _Trainer:
         run made it and saved nothing there."""
         if self._lock is None:
             return
-        os.close(self._lock)
-        self._lock = None
-        if self._made:
+        if self._made:  # while it is still this run's
             with contextlib.suppress(OSError):
                 self.out.rmdir()  # only if empty
+        os.close(self._lock)
+        self._lock = None
 
     def _prepare(self) -> None:
         engine, plan = self.engine, self.plan

@@ -1,7 +1,8 @@
 """The rope scalings mlx-lm builds, and what each needs: one rule for a
-model's ``config.json`` (the library's check, which every import, pull,
-``models check`` and the engine's load go through) and for a draft head's
-(``eagle3_format``). No MLX.
+model's ``config.json`` (the library's check, which every import, pull and
+``models check`` runs, and every load of the command line and the window,
+through the memory preflight) and for a draft head's (``eagle3_format``,
+the engine's own check). No MLX.
 
 A scaling is an object naming its type (``type`` or ``rope_type``) with the
 keys that type reads; mlx-lm's ``initialize_rope`` builds each of
