@@ -6,6 +6,7 @@ itself, in the same words as ``specchat models check``."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import mlx.core as mx
@@ -61,6 +62,11 @@ BAD = {
     # the tiny tokenizer: 3 million tokens).
     "prompt of emoji": (replace(BASE, messages=(Message("user", "🙂" * 999_000),)),
                         "the prompt is 3,996,000 bytes of UTF-8 text"),
+    # The tools' JSON is written into the prompt too, and counted with it.
+    "prompt with its tools past the bound": (replace(
+        BASE, messages=(Message("user", "y" * 600_000),), tools=json.dumps([{
+            "type": "function", "function": {"name": "f", "description": "x" * 400_000}}])),
+        "the prompt is 1,000,0"),
     "prompt ids past the bound": (GenerateRequest(prompt_ids=(5,) * 1_000_001, max_tokens=2),
                                   "the prompt is 1,000,001 tokens, more than SpecChat reads "
                                   "at once (1,000,000); shorten it"),

@@ -95,6 +95,10 @@ def calls(n: int, turn: int) -> dict:
     # calls (128 in each of 600 turns) held the engine thread for 8 s.
     ("chat", {"messages": USER + [calls(128, i) for i in range(78)] + [calls(128, 78)]},
      "messages[79].tool_calls"),
+    # The tools are written into the prompt too: counted with the messages
+    # (apart, a request at every bound was 1.6 million tokens).
+    ("chat", {"messages": [{"role": "user", "content": "é" * 300_000}],
+              "tools": [tool("f", "é" * 250_000)]}, "messages"),
     # A switch's name is text the request sends too (one of 200,000
     # characters was echoed whole in the 400).
     ("chat", {"messages": USER, "chat_template_kwargs": {"k" * 4096 + "x": True}},

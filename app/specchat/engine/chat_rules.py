@@ -249,6 +249,14 @@ def texts(m: Message):
         yield c.arguments
 
 
+def prompt_bytes(messages: Sequence[Message], tools: str = "") -> int:
+    """The UTF-8 bytes of what a chat template writes into the prompt from
+    a request: every message's texts and the tools' JSON, the one count
+    ``values.prompt_size`` bounds (the tools apart, a request at every
+    bound was 1.6 million tokens, where the prompt's bound is a million)."""
+    return values.utf8_size([*(t for m in messages for t in texts(m)), tools])
+
+
 def call_names(messages: Sequence[Message]) -> dict[str, str]:
     """Each call id of the conversation and the function it called (what
     a template writes for the ``tool`` turn answering it)."""

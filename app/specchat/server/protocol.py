@@ -134,7 +134,7 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
         choice, name = _tool_choice(body.get("tool_choice"), names)
         messages = _messages(body.get("messages"))
         _ruled(chat_rules.conversation, messages)
-        _bounded(values.utf8_size(t for m in messages for t in chat_rules.texts(m)), "messages")
+        _bounded(chat_rules.prompt_bytes(messages, tools), "messages")
         parallel = body.get("parallel_tool_calls") is None or _flag(body, "parallel_tool_calls")
         return ApiRequest(messages=messages, tools=tools, tool_choice=choice, tool_name=name,
                           parallel_tool_calls=parallel,
