@@ -280,13 +280,16 @@ def utf8_size(texts: Iterable[str]) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-def prompt_size(size_bytes: int) -> None:
+def prompt_size(size_bytes: int, what: str = "the prompt") -> None:
     """``BadValue`` if a prompt of ``size_bytes`` UTF-8 bytes (every message
     together) is past the table's bound, checked before it is tokenized: no
-    token is shorter than a byte, so the bound is one on its tokens too."""
+    token is shorter than a byte, so the bound is one on its tokens too.
+    Checked on what a request carries, before anything is rendered, and on
+    the text the chat template makes of it (``what``), which the tokenizer
+    reads: each turn and call adds the template's own text around it."""
     bound = int(LIMITS["prompt"].high)
     if size_bytes > bound:
-        raise BadValue(f"the prompt is {size_bytes:,} bytes of UTF-8 text, more than SpecChat "
+        raise BadValue(f"{what} is {size_bytes:,} bytes of UTF-8 text, more than SpecChat "
                        f"reads at once ({bound:,} bytes, at most as many tokens); shorten it")
 
 

@@ -67,6 +67,11 @@ BAD = {
         BASE, messages=(Message("user", "y" * 600_000),), tools=json.dumps([{
             "type": "function", "function": {"name": "f", "description": "x" * 400_000}}])),
         "the prompt is 1,000,0"),
+    # Within the bound as sent, past it as the template writes it (its text
+    # around each turn): the tokenizer reads the latter, so it is bounded too.
+    "prompt past the bound as the template writes it": (replace(
+        BASE, messages=(Message("user", "x" * 99),) * 10_000),
+        "the prompt as the chat template writes it is 1,"),
     "prompt ids past the bound": (GenerateRequest(prompt_ids=(5,) * 1_000_001, max_tokens=2),
                                   "the prompt is 1,000,001 tokens, more than SpecChat reads "
                                   "at once (1,000,000); shorten it"),
