@@ -136,6 +136,15 @@ def test_a_key_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
         assert proc.returncode == 2
         assert (f" error: argument {args[-1]}: {path} is {what}, not a regular file (see "
                 in proc.stderr.splitlines()[-1]), proc.stderr
+    gone = tmp_path / "gone"  # a link to nothing was "no such file"
+    gone.symlink_to(tmp_path / "nowhere")
+    for args in (["serve", "--api-key-file"], ["bench", "--target", "t", "--prompts"],
+                 ["generate", "--target", "t", "--prompt", "hi", "--tools"]):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args, str(gone)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        assert (f" error: argument {args[-1]}: {gone} is a link to {tmp_path / 'nowhere'}, which "
+                "is not there (see " in proc.stderr.splitlines()[-1]), proc.stderr
     got: list[BaseException] = []
 
     def read() -> None:
