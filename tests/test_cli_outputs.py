@@ -160,3 +160,76 @@ def test_an_import_replaces_no_folder_in_the_library(lib_home, tiny_draft):
     proc = specchat(lib_home, "models", "import", str(source), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["name"] == "my-draft-2" and state(training) == before
+
+
+def test_no_command_writes_into_spec_chat_s_own_folder_but_where_it_keeps_such_things(
+        lib_home, tiny_target, tiny_draft, tmp_path):
+    """A head trained into ``<home>/hub`` (not there yet) was taken as the
+    Hub cache's folder, and ``models rm`` of the head then removed every
+    download; one trained through a link into ``<home>/models/t/sub`` went
+    with the model t; ``bench --json <home>/recommendations.json`` put a
+    report where the measurements are kept. Every output path a command
+    takes is refused anywhere in the home but where that command keeps such
+    things (a head directly in ``models``), before anything is made."""
+    from specchat.library import importing
+
+    installed = Path(importing.import_path(tiny_target, name="t").path)
+    (tmp_path / "to-t").symlink_to(installed)
+    (lib_home / "clusters").mkdir()
+    heads = {"the Hub cache, not made yet": lib_home / "hub",
+             "a folder in a cluster's place": lib_home / "clusters" / "x",
+             "a work folder": lib_home / "tmp" / "mine",
+             "in a model's folder, through a link": tmp_path / "to-t" / "sub",
+             "the home itself": lib_home}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "kind": "code", "messages": [
+        {"role": "user", "content": "hi"}]}) + "\n")
+    reports = {"the measurements' file": lib_home / "recommendations.json",
+               "the history, not made yet": lib_home / "conversations.sqlite3"}
+    before = state(lib_home)
+    with ThreadPoolExecutor(4) as pool:
+        runs = dict(zip(heads, pool.map(lambda out: specchat(
+            lib_home, "heads", "train", "--target", "t", "--out", str(out), "--texts",
+            str(ENGINE), "--no-history", "--minutes", "0.2", "--steps", "1", "--draft-vocab",
+            "64", "--held-out", "1"), heads.values()), strict=True))
+        runs.update(zip(reports, pool.map(lambda out: specchat(
+            lib_home, "bench", "--target", "t", "--draft", str(tiny_draft), "--prompts",
+            str(prompts), "--max-tokens", "2", "--modes", "plain", "--json", str(out)),
+            reports.values()), strict=True))
+    for name, proc in runs.items():
+        assert proc.returncode == 1, (name, proc.stderr)
+        assert "Traceback" not in proc.stderr, (name, proc.stderr)
+        assert f"is in SpecChat's own folder {lib_home}" in proc.stderr, (name, proc.stderr)
+        assert "nothing was written" in proc.stderr, (name, proc.stderr)
+    assert state(lib_home) == before
+    # Where a head is kept, a new folder is taken (the window's default, too).
+    proc = specchat(lib_home, "heads", "train", "--target", "t", "--out",
+                    str(lib_home / "models" / "t-head"), "--texts", str(ENGINE), "--no-history",
+                    "--minutes", "0.2", "--steps", "1", "--draft-vocab", "64", "--held-out", "1")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_another_name_for_the_home_is_the_home(lib_home, tiny_target, tmp_path):
+    """The home by another path (here a bind mount of it; on macOS the same
+    path in other letter case, which its file system takes as the same
+    folder) was not the home to a comparison of paths: a head went into
+    its Hub cache's place. The folders are compared as themselves."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a bind mount needs root")
+    lib_home.mkdir()
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    done = subprocess.run(["mount", "--bind", str(lib_home), str(alias)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        proc = specchat(lib_home, "heads", "train", "--target", str(tiny_target), "--out",
+                        str(alias / "hub"), "--texts", str(ENGINE), "--no-history",
+                        "--minutes", "0.2", "--steps", "1", "--draft-vocab", "64",
+                        "--held-out", "1")
+        assert proc.returncode == 1, proc.stderr
+        assert f"it is in SpecChat's own folder {lib_home}" in proc.stderr, proc.stderr
+        assert not (lib_home / "hub").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(alias)], capture_output=True)

@@ -262,7 +262,7 @@ CLI_ONLY = {"K", "context", "hub timeout", "the system prompt", "cluster port", 
 # (protocol.py), and the Responses API's input items (responses.py). The
 # CLI's --stop is held to the stop strings' bounds below.
 SIZES = {"prompt", "stop strings", "characters of stop strings", "messages", "content parts",
-         "tools", "bytes of tools", "tool calls", "template switches",
+         "tools", "bytes of tools", "tool calls", "tool calls in all", "template switches",
          "characters of template switches", "input items"}
 NOWHERE = "/nonexistent/specchat-model"  # accepted options then fail to load, exit 1
 
@@ -467,7 +467,7 @@ def test_a_cluster_name_is_taken_as_typed_or_refused_in_words(tiny_target, tmp_p
 # Options that take any whole number (argparse's ``int`` is their whole check),
 # or whose range the command checks itself, in words: the rank of ``cluster
 # rank`` (1 to the most ranks, rank 0 being the app's; distributed/rank.py).
-ANY_NUMBER = {("heads train", "--seed"), ("cluster rank", "--rank")}
+ANY_NUMBER = {("cluster rank", "--rank")}
 
 
 def _subcommands(parser, prefix: str = ""):
@@ -537,3 +537,22 @@ def test_heads_train_refuses_what_the_window_refuses_in_the_same_words(tiny_targ
         assert proc.returncode == 2
         assert error_lines(proc) == [f"specchat heads train: error: argument --texts: {words} "
                                      "(see specchat heads train --help)"]
+
+
+def test_cluster_create_refuses_a_remote_command_ssh_cannot_run(tiny_target, tmp_path):
+    """``--remote-command ""`` was written into the hostfile (ssh would run
+    the rank's own arguments as the command), and one with a line break
+    in it (ssh would run the second line as another command); each is
+    refused in words, and nothing is written."""
+    home = tmp_path / "home"
+    for command, got in (("", "nothing"), ("  ", "nothing"),
+                         ("specchat\nrm -rf ~", "a line break or a control character in it")):
+        proc = subprocess.run([sys.executable, "-m", "specchat", "cluster", "create", "lab",
+                               "--hosts", "127.0.0.1,127.0.0.1", "--model", str(tiny_target),
+                               "--remote-command", command],
+                              env={**ENV, "SPECCHAT_HOME": str(home)}, capture_output=True,
+                              timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert error_lines(proc) == ["specchat: error: --remote-command must say how ssh runs "
+                                     f"SpecChat on the other hosts, on one line; got {got}."]
+        assert not (home / "clusters" / "lab").exists()

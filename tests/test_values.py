@@ -190,6 +190,8 @@ def test_a_prompt_is_bounded_in_utf8_bytes():
     ("content parts", 1_000, "in one message"),
     ("tools", 128, "in one request"),
     ("bytes of tools", 1_000_000, "in one request, as UTF-8 JSON"),
+    ("tool calls", 128, "in one message"),
+    ("tool calls in all", 10_000, "in one request"),
 ])
 def test_every_list_a_request_carries_has_a_bound(name, bound, where):
     values.size(name, bound)

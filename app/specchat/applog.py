@@ -10,16 +10,58 @@ capped: it rotates at ``MAX_BYTES`` and keeps one older file.
 
 from __future__ import annotations
 
+import errno
 import logging
 import logging.handlers
+import os
+import stat
 import sys
 from pathlib import Path
 
+from specchat import records
 from specchat.home import home as default_home
 
 FILENAME = "specchat.log"
 MAX_BYTES = 1_000_000
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _LogFile(logging.handlers.RotatingFileHandler):
+    """The log file, opened only if it is a regular file: a FIFO in its
+    place blocked every command that logged (``models list`` with one
+    damaged index entry hung forever), a folder there printed Python's
+    "--- Logging error ---" and a traceback under each line. One that
+    cannot be written is said once on stderr, where every record goes
+    anyway, and not tried again."""
+
+    failed = False
+
+    def _open(self):
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(self.baseFilename, flags, 0o644)  # a FIFO with no reader: ENXIO at once
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise OSError(errno.EINVAL, f"it is {records.file_kind(mode)}, not a regular "
+                                            "file")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return open(fd, "a", encoding=self.encoding, errors=self.errors)  # noqa: SIM115
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.failed:
+            return
+        self.failed = True
+        exc = sys.exc_info()[1]
+        why = getattr(exc, "strerror", None) or exc
+        sys.stderr.write(f"specchat: note: the log file {self.baseFilename} cannot be written "
+                         f"({why}); what went wrong is said here only.\n")
 
 
 class _Stderr(logging.StreamHandler):
@@ -54,14 +96,14 @@ def setup(home: Path | None = None) -> Path | None:
     path = Path(home) / FILENAME
     for h in list(logger.handlers):
         if isinstance(h, logging.handlers.RotatingFileHandler):
-            if Path(h.baseFilename) == path.resolve():
+            if Path(h.baseFilename) == path.resolve() and not getattr(h, "failed", False):
                 return path
             logger.removeHandler(h)
             h.close()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=1,
-                                                       encoding="utf-8", delay=True)
+        handler = _LogFile(path, maxBytes=MAX_BYTES, backupCount=1, encoding="utf-8",
+                           delay=True)
     except OSError:
         return None
     handler.setFormatter(formatter)

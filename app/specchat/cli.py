@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import stat
 import sys
 from pathlib import Path
@@ -105,6 +106,9 @@ def _existing(folders: bool):
         try:
             mode = path.stat().st_mode
         except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and path.is_symlink():  # was "no such file"
+                raise argparse.ArgumentTypeError(
+                    f"{text} is a link to {os.readlink(path)}, which is not there") from None
             missing = "no such file or folder" if folders else "no such file"
             why = missing if isinstance(exc, FileNotFoundError) else exc.strerror or exc
             raise argparse.ArgumentTypeError(f"{why}: {text}") from None

@@ -19,12 +19,21 @@ and the system's own file systems (``/proc``, ``/sys``, ``/dev``) are
 never written to. Parents of the output that do not exist yet are made
 (they are the command's own then); one that is a file is said to be.
 
-Only the standard library, ``specchat.errors`` and ``specchat.records``:
-every layer calls it.
+SpecChat's own folder (``specchat.home``) is arranged by SpecChat alone:
+its Hub cache, the folders of installed models, its work folders and
+records. An output goes into it only where its command keeps such things
+(``home_place``: a head directly in ``models``, a cluster directly in
+``clusters``), never elsewhere in it: a head trained into ``<home>/hub``
+was the Hub cache's folder, and removing the head removed every download;
+one in ``<home>/models/t/sub`` went with the model ``t``.
+
+Only the standard library, ``specchat.errors``, ``specchat.records`` and
+``specchat.home``: every layer calls it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable
@@ -33,6 +42,7 @@ from typing import Any
 
 from specchat import records
 from specchat.errors import SpecChatError
+from specchat.home import home
 
 SYSTEM = ("/proc", "/sys", "/dev")  # never a place for a command's output
 SHOWN_NAMES = 4  # of a folder's entries named in a refusal
@@ -43,15 +53,21 @@ class Refused(SpecChatError):
 
 
 Own = Callable[[Path], bool]
+# Where in SpecChat's own folder an output may be, directly: a folder of it
+# by name ("models"), or by path one SpecChat chose itself (a work folder);
+# None: nowhere in it.
+Place = str | os.PathLike | None
 
 
 def folder(path: str | os.PathLike, what: str, own: Own | None = None, hint: str = "",
-           error: type[SpecChatError] = Refused) -> Path:
+           error: type[SpecChatError] = Refused, home_place: Place = None) -> Path:
     """``path`` (absolute, its parents' links resolved) if a command may
     write ``what`` into it: nothing is there yet, it is an empty folder, or
-    ``own(path)`` says the command wrote it. Else ``error`` says why, ending
-    in ``hint`` (what to do instead). Nothing is made or written here."""
-    place, there = _look(path, what, hint, error, stat.S_ISDIR, "a folder")
+    ``own(path)`` says the command wrote it; inside SpecChat's own folder
+    only as a folder of ``home_place`` there (``"models"``). Else ``error``
+    says why, ending in ``hint`` (what to do instead). Nothing is made or
+    written here."""
+    place, there = _look(path, what, hint, error, stat.S_ISDIR, "a folder", home_place)
     if not there:
         return place
     if own is not None and own(place):
@@ -69,9 +85,9 @@ def folder(path: str | os.PathLike, what: str, own: Own | None = None, hint: str
 
 
 def make_folder(path: str | os.PathLike, what: str, own: Own | None = None, hint: str = "",
-                error: type[SpecChatError] = Refused) -> Path:
+                error: type[SpecChatError] = Refused, home_place: Place = None) -> Path:
     """``folder``, then the folder made (with its missing parents)."""
-    place = folder(path, what, own, hint, error)
+    place = folder(path, what, own, hint, error, home_place)
     try:
         place.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -86,7 +102,7 @@ def file(path: str | os.PathLike, what: str, own: Own | None = None, hint: str =
     write ``what`` there: nothing is there yet, or a regular file that
     ``own(path)`` says the command wrote. Else ``error`` says why, ending
     in ``hint``. A named pipe or a device is never opened (writing to one
-    could wait forever)."""
+    could wait forever). Never inside SpecChat's own folder."""
     place, there = _look(path, what, hint, error, stat.S_ISREG, "a file")
     if not there:
         return place
@@ -97,12 +113,19 @@ def file(path: str | os.PathLike, what: str, own: Own | None = None, hint: str =
 
 def write_json(path: str | os.PathLike, data: object, what: str, own: Own | None = None,
                hint: str = "", error: type[SpecChatError] = Refused, **dump: Any) -> Path:
-    """``file``, then ``data`` written there whole (``records.write_json``:
-    a temporary file renamed into place). Checked again here, however long
+    """``write_text`` of ``data`` as JSON (``records.write_json``'s text)."""
+    return write_text(path, json.dumps(data, **dump) + "\n", what, own, hint, error)
+
+
+def write_text(path: str | os.PathLike, text: str, what: str, own: Own | None = None,
+               hint: str = "", error: type[SpecChatError] = Refused) -> Path:
+    """``file``, then ``text`` written there whole (``records.write_text``:
+    a temporary file renamed into place, so a full disk or a kill leaves
+    the file that was there as it was). Checked again here, however long
     ago the command checked it first: something may have appeared since."""
     place = file(path, what, own, hint, error)
     try:
-        records.write_json(place, data, **dump)
+        records.write_text(place, text)
     except OSError as exc:
         raise _refused(what, place, f"writing it failed ({exc.strerror or exc})", hint,
                        error) from None
@@ -113,11 +136,13 @@ def write_json(path: str | os.PathLike, data: object, what: str, own: Own | None
 
 
 def _look(path: str | os.PathLike, what: str, hint: str, error: type[SpecChatError],
-          kind: Callable[[int], bool], noun: str) -> tuple[Path, bool]:
+          kind: Callable[[int], bool], noun: str,
+          home_place: Place = None) -> tuple[Path, bool]:
     """The place (``_place``), and whether something is there: only what
     ``kind`` accepts (a folder, a regular file); a symbolic link is refused,
     never followed, and so is anything of another kind."""
     place = _place(path, what, hint, error)
+    _outside_home(place, what, hint, error, home_place)
     st = _lstat(place, what, hint, error)
     if st is None:
         return place, False
@@ -158,6 +183,51 @@ def _place(path: str | os.PathLike, what: str, hint: str,
     if not os.access(above, os.W_OK | os.X_OK):
         raise _refused(what, place, f"this user may not write in {above}", hint, error)
     return place
+
+
+def _outside_home(place: Path, what: str, hint: str, error: type[SpecChatError],
+                  home_place: Place) -> None:
+    """Refuse ``place`` if it is in SpecChat's own folder anywhere but
+    directly in ``home_place`` (a folder of the home by name, or a folder
+    SpecChat chose itself by its path; None: nowhere in it). The folders
+    are compared as themselves, not as text: another name for the home (a
+    bind mount of it; on macOS the same path in other letter case) is the
+    home too."""
+    try:
+        root = home().resolve()
+    except (OSError, RuntimeError):
+        return
+    if not _within(place, root):
+        return
+    allowed = root / home_place if home_place is not None else None
+    if allowed is not None and _same(place.parent, allowed):
+        return
+    where = (f"goes only directly in {allowed}" if allowed is not None
+             else "has no place there")
+    raise _refused(what, place, f"it is in SpecChat's own folder {root}, which SpecChat "
+                   f"arranges itself ({what} {where})", hint, error)
+
+
+def _within(place: Path, root: Path) -> bool:
+    """``place`` is ``root`` or inside it: by their paths, or by one of the
+    folders above ``place`` being ``root`` itself."""
+    if place == root or place.is_relative_to(root):
+        return True
+    folder = _identity(root)
+    return folder is not None and any(_identity(p) == folder for p in (place, *place.parents))
+
+
+def _same(a: Path, b: Path) -> bool:
+    ids = _identity(a)
+    return a == b.resolve() or (ids is not None and ids == _identity(b))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _lstat(place: Path, what: str, hint: str, error: type[SpecChatError]) -> os.stat_result | None:

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 import types
@@ -127,6 +128,9 @@ def parse_json(data: str | bytes, max_depth: int | None = None) -> object:
     except RecursionError:
         raise BadRecord("it is nested too deeply to read") from None
     except ValueError as exc:  # UnicodeDecodeError included
+        if "integer string conversion" in str(exc):  # Python's bound, and its advice to coders
+            raise BadRecord(f"it holds a whole number of more than "
+                            f"{sys.get_int_max_str_digits():,} digits") from None
         raise BadRecord(f"it is not valid JSON ({exc})") from None
 
 
@@ -144,9 +148,11 @@ def nested_deeper(data: str | bytes, limit: int) -> bool:
     (In UTF-8 these bytes never occur inside another character; a
     backslash outside a string is not JSON, which ``json.loads`` says at
     that point, before it nests further.)"""
+    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if len(body) <= limit:  # each level opens with a byte of its own: nothing to count
+        return False
     import numpy as np
 
-    body = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     pieces = unescaped.translate(None, _ONLY_QUOTES_AND_BRACKETS).split(b'"')
     outside = np.frombuffer(b"".join(pieces[::2]), np.uint8)  # odd pieces are strings
@@ -252,12 +258,18 @@ def read_record(path: Path) -> dict:
 def write_json(path: Path, data: object, **dump: Any) -> None:
     """Replace ``path`` with ``data`` as JSON (``json.dumps(data, **dump)``
     and a newline, as the files it stands in for end, e.g. a model's
-    config.json), atomically and durably: written to ``.<name>.<random>.tmp``
-    beside it (a name no ``*.json`` glob picks up), fsynced, then renamed
-    over it in one ``os.replace``, so no reader, in this process or another,
-    after a kill or a crash, ever sees half a file."""
+    config.json), as ``write_text`` writes."""
+    write_text(path, json.dumps(data, **dump) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically and durably:
+    written to ``.<name>.<random>.tmp`` beside it (a name no ``*.json``
+    glob picks up, made anew: never a link someone left there), fsynced,
+    then renamed over it in one ``os.replace``, so no reader, in this
+    process or another, after a kill, a crash or a full disk, ever sees
+    half a file, and the file it replaces is whole until then."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, **dump) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -280,7 +292,11 @@ def locked(lock: Path) -> Iterator[None]:
     when its process dies, however it dies. The same lock ``filelock``
     takes, so code holding a ``FileLock`` of the same file waits too."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a folder in its place was only "Is a directory"
+        raise type(exc)(exc.errno, f"the lock file {lock} cannot be opened "
+                                   f"({exc.strerror or exc})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # each open file its own lock: threads wait too
         yield

@@ -137,6 +137,11 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("replies", int, 0, 100_000, "requests the target answers itself"),
     Limit("reply tokens", int, 1, 32_768, "the longest reply to one request"),
     Limit("tool calls", int, 0, 128, "in one message"),
+    # ... and in the whole conversation: each is a turn of the template's
+    # loop too, and each is read, checked and rendered, so they are bounded
+    # as the messages are (76,800 calls, 128 in each of 600 messages, held
+    # the engine thread for 8 s).
+    Limit("tool calls in all", int, 0, 10_000, "in one request"),
     # The chat template's switches a request sets (chat_template_kwargs):
     # a template reads a handful; a text value may be written into the prompt.
     Limit("template switches", int, 0, 32, "in one request"),
@@ -285,13 +290,16 @@ def utf8_size(texts: Iterable[str]) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-def prompt_size(size_bytes: int) -> None:
+def prompt_size(size_bytes: int, what: str = "the prompt") -> None:
     """``BadValue`` if a prompt of ``size_bytes`` UTF-8 bytes (every message
     together) is past the table's bound, checked before it is tokenized: no
-    token is shorter than a byte, so the bound is one on its tokens too."""
+    token is shorter than a byte, so the bound is one on its tokens too.
+    Checked on what a request carries, before anything is rendered, and on
+    the text the chat template makes of it (``what``), which the tokenizer
+    reads: each turn and call adds the template's own text around it."""
     bound = int(LIMITS["prompt"].high)
     if size_bytes > bound:
-        raise BadValue(f"the prompt is {size_bytes:,} bytes of UTF-8 text, more than SpecChat "
+        raise BadValue(f"{what} is {size_bytes:,} bytes of UTF-8 text, more than SpecChat "
                        f"reads at once ({bound:,} bytes, at most as many tokens); shorten it")
 
 

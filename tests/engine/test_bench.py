@@ -265,3 +265,24 @@ def test_the_report_names_every_origin_a_mode_drew_tokens_from():
     assert lines[1] == "where the tokens came from (share of all tokens)"
     assert lines[2].split(None, 2)[2] == ("draft 0% conversation 10% history 0% head 30% "
                                           "target 60%")
+
+
+def test_a_prompts_file_is_read_as_every_file_is(tmp_path):
+    """A line nested 100,000 levels deep ended ``specchat bench`` on
+    "RecursionError: maximum recursion depth exceeded", and the file was
+    read whole whatever its size; each is said in words now, naming the
+    file (and the line)."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "kind": "code", "messages": [{"role": "user", "content": "hi"}]}'
+                    "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(EngineError) as e:
+        load_prompts(deep)
+    assert str(e.value) == (f"{deep}:2: not a prompt line (it nests arrays and objects deeper "
+                            "than 64 levels)")
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(65 * 2**20)
+    with pytest.raises(EngineError) as e:
+        load_prompts(big)
+    assert str(e.value) == (f"{big} cannot be read: it is 65.0 MB, larger than the 64.0 MB such "
+                            "a file can be")

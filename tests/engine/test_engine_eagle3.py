@@ -281,12 +281,12 @@ def test_the_bench_times_a_head_and_leaves_the_targets_tap_as_it_was(head_engine
 
 
 def test_the_rope_table_is_what_mlx_lm_builds():
-    """eagle3_format.ROPE_TYPES (which the library's check reads, without
+    """rope_rules.ROPE_TYPES (which the library's check reads, without
     MLX) says which rope scalings mlx-lm builds and the keys each needs:
     each builds and applies with them and fails without any one of them, so
     an mlx-lm that changes this fails here rather than while drafting."""
     from mlx_lm.models.rope_utils import initialize_rope
-    from specchat.engine.eagle3_format import ROPE_NEEDS_LENGTH, ROPE_TYPES
+    from specchat.engine.rope_rules import ROPE_NEEDS_LENGTH, ROPE_TYPES
 
     values = {"factor": 2.0, "original_max_position_embeddings": 64,
               "short_factor": [1.0] * 8, "long_factor": [1.0] * 8, "mrope_section": [2, 3, 3]}

@@ -264,6 +264,7 @@ BROKEN = {
     "nested-for": "{% for i in x %}" * 25 + "{% endfor %}" * 25 + CHATML,  # Python's SyntaxError
     "nested-if": "{% if x %}" * 3000 + "{% endif %}" * 3000 + CHATML,  # RecursionError
     "parentheses": "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}" + CHATML,  # RecursionError
+    "long": "{{ 'x' }}" * 200_000 + CHATML,  # 18 s to compile; refused by its length
 }
 
 
@@ -285,6 +286,8 @@ def test_a_template_that_does_not_compile_is_a_one_line_error(broken, name):
     assert "\n" not in message and "<template>" not in message
     if name == "syntax":
         assert "it is not valid Jinja (line 1: " in message
+    elif name == "long":
+        assert "characters long, more than a chat template is" in message
     else:
         assert "nested too deeply to compile" in message
 

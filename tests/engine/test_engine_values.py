@@ -6,6 +6,7 @@ itself, in the same words as ``specchat models check``."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import mlx.core as mx
@@ -14,7 +15,13 @@ from specchat import values
 from specchat.engine.client import EngineClient
 from specchat.engine.compat import SAME_MODEL
 from specchat.engine.errors import EngineError
-from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
+from specchat.engine.events import (
+    DraftSettings,
+    GenerateRequest,
+    Message,
+    SamplingParams,
+    ToolCall,
+)
 from specchat.engine.session import Engine
 from specchat.engine.worker import EngineThread, JobFailed
 from specchat.errors import SpecChatError
@@ -55,6 +62,16 @@ BAD = {
     # the tiny tokenizer: 3 million tokens).
     "prompt of emoji": (replace(BASE, messages=(Message("user", "🙂" * 999_000),)),
                         "the prompt is 3,996,000 bytes of UTF-8 text"),
+    # The tools' JSON is written into the prompt too, and counted with it.
+    "prompt with its tools past the bound": (replace(
+        BASE, messages=(Message("user", "y" * 600_000),), tools=json.dumps([{
+            "type": "function", "function": {"name": "f", "description": "x" * 400_000}}])),
+        "the prompt is 1,000,0"),
+    # Within the bound as sent, past it as the template writes it (its text
+    # around each turn): the tokenizer reads the latter, so it is bounded too.
+    "prompt past the bound as the template writes it": (replace(
+        BASE, messages=(Message("user", "x" * 99),) * 10_000),
+        "the prompt as the chat template writes it is 1,"),
     "prompt ids past the bound": (GenerateRequest(prompt_ids=(5,) * 1_000_001, max_tokens=2),
                                   "the prompt is 1,000,001 tokens, more than SpecChat reads "
                                   "at once (1,000,000); shorten it"),
@@ -66,6 +83,11 @@ BAD = {
                                      "4,096 in one request"),
     "messages past the count": (replace(BASE, messages=(Message("user", "hi"),) * 10_001),
                                 "too many messages: 10,001; at most 10,000 in one request"),
+    # 128 calls in each of 79 turns: 76,800 of them held the engine for 8 s.
+    "tool calls past the count in all": (replace(BASE, messages=(Message("user", "hi"),) + tuple(
+        Message("assistant", "", tool_calls=tuple(ToolCall(f"{i}-{j}", "f", "{}")
+                                                  for j in range(128))) for i in range(79))),
+        "too many tool calls in all: 10,112; at most 10,000 in one request"),
     "prompt id not a number": (GenerateRequest(prompt_ids=(1, 2.5), max_tokens=2),
                                "prompt token id must be a whole number"),
 }

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,7 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
                                             draft=DraftSettings(mode="plain"))).token_ids
     # Counted from the row that drafts the reply's second token.
     assert trainer.piece(request) == ([*prompt, *reply], len(prompt) - 1) and len(reply) > 1
+    trainer.release()  # the folder is one run's at a time
     record = head_training.train(engine, plan, lambda _p: None)
     # Three updates label at least one whole request (which one depends on
     # the shuffle and on the texts): its prompt and its whole reply, which
@@ -215,8 +217,12 @@ def trained(tmp_path_factory, tiny_target, texts) -> tuple[Engine, Path]:
     return engine, out
 
 
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+def _snapshot(folder: Path) -> dict[str, object]:
+    """Each file's bytes; what is not a regular file, by what it is (a
+    named pipe is never opened)."""
+    return {p.name: p.read_bytes() if p.is_file() and not p.is_symlink()
+            else ("link", os.readlink(p)) if p.is_symlink() else stat.S_IFMT(p.lstat().st_mode)
+            for p in sorted(folder.iterdir())}
 
 
 def test_the_engine_trains_into_no_folder_but_the_head_s_own(tmp_path, trained, texts,
@@ -236,15 +242,26 @@ def test_the_engine_trains_into_no_folder_but_the_head_s_own(tmp_path, trained, 
         head_training.train(engine, _plan(texts, model, 2), lambda _p: None)
     assert _snapshot(model) == before
 
-    out = tmp_path / "head"
+    # Once the run has taken its folder, something else in its place: a
+    # link to the model, a new empty folder, a file. Nothing is written
+    # through it, and the run says so at its checkpoint.
+    swaps = {"a link to a model": (lambda out: out.symlink_to(model),
+                                   "Will not write the head at .*is a symbolic link"),
+             "another folder": (lambda out: out.mkdir(), "was removed or replaced while"),
+             "a file": (lambda out: out.write_text("mine"), "Will not write the head at .*is "
+                                                              "a file, not a folder")}
+    for name, (put, said) in swaps.items():
+        out = tmp_path / name.replace(" ", "-")
 
-    def swap(progress) -> None:  # once the run has checked its folder: a link in its place
-        if progress.stage == "measuring" and not out.exists():
-            out.symlink_to(model)
+        def swap(progress, out=out, put=put) -> None:
+            if progress.stage == "measuring" and out.is_dir() and not out.is_symlink():
+                out.rmdir()
+                put(out)
 
-    with pytest.raises(EngineError, match="Will not write the head at .*is a symbolic link"):
-        head_training.train(engine, _plan(texts, out, 2), swap)
-    assert _snapshot(model) == before
+        with pytest.raises(EngineError, match=said):
+            head_training.train(engine, _plan(texts, out, 2), swap)
+        assert _snapshot(model) == before
+        assert not out.is_dir() or out.is_symlink() or not any(out.iterdir()), name
 
 
 def _state_edit(change):
@@ -276,6 +293,13 @@ def _tensors(name: str, change):
         tensors = dict(mx.load(str(folder / name)))
         change(tensors)
         mx.save_safetensors(str(folder / name), tensors)
+    return damage
+
+
+def _replace(name: str, put):
+    def damage(folder: Path, _vocab: int) -> None:
+        (folder / name).unlink()
+        put(folder / name)
     return damage
 
 
@@ -318,6 +342,20 @@ DAMAGE = {  # what is wrong -> (how it is made, the file the message names)
         "fc.weight", t["fc.weight"][:, :8])), "model.safetensors"),
     "a head of another run": (_tensors("model.safetensors", lambda t: t.__setitem__(
         "d2t", t["d2t"] + 1)), "model.safetensors"),
+    # Not a regular file, or not there though the state says a head was
+    # saved: the run started over silently (writing over the training the
+    # state stood for), ignored the optimizer, or failed on an internal
+    # error writing over a folder.
+    "a head that is a named pipe": (_replace("model.safetensors", os.mkfifo),
+                                    "model.safetensors"),
+    "no head, though updates were made": (_replace("model.safetensors", lambda _p: None),
+                                          "model.safetensors"),
+    "a head that is a link to nothing": (_replace("model.safetensors", lambda p: p.symlink_to(
+        p.parent / "gone")), "model.safetensors"),
+    "an optimizer that is a folder": (_replace("optimizer.safetensors", Path.mkdir),
+                                      "optimizer.safetensors"),
+    "an optimizer that is a named pipe": (_replace("optimizer.safetensors", os.mkfifo),
+                                          "optimizer.safetensors"),
     "a cut-short optimizer": (_cut("optimizer.safetensors"), "optimizer.safetensors"),
     "an optimizer without a moment": (_tensors("optimizer.safetensors", lambda t: t.pop(
         "fc.weight.m")), "optimizer.safetensors"),
@@ -399,3 +437,65 @@ def test_a_draft_id_past_the_vocabulary_is_refused_by_the_command(tmp_path, trai
 
 def _vocab(model: Path) -> int:
     return json.loads((model / "config.json").read_text())["vocab_size"]
+
+
+def test_one_run_at_a_time_trains_in_a_folder(tmp_path, tiny_target, texts, trained):
+    """Two ``heads train --out X`` at once both ran to the end and both said
+    "The head is in X", each writing its checkpoints over the other's (the
+    weights of one beside the state of the other). A run now takes its
+    folder for itself: a second one, while the first trains, is refused in
+    words and writes nothing. A link left under a checkpoint file's
+    temporary name (``.part-model.safetensors``) was written through, into
+    whatever it named; the names are new each time, and what a killed run
+    left is removed unread."""
+    out, home = tmp_path / "head", tmp_path / "home"
+    first = _train(tiny_target, texts, out, home, 1, steps=10 ** 6)
+    try:
+        for line in first.stdout:  # the first run has taken the folder and is training
+            if json.loads(line)["stage"] in ("labelling", "training"):
+                break
+        second = _train(tiny_target, texts, out, home, 0.1)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 1, err
+        assert err.splitlines()[-1] == (f"specchat: error: Another run is training a head in "
+                                        f"{out} now; nothing was changed. Wait for it to end "
+                                        "(or stop it), or train into another folder.")
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait(60)
+        first.stdout.close()
+        first.stderr.close()
+
+    from specchat.engine import head_training
+
+    engine, good = trained
+    folder = shutil.copytree(good, tmp_path / "resumed")
+    kept = tmp_path / "kept.txt"
+    kept.write_text("mine\n")
+    (folder / ".part-model.safetensors").symlink_to(kept)
+    head_training.train(engine, _plan(texts, folder, 3), lambda _p: None)
+    assert kept.read_text() == "mine\n"
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_a_head_is_trained_for_a_target_of_few_layers(tmp_path, tiny_tokenizer, texts, layers):
+    """EAGLE-3 reads the hidden states of layers 2, n/2 and n - 3: a target
+    of one layer has no layer 2, and training a head for it ended on an
+    internal error (IndexError). The ids stop at the last layer's output;
+    the head trains, loads and drafts."""
+    from specchat.engine import eagle3_format, head_training
+    from tinymodels import build_model
+
+    target = build_model(tmp_path / "target", tiny_tokenizer, layers=layers, seed=3)
+    engine = Engine()
+    engine.load(target)
+    out = tmp_path / "head"
+    head_training.train(engine, _plan(texts, out, 1), lambda _p: None)
+    ids = eagle3_format.read(out).config.layer_ids
+    assert ids == eagle3_format.default_layer_ids(layers) and max(ids) <= layers
+    engine.load(target, out)
+    result = engine.generate(GenerateRequest(prompt_ids=(5, 6, 7) * 4, max_tokens=8,
+                                             draft=DraftSettings(mode="draft", k=2)))
+    assert result.summary.drafted > 0

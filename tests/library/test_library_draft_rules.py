@@ -398,6 +398,14 @@ DAMAGED_MTP: dict[str, tuple[Callable[[Path], None], str]] = {
         "does not stack for the head)"),
     "count-unlike-config": (_model_config(mtp_num_hidden_layers=2), CANNOT + "the model's config says it has 2 layers (mtp_num_hidden_layers), its weights "
         "hold 1)"),
+    # A count that is no whole number was passed over by both, the head's
+    # layers counted from its weights: a size a config states is a whole
+    # number, or the config is damaged.
+    "count-not-whole": (_model_config(mtp_num_hidden_layers=1.5), CANNOT + "the model's config "
+                        "says it has 1.5 (float) layers (mtp_num_hidden_layers), not a whole "
+                        "number)"),
+    "count-text": (_model_config(mtp_num_hidden_layers="1"), CANNOT + "the model's config says "
+                   "it has '1' (str) layers (mtp_num_hidden_layers), not a whole number)"),
 }
 
 

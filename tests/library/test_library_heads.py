@@ -143,3 +143,32 @@ def test_a_head_chosen_as_the_target_is_refused_in_words(lib_home, tiny_dir, tin
     unnamed = build_eagle3(tiny_dir / "as-target-unnamed", tiny_target)
     run = _cli("generate", "--target", str(unnamed), "--plain", "--prompt", "Hello")
     assert run.stderr.strip().endswith("with the target it was made for")
+
+
+def test_the_texts_a_head_learns_from_are_read_only_as_far_as_they_are_used(tmp_path):
+    """Each text file gives its first 12,000 characters, but the whole file
+    was read: a 3 GB ``.txt`` among the texts took 46 s and 6 GB of memory.
+    Now no more than those characters' bytes are read (a character cut at
+    the end is left out), and what is no regular file (a FIFO named like a
+    text) is passed over, never waited on. In a child process whose memory
+    is measured (the file is sparse: no disk is used)."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "notes.md").write_text("é" * 30_000)
+    with open(texts / "huge.txt", "wb") as f:
+        f.write(b"word " * 10_000)
+        f.truncate(3 * 2**30)
+    os.mkfifo(texts / "pipe.txt")
+    code = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from specchat.library import trained_heads\n"
+        "got = trained_heads.file_chats([Path(sys.argv[1])], 10**8)\n"
+        "print([len(c[1].content) for c in got])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(texts)], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    lengths, peak_mb = out.stdout.split("\n")[:2]
+    assert lengths == "[12000, 12000]"  # huge.txt, notes.md; the pipe passed over
+    assert int(peak_mb) < 1024, peak_mb

@@ -396,6 +396,35 @@ CONFIGS = {
     "no-type": ({}, ("model_type",), "lacks 'model_type'"),
     "heads": ({"num_key_value_heads": 3}, (), "num_attention_heads (4) must be a multiple of "
                                               "num_key_value_heads (3)"),
+    # A rope scaling mlx-lm cannot build (rope_rules, the heads' rule too):
+    # taken by the check and the import, then failed when the model was
+    # built, in Python's words ("'list' object has no attribute 'get'",
+    # "division by zero") or, for llama3's missing factors, transformers'
+    # as it loaded the tokenizer.
+    "rope-list": ({"rope_scaling": [1, 2]}, (), "its rope scaling is one mlx-lm cannot build "
+                                                "(it is a list of 2, not an object)"),
+    "rope-text": ({"rope_scaling": "linear"}, (), "its rope scaling is one mlx-lm cannot build"),
+    "rope-factor-0": ({"rope_scaling": {"type": "linear", "factor": 0}}, (),
+                      'its rope scaling of type "linear" is one mlx-lm cannot build (its factor '
+                      "is 0 (int), not a number above 0)"),
+    "rope-factor-nan": ({"rope_scaling": {"rope_type": "yarn", "factor": float("nan"),
+                                          "original_max_position_embeddings": 1024}}, (),
+                        "its factor is nan (float), not a number above 0"),
+    "rope-llama3": ({"rope_scaling": {"rope_type": "llama3", "factor": 8}}, (),
+                    'its rope scaling of type "llama3" is one mlx-lm cannot build (it lacks '
+                    "'low_freq_factor')"),
+    "rope-unknown": ({"rope_scaling": {"rope_type": "wobbly", "factor": 2}}, (),
+                     "(mlx-lm knows no such type)"),
+    "rope-type-list": ({"rope_scaling": {"type": ["linear"], "factor": 2}}, (),
+                       "its rope scaling's type must be a name; got a list of 1"),
+    # Objects and token ids of other kinds: an internal error in the engine
+    # (text_config), Python's words (quantization), transformers' several
+    # lines (the ids).
+    "text-config-list": ({"text_config": [1]}, (), "text_config must be an object; got [1]"),
+    "quantization-list": ({"quantization": [4]}, (), "quantization must be an object; got [4]"),
+    "eos-text": ({"eos_token_id": ["a"]}, (), "eos_token_id must be a token id (a whole number) "
+                                              'or a list of them; got ["a"]'),
+    "bos-float": ({"bos_token_id": 1e30}, (), "bos_token_id must be a token id"),
 }
 
 
@@ -406,6 +435,35 @@ def test_malformed_config_is_named(lib_home, tmp_path, tiny_target, case):
     msg = _refused(broken)
     assert msg.startswith(f"{broken / 'config.json'}"), msg
     assert words in msg, msg
+
+
+def test_a_config_with_a_byte_order_mark_is_refused_as_mlx_lm_refuses_it(lib_home, tmp_path,
+                                                                          tiny_target):
+    """Python's json takes a UTF-8 byte order mark; mlx-lm's loading does
+    not ("Unexpected UTF-8 BOM"): the check and the import took such a
+    folder and the engine refused it. Now all say so, naming the file."""
+    broken = _copy(tiny_target, tmp_path / "bom")
+    (broken / "config.json").write_bytes(b"\xef\xbb\xbf" + (broken / "config.json").read_bytes())
+    msg = _refused(broken)
+    assert msg == (f"{broken / 'config.json'} is broken: it starts with a byte order mark "
+                   "(BOM), which mlx-lm does not read; save it as UTF-8 without one"), msg
+
+
+def test_a_rope_scaling_is_refused_by_the_check_and_generate_in_the_same_words(
+        lib_home, tmp_path, tiny_target, tiny_draft):
+    """``models check`` said the model fits and ``generate`` failed building
+    it ("could not read the weights ('list' object has no attribute
+    'get')"); now both say what is wrong with the scaling, in one line."""
+    env = {**os.environ, "SPECCHAT_HOME": str(lib_home)}
+    for case in ("rope-list", "rope-llama3"):
+        broken = _copy(tiny_target, tmp_path / case, CONFIGS[case][0])
+        said = [subprocess.run([sys.executable, "-m", "specchat", *argv], env=env, text=True,
+                               capture_output=True, timeout=120)
+                for argv in (["models", "check", str(broken), str(tiny_draft)],
+                             ["generate", "--target", str(broken), "--plain", "--prompt", "hi"])]
+        lines = [done.stderr.strip().splitlines()[-1] for done in said]
+        assert [done.returncode for done in said] == [1, 1], lines
+        assert lines[0] == lines[1] and CONFIGS[case][2] in lines[0], lines
 
 
 def _tokenizer_config(folder: Path, text: str) -> None:
@@ -440,6 +498,12 @@ TOKENIZER_CONFIGS = {
         "the chat template 'tool_use' is broken, it is not valid Jinja"),
     # JSON nested past Python's recursion limit is a RecursionError, no ValueError.
     "deep": ("[" * 100_000, "tokenizer_config.json is broken: it is nested too deeply to read"),
+    # Compiling took 11 microseconds a character: 1.6 million held the
+    # import (and the check, and the engine's load) for 18 s; the file may
+    # hold 64 MB. Refused by its length before Jinja sees it.
+    "long": (json.dumps({"chat_template": "{{ 'x' }}" * 200_000}),
+             "tokenizer_config.json: the chat template is broken, it is 1,800,000 characters "
+             "long, more than a chat template is (SpecChat compiles at most 131,072)"),
 }
 
 
@@ -919,3 +983,26 @@ def test_a_file_that_is_not_a_regular_file_is_refused_never_read(lib_home, tmp_p
         f"specchat: error: {src / 'config.json'} is {what}, not a regular file; SpecChat "
         "imports only regular files."]
     _nothing_listed_or_left()
+
+
+@pytest.mark.parametrize("place,make", [(".index.lock", "folder"), ("models", "file"),
+                                        ("tmp", "file")])
+def test_a_library_folder_or_lock_that_is_something_else_is_named(lib_home, tiny_draft, place,
+                                                                 make):
+    """In the home, the index's lock file as a folder, or the models' or
+    the work folder as a file, made an import say only "Is a directory" or
+    "File exists"; it names what is in the way now."""
+    lib_home.mkdir()
+    if make == "folder":
+        (lib_home / place).mkdir()
+    else:
+        (lib_home / place).write_text("mine\n")
+    env = {**os.environ, "SPECCHAT_HOME": str(lib_home)}
+    done = subprocess.run([sys.executable, "-m", "specchat", "models", "import", str(tiny_draft)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    said = (f"the lock file {lib_home / place} cannot be opened (Is a directory)"
+            if make == "folder" else f"{lib_home / place} is a file, not a folder; SpecChat "
+                                     "keeps its files there: move it away")
+    assert errors[0].endswith(said), errors

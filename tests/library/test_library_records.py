@@ -107,7 +107,7 @@ def test_in_process_the_index_skips_bad_entries_and_logs_each_once(lib_home, two
 
 
 @pytest.mark.parametrize("case", ["not-json", "too-deep", "list", "models-list", "fifo",
-                                  "too-big"])
+                                  "too-big", "long-number"])
 def test_a_damaged_index_file_is_one_line_never_a_crash_or_a_hang(lib_home, tmp_path, case):
     path = paths.index_file()
     path.parent.mkdir(parents=True)
@@ -118,7 +118,9 @@ def test_a_damaged_index_file_is_one_line_never_a_crash_or_a_hang(lib_home, tmp_
             f.truncate(17 * 2**20)  # the index may have 16 MB
     else:
         path.write_text({"not-json": "{not json", "too-deep": "[" * 100_000,
-                         "list": "[1, 2]", "models-list": '{"models": [1, 2]}'}[case])
+                         "list": "[1, 2]", "models-list": '{"models": [1, 2]}',
+                         "long-number": '{"models": {"x": {"size_bytes": ' + "9" * 5000 + "}}}",
+                         }[case])
     start = time.monotonic()
     proc = _models("list", "--json", home=lib_home, tmp_path=tmp_path, timeout=60)
     assert time.monotonic() - start < 30
@@ -133,7 +135,9 @@ def test_a_damaged_index_file_is_one_line_never_a_crash_or_a_hang(lib_home, tmp_
                        "quotes: line 1 column 2 (char 1))",
            "too-deep": "it is nested too deeply to read",
            "fifo": "it is a FIFO (named pipe), not a regular file",
-           "too-big": "it is 17.0 MB, larger than the 16.0 MB such a file can be"}[case]
+           "too-big": "it is 17.0 MB, larger than the 16.0 MB such a file can be",
+           # Python's words, with its advice to programmers, were passed on.
+           "long-number": "it holds a whole number of more than 4,300 digits"}[case]
     assert out[0] == (f"specchat: error: The model index {path} cannot be read: {why}. Move it "
                       "away and re-import or re-download your models; their files are still "
                       "in the same folder.")

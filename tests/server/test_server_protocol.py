@@ -49,6 +49,13 @@ def tool(name: str, description: str = "") -> dict:
     return {"type": "function", "function": {"name": name, "description": description}}
 
 
+def calls(n: int, turn: int) -> dict:
+    """An assistant turn that made ``n`` calls."""
+    return {"role": "assistant", "tool_calls": [
+        {"id": f"{turn}-{j}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for j in range(n)]}
+
+
 @pytest.mark.parametrize("kind,body,param", [
     ("chat", {"messages": USER, "temperature": -1}, "temperature"),
     ("chat", {"messages": USER, "temperature": "0.5"}, "temperature"),
@@ -84,6 +91,18 @@ def tool(name: str, description: str = "") -> dict:
     ("chat", {"messages": [{"role": "user", "content": "é" * 500_001}]}, "messages"),
     ("completion", {"prompt": "é" * 500_001}, "prompt"),
     ("completion", {"prompt": [1] * 1_000_001}, "prompt"),
+    # Counted in all, before the turn that passes the bound is read: 76,800
+    # calls (128 in each of 600 turns) held the engine thread for 8 s.
+    ("chat", {"messages": USER + [calls(128, i) for i in range(78)] + [calls(128, 78)]},
+     "messages[79].tool_calls"),
+    # The tools are written into the prompt too: counted with the messages
+    # (apart, a request at every bound was 1.6 million tokens).
+    ("chat", {"messages": [{"role": "user", "content": "é" * 300_000}],
+              "tools": [tool("f", "é" * 250_000)]}, "messages"),
+    # A switch's name is text the request sends too (one of 200,000
+    # characters was echoed whole in the 400).
+    ("chat", {"messages": USER, "chat_template_kwargs": {"k" * 4096 + "x": True}},
+     "chat_template_kwargs"),
 ])
 def test_bad_fields_are_refused_by_name(kind, body, param):
     assert refused(kind, body).param == param
@@ -101,6 +120,9 @@ def test_lists_at_their_bounds_are_taken():
         == 500_000
     assert len(protocol.parse("completion", {"model": "m", "prompt": [1] * 1_000_000})
                .prompt_ids) == 1_000_000
+    req = protocol.parse("chat", {"model": "m", "messages": USER + [
+        calls(100, i) for i in range(100)]})
+    assert sum(len(m.tool_calls) for m in req.messages) == 10_000
 
 
 def test_a_model_is_required():

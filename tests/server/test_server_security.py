@@ -327,9 +327,14 @@ _PAST = [
      "too many tool calls: 129; at most 128 in one message"),
     ("/chat/completions", {"chat_template_kwargs": {f"s{i}": True for i in range(33)}},
      "chat_template_kwargs", "too many template switches: 33; at most 32 in one request"),
-    ("/chat/completions", {"chat_template_kwargs": {"a": "x" * 2048, "b": "y" * 2049}},
-     "chat_template_kwargs",
+    ("/chat/completions", {"chat_template_kwargs": {"a": "x" * 2047, "b": "y" * 2048}},
+     "chat_template_kwargs",  # the names count too
      "too many characters of template switches: 4,097; at most 4,096 in one request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}] + [{
+        "role": "assistant", "tool_calls": [{"id": f"c{t}-{i}", "type": "function", "function": {
+            "name": "f", "arguments": "{}"}} for i in range(128)]} for t in range(79)]},
+     "messages[79].tool_calls", "too many tool calls in all: 10,112; at most 10,000 in one "
+                                "request"),
 ]
 
 

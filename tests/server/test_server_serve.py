@@ -82,6 +82,33 @@ def test_the_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_path):
     assert str(e.value) == f"The API key file {given} is empty."
 
 
+def test_a_key_no_client_can_send_is_refused_before_the_server_starts(monkeypatch, tmp_path):
+    """A key with an accented letter (or a second line) started a server
+    that said "API key required" and that no client could ever use: the
+    openai client cannot encode it in a header, and a raw one arrives
+    read as Latin-1. Refused in one line that never shows the key."""
+    given = tmp_path / "key"
+    for key, where, what in (("clé-secret", f"The API key file {given}", "its character 3 is "
+                                                                          "not ASCII"),
+                             ("line1\nline2", f"The API key file {given}", "its character 6 is a "
+                                                                          "line break")):
+        given.write_text(key + "\n")
+        with pytest.raises(ServerError) as e:
+            api_key_from(given)
+        assert str(e.value).startswith(f"{where} holds a key an HTTP header cannot carry: {what}")
+        assert "secret" not in str(e.value) and "line2" not in str(e.value)
+    monkeypatch.setenv(KEY_VARIABLE, "tab\there")
+    with pytest.raises(ServerError, match=f"^{KEY_VARIABLE} holds a key an HTTP header cannot "):
+        api_key_from(None)
+    monkeypatch.delenv(KEY_VARIABLE)
+    given.write_text("clé-secret\n")
+    proc = subprocess.run([sys.executable, "-m", "specchat", "serve", "--api-key-file",
+                           str(given), "--target", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "holds a key an HTTP header cannot carry" in proc.stderr
+
+
 def test_serve_takes_no_key_on_the_command_line(capsys, tmp_path):
     from specchat import cli
 
@@ -109,6 +136,15 @@ def test_a_key_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
         assert proc.returncode == 2
         assert (f" error: argument {args[-1]}: {path} is {what}, not a regular file (see "
                 in proc.stderr.splitlines()[-1]), proc.stderr
+    gone = tmp_path / "gone"  # a link to nothing was "no such file"
+    gone.symlink_to(tmp_path / "nowhere")
+    for args in (["serve", "--api-key-file"], ["bench", "--target", "t", "--prompts"],
+                 ["generate", "--target", "t", "--prompt", "hi", "--tools"]):
+        proc = subprocess.run([sys.executable, "-m", "specchat", *args, str(gone)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        assert (f" error: argument {args[-1]}: {gone} is a link to {tmp_path / 'nowhere'}, which "
+                "is not there (see " in proc.stderr.splitlines()[-1]), proc.stderr
     got: list[BaseException] = []
 
     def read() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -174,12 +175,15 @@ def test_a_history_locked_at_open_is_unavailable_then_retry_opens_it(tmp_path, f
     assert any("another program has it locked" in r for r in records)
 
 
-@pytest.mark.parametrize("case", ["folder", "wrong layout", "tables of another app"])
+@pytest.mark.parametrize("case", ["folder", "fifo", "wrong layout", "tables of another app"])
 def test_a_history_that_cannot_be_opened_says_why(tmp_path, case, records):
     path = tmp_path / "h.sqlite3"
     if case == "folder":
         path.mkdir()
         why = "a folder is in its place"
+    elif case == "fifo":  # was "disk I/O error"
+        os.mkfifo(path)
+        why = "a FIFO (named pipe) is in its place"
     elif case == "wrong layout":
         with sqlite3.connect(path) as other:
             other.executescript("CREATE TABLE conversations(id INTEGER PRIMARY KEY, title TEXT);"
@@ -207,6 +211,8 @@ def test_a_history_that_cannot_be_opened_says_why(tmp_path, case, records):
 def _snapshot(path):
     if path.is_dir():
         return sorted(p.name for p in path.iterdir())
+    if path.is_fifo():  # never opened: it would wait for a writer
+        return "fifo", path.stat().st_mtime_ns
     return path.read_bytes(), path.stat().st_mtime_ns
 
 

@@ -189,6 +189,36 @@ def test_sidebar_new_rename_delete_search_export(qtbot, aloop, home, tmp_path):
     w.close()
 
 
+def test_an_export_replaces_a_file_whole_or_not_at_all(qtbot, aloop, home, small_disk):
+    """Export opened the file the person chose to replace, emptied it and
+    wrote: on a full disk the old file was lost and the new one cut short.
+    Now the file is replaced whole (written beside it, then renamed) or
+    stays as it was; and SpecChat's own folder takes no export."""
+    w = make_window(qtbot)
+    store = w.session.conversations.blocking
+    chat = store.create("Long chat")
+    store.add_message(chat.id, "user", "word " * 200_000)  # a megabyte of Markdown
+    w.sidebar.refresh()
+    wait_until(lambda: len(w.sidebar.model.items) == 1, timeout=5000)
+    w.open_conversation(chat.id)
+    wait_until(lambda: w.chat_model.rowCount() == 1, timeout=5000)
+    said = []
+    w.sidebar.failed.connect(said.append)
+    disk = small_disk("600k")
+    old = disk / "notes.md"
+    old.write_text("the notes I had\n" * 1000)
+    export = w.sidebar.export_current(str(old))
+    wait_until(export.done, timeout=10_000)
+    assert export.result() is None and len(said) == 1 and "No space left" in said[0], said
+    assert old.read_text() == "the notes I had\n" * 1000
+    assert sorted(p.name for p in disk.iterdir()) == ["notes.md"]  # nothing half-written
+    export = w.sidebar.export_current(str(home / "chat.md"))
+    wait_until(export.done, timeout=5000)
+    assert export.result() is None and "is in SpecChat's own folder" in said[1], said
+    assert not (home / "chat.md").exists()
+    w.close()
+
+
 def test_the_delete_button_asks_first(qtbot, aloop, home, monkeypatch):
     """Delete asks before it deletes, and No keeps the conversation. Before,
     Qt handed the button's ``checked`` (False) to ``delete_current``'s

@@ -288,6 +288,14 @@ def texts(m: Message):
         yield c.arguments
 
 
+def prompt_bytes(messages: Sequence[Message], tools: str = "") -> int:
+    """The UTF-8 bytes of what a chat template writes into the prompt from
+    a request: every message's texts and the tools' JSON, the one count
+    ``values.prompt_size`` bounds (the tools apart, a request at every
+    bound was 1.6 million tokens, where the prompt's bound is a million)."""
+    return values.utf8_size([*(t for m in messages for t in texts(m)), tools])
+
+
 def call_names(messages: Sequence[Message]) -> dict[str, str]:
     """Each call id of the conversation and the function it called (what
     a template writes for the ``tool`` turn answering it)."""
@@ -319,6 +327,7 @@ def switches(value: object, where: str = "chat_template_kwargs") -> tuple[tuple[
             _wrong(at, "a finite number", v)
         if not isinstance(v, bool | int | float | str) and v is not None:
             _wrong(at, "true, false, a number, text or null (a template switch)", v)
+        chars += len(key)  # a name is text a request sends too (one of 200,000 was echoed)
         if isinstance(v, str):
             chars += len(_text(v, at))
         out.append((key, v))
@@ -346,8 +355,8 @@ def template_variables(fmt: ChatFormat, pairs: Sequence[tuple[str, Scalar]], wan
         if key not in fmt.switches:
             reads = (f"it reads {', '.join(fmt.switches)}" if fmt.switches
                      else "it reads none a request can set")
-            raise BadField(f"{where} sets {key!r}, which this model's chat template does not "
-                           f"read (it would do nothing); {reads}", f"{where}.{key}")
+            raise BadField(f"{where} sets '{values.shown(key)}', which this model's chat template "
+                           f"does not read (it would do nothing); {reads}", f"{where}.{key}")
         out[key] = v
     if not wanted:
         return out

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specchat.engine import folders, safetensors_file
+from specchat.engine import folders, rope_rules, safetensors_file
 from specchat.engine.config_fields import Fields
 from specchat.engine.errors import EngineError
 from specchat.engine.events import CHECKPOINT_FILES
@@ -62,23 +62,6 @@ SIZES: dict[str, tuple[int, int]] = {
 READS = 3  # the target layers a head reads (its fc takes their hidden states side by side)
 MAX_LAYER_ID = 1 << 16  # the largest target layer id a config may name (negative: as many)
 
-# The rope scalings mlx-lm builds (mlx_lm.models.rope_utils.initialize_rope),
-# each with the keys it reads that have no default; "dynamic" and
-# "longrope" also scale from the config's max_position_embeddings.
-# tests/engine/test_engine_eagle3.py builds each as mlx-lm does, so a new
-# mlx-lm that drops one is found.
-ROPE_TYPES: dict[str, tuple[str, ...]] = {
-    "default": (), "linear": ("factor",), "dynamic": ("factor",), "llama3": ("factor",),
-    "yarn": ("factor",), "deepseek_yarn": ("factor",), "telechat3-yarn": ("factor",),
-    "longrope": ("original_max_position_embeddings", "short_factor", "long_factor"),
-    "proportional": (), "mrope": ("mrope_section",),
-}
-ROPE_NEEDS_LENGTH = frozenset({"dynamic", "longrope"})
-# Numbers a scaling may state, each above 0 where given.
-_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor",
-                 "original_max_position_embeddings", "beta_fast", "beta_slow",
-                 "partial_rotary_factor")
-_ROPE_LISTS = ("short_factor", "long_factor")
 _LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.")
 
 
@@ -102,8 +85,10 @@ def made_for(config: dict) -> str:
 
 def default_layer_ids(target_layers: int) -> tuple[int, int, int]:
     """The hidden states a head reads when its config names none (EAGLE-3's
-    choice: 2, n/2 and n - 3 of the target's n layers)."""
-    return 2, target_layers // 2, target_layers - 3
+    choice: 2, n/2 and n - 3 of the target's n layers), none past the last
+    layer's output (id n): a target of one layer has no id 2, and training
+    a head for one ended on an internal error (IndexError)."""
+    return min(2, target_layers), target_layers // 2, target_layers - 3
 
 
 @dataclass(frozen=True)
@@ -204,42 +189,17 @@ def _layer_ids(config: dict, where: Path | str, error: type[SpecChatError]) -> t
 
 
 def _check_rope(c: HeadConfig, head: Path | str, error: type[SpecChatError]) -> None:
-    """Refuse, in words, a rope scaling mlx-lm cannot build (ROPE_TYPES):
+    """Refuse, in words, a rope scaling mlx-lm cannot build (rope_rules):
     drafting with other frequencies than the head was trained with would
     draft noise. eagle3.check_rope builds it besides, for what only
     building shows."""
-    scaling = c.rope_scaling
-    if not scaling:
+    found = rope_rules.problem(c.rope_scaling, c.max_position_embeddings)
+    if found is None:
         return
-    kind = scaling.get("type") or scaling.get("rope_type") or "default"
-    if not isinstance(kind, str):
-        raise error(f"{head}/config.json: its rope scaling's type must be a name; got "
-                    f"{described(kind)}")
-    why = None
-    if kind not in ROPE_TYPES:
-        why = "mlx-lm knows no such type"
-    elif missing := [k for k in ROPE_TYPES[kind] if scaling.get(k) is None]:
-        why = f"it lacks '{missing[0]}'"
-    elif kind in ROPE_NEEDS_LENGTH and c.max_position_embeddings is None:
-        why = "it scales from a max_position_embeddings the config does not state"
-    else:
-        for key in _ROPE_NUMBERS:
-            v = scaling.get(key)
-            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool)
-                                      and 0 < v < math.inf):
-                why = f"its {key} is {described(v)}, not a number above 0"
-                break
-        for key in _ROPE_LISTS:
-            v = scaling.get(key)
-            if why is None and v is not None and not (isinstance(v, list) and all(
-                    isinstance(x, int | float) and not isinstance(x, bool) for x in v)):
-                why = f"its {key} is {described(v)}, not a list of numbers"
-        sections = scaling.get("mrope_section")
-        if why is None and kind == "mrope" and not (isinstance(sections, list)
-                                                    and len(sections) == 3):
-            why = f"its mrope_section is {described(sections)}, not 3 sections"
-    if why is not None:
-        raise error(rope_refusal(head, kind, why))
+    kind, why = found
+    if kind is None:
+        raise error(f"{head}/config.json: its rope scaling's type must be a name; got {why}")
+    raise error(rope_refusal(head, kind, why))
 
 
 def rope_refusal(head: Path | str, kind: str, why: str) -> str:

@@ -9,6 +9,9 @@ with the same words. The cluster check is here rather than in
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import fcntl
 import functools
 import os
 import re
@@ -64,6 +67,7 @@ def is_training_folder(path: str | os.PathLike) -> bool:
         return False
 
 
+MODELS = "models"  # the home's folder of models (library/paths.py), where a head may be trained
 TRAINING_HINT = "choose a new or empty folder, or the folder of a head being trained here"
 
 
@@ -75,7 +79,51 @@ def training_folder(path: str | os.PathLike, hint: str = TRAINING_HINT,
     checks before it reads anything and again at every checkpoint; the
     command line and the window before they start (library/trained_heads.py)."""
     check = outputs.make_folder if make else outputs.folder
-    return check(path, "the head", is_training_folder, hint, error)
+    return check(path, "the head", is_training_folder, hint, error, home_place=MODELS)
+
+
+PART = ".part-"  # the start of a checkpoint file's name while it is written (head_training.py)
+
+
+def hold_training_folder(path: Path, error: type[SpecChatError] = EngineError) -> int:
+    """An open descriptor of the training folder ``path`` (a folder, not a
+    link), holding its ``flock`` for as long as it is open: the one run
+    that trains there. A second run into the same folder, in this process
+    or another (two ``heads train --out`` at once, the window beside a
+    terminal), is refused in words instead of each writing its checkpoints
+    over the other's. The kernel drops the lock when its process dies,
+    however it dies. Checkpoint files a killed run was writing
+    (``.part-*``) are removed (never followed: a link is removed as one)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise error(f"Cannot train a head in {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise error(f"Another run is training a head in {path} now; nothing was changed. "
+                    "Wait for it to end (or stop it), or train into another folder.") from None
+    for entry in os.scandir(path):
+        if entry.name.startswith(PART):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return fd
+
+
+def still_held(path: Path, fd: int, error: type[SpecChatError] = EngineError) -> None:
+    """``error`` unless ``path`` is still the folder ``fd`` holds: a folder
+    removed, or replaced (by a link to another, a file) while a head was
+    being trained there is said to be, and nothing is written through it."""
+    held = os.fstat(fd)
+    try:
+        now = os.lstat(path)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        raise error(f"The head's folder {path} was removed or replaced while the head was being "
+                    "trained; the checkpoint was not written there. Train again into a new "
+                    "folder.")
 
 
 def model_name(folder: str | os.PathLike) -> str:
@@ -120,7 +168,11 @@ def read_json_object(path: Path, error: type[SpecChatError] = EngineError,
     broken like any other. ``shown`` names it in the message."""
     where = shown or path
     try:
-        data = records.read_json(path, records.MAX_JSON_BYTES)
+        raw = records.read_file(path, records.MAX_JSON_BYTES)
+        if raw.startswith(codecs.BOM_UTF8):  # Python's json takes it; mlx-lm's loading does not
+            raise records.BadRecord("it starts with a byte order mark (BOM), which mlx-lm "
+                                    "does not read; save it as UTF-8 without one")
+        data = records.parse_json(raw)
     except (OSError, records.BadRecord) as exc:
         raise error(f"{where} is broken: {getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(data, dict):

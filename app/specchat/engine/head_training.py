@@ -34,11 +34,14 @@ the share of held-out positions whose first j drafts all match the target
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import random
+import stat
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -74,9 +77,41 @@ BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(".part-" + path.name)  # same suffix: mx.save_safetensors keeps it
-    write(tmp)
-    os.replace(tmp, path)
+    """``write`` a checkpoint file beside ``path`` under a new name, then
+    rename it into place: a kill leaves the old file whole. The name is
+    made anew (``mkstemp``), so a link left under a name it might take
+    is never written through; ``.part-`` files a killed run left are
+    removed when the folder is taken (folders.hold_training_folder)."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{folders.PART}{path.stem}.", suffix=path.suffix,
+                               dir=path.parent)  # same suffix: mx.save_safetensors keeps it
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _checkpoint_file(path: Path, restart_how: str) -> bool:
+    """Whether the checkpoint file ``path`` is there: a regular file (True),
+    nothing (False), or anything else, said to be damaged (a FIFO would
+    block the reader, a folder the writer)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise checkpoint.damaged(path, f"is a link to {os.readlink(path)}, which is not "
+                                     "there", restart_how) from None
+        return False
+    except OSError as exc:
+        raise checkpoint.damaged(path, f"cannot be read ({exc.strerror or exc})",
+                                 restart_how) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise checkpoint.damaged(path, f"is {records.file_kind(st.st_mode)}, not a regular "
+                                 "file", restart_how)
+    return True
 
 
 def _fingerprint(engine) -> str:
@@ -222,8 +257,31 @@ class _Trainer:
                               "states (llama, Qwen 2/3/3.5 and alike).")
         self.engine, self.plan = engine, plan
         self.runner = engine.target_runner
-        # Before anything is read: a folder that is not the head's own is refused in words.
-        self.out = folders.training_folder(plan.out)
+        # Before anything is read: a folder that is not the head's own is
+        # refused in words; then it is taken for this run alone (made if
+        # need be, removed again if nothing is saved into it).
+        made = not os.path.lexists(folders.training_folder(plan.out))
+        self.out = folders.training_folder(plan.out, make=True)
+        self._made, self._lock = made, folders.hold_training_folder(self.out)
+        try:
+            self._prepare()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let the folder go (another run may take it), removing it if this
+        run made it and saved nothing there."""
+        if self._lock is None:
+            return
+        if self._made:  # while it is still this run's
+            with contextlib.suppress(OSError):
+                self.out.rmdir()  # only if empty
+        os.close(self._lock)
+        self._lock = None
+
+    def _prepare(self) -> None:
+        engine, plan = self.engine, self.plan
         vocab = int(self.runner.trunk.embed_tokens.weight.shape[0])
         fp = _fingerprint(engine)
         saved = None if plan.restart else self._saved(fp, vocab)
@@ -269,15 +327,24 @@ class _Trainer:
     # -- state on disk ---------------------------------------------------------------
     def _saved(self, fingerprint: str, vocab: int) -> TrainingState | None:
         """The checkpoint's state to go on from, checked; None when the
-        folder holds none (a new folder, or a run that saved no head yet)."""
-        if not ((self.out / TRAINING_STATE).is_file()
-                and (self.out / "model.safetensors").is_file()):
+        folder holds none (a new folder, or a run that saved no head yet:
+        its state says step 0). A state whose head is missing, or is no
+        regular file, is a damaged checkpoint, said to be; it used to be
+        started over silently, the training it stood for written over."""
+        how = self.plan.restart_how
+        if not _checkpoint_file(self.out / TRAINING_STATE, how):
             return None
-        state = checkpoint.read_state(self.out, vocab, self.plan.restart_how)
+        state = checkpoint.read_state(self.out, vocab, how)
         if state.target != fingerprint:
             raise EngineError(f"{self.out} holds a head trained for another target; nothing was "
                               f"changed. Train into another folder, or to start over in that "
-                              f"one, {self.plan.restart_how}.")
+                              f"one, {how}.")
+        if not _checkpoint_file(self.out / "model.safetensors", how):
+            if state.step == 0:
+                return None
+            raise checkpoint.damaged(self.out / "model.safetensors",
+                                     f"is missing, though {TRAINING_STATE} says {state.step:,} "
+                                     "updates were made", how)
         return state
 
     def _load(self) -> None:
@@ -293,7 +360,7 @@ class _Trainer:
         self.head.load_weights([(k, v) for k, v in weights.items() if k not in ("d2t", "t2d")],
                                strict=False)
         path = self.out / TRAINING_OPTIMIZER
-        if path.is_file():
+        if _checkpoint_file(path, how):
             flat = _read_tensors(path, how)
             scalars = {"step": ((), "int"), "learning_rate": ((), "float")}
             checkpoint.check_tensors(path, _described(flat), {**scalars, **{
@@ -307,9 +374,10 @@ class _Trainer:
         changed since the run began) and made if need be. A fresh run
         writes its training state first, so the folder says it is a head's
         being trained before any weights are in it (folders.is_training_folder)."""
-        out = folders.training_folder(self.out, make=True)
-        if not self._claimed:
-            records.write_json(out / TRAINING_STATE, asdict(self.state))
+        out = folders.training_folder(self.out)
+        folders.still_held(out, self._lock)
+        if not self._claimed:  # step 0: a run killed before its head is saved is no checkpoint
+            records.write_json(out / TRAINING_STATE, asdict(replace(self.state, step=0)))
             self._claimed = True
         weights = _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)
         _write_atomic(out / "model.safetensors",
@@ -558,6 +626,15 @@ def train(engine, plan: TrainPlan, report: Callable[[TrainProgress], None],
     """Train (or go on training) a head for the loaded target into
     ``plan.out``; returns the training record (specchat-training.json)."""
     trainer = _Trainer(engine, plan)
+    try:
+        return _train(trainer, report, cancelled)
+    finally:
+        trainer.release()
+
+
+def _train(trainer: _Trainer, report: Callable[[TrainProgress], None],
+           cancelled: threading.Event | None) -> dict:
+    plan = trainer.plan
     st = trainer.state
     resumed = (f"going on from the checkpoint in {plan.out}: step {st.step:,}, "
                f"{st.tokens:,} tokens labelled, {st.elapsed_s / 60:.1f} min trained; "

@@ -20,6 +20,7 @@ from specchat.engine import folders, safetensors_file
 from specchat.engine.errors import EngineError
 from specchat.engine.safetensors_file import FLOAT_DTYPES, Tensor, whole
 from specchat.errors import SpecChatError
+from specchat.records import described
 
 PREFIX = "mtp."  # mlx-lm's sanitize drops these: the head is read apart (mtp.py)
 MAX_LAYERS = 16  # published heads have one; a name past this is not one of a head's layers
@@ -100,6 +101,9 @@ def problem(tensors: dict[str, Tensor], config: dict) -> str | None:
         return f"its weights hold {count:,} layers, more than a head has ({MAX_LAYERS} at most)"
     if sorted(layers) != list(range(count)):
         return f"its layers are numbered {sorted(layers)}, not 0 to {count - 1}"
+    if stated is not None and not whole(stated):  # a size stated is a whole number, or damage
+        return (f"the model's config says it has {described(stated)} layers "
+                "(mtp_num_hidden_layers), not a whole number")
     if whole(stated) and stated != count:
         return (f"the model's config says it has {stated} layer{'s' if stated != 1 else ''} "
                 f"(mtp_num_hidden_layers), its weights hold {count}")

@@ -50,13 +50,15 @@ def checked(request: GenerateRequest) -> GenerateRequest:
     # before the template and the tokenizer, which would hold the engine
     # thread for seconds, only to find it longer than the model reads.
     values.size("messages", len(request.messages))
+    values.size("tool calls in all", sum(len(m.tool_calls) for m in request.messages))
     messages = tuple(_message(m, i) for i, m in enumerate(request.messages))
     chat_rules.conversation(messages)
-    values.prompt_size(values.utf8_size(t for m in messages for t in chat_rules.texts(m)))
+    tools_text = values.text("tools", request.tools)
+    values.prompt_size(chat_rules.prompt_bytes(messages, tools_text))
     if not isinstance(request.parallel_tool_calls, bool):
         raise EngineError(f"parallel_tool_calls must be true or false; got "
                           f"{request.parallel_tool_calls!r}")
-    tools = chat_rules.tool_list(values.text("tools", request.tools))
+    tools = chat_rules.tool_list(tools_text)
     choice, tool_name = chat_rules.tool_choice(request.tool_choice, request.tool_name,
                                                [t["function"]["name"] for t in tools])
     prompt_ids = request.prompt_ids

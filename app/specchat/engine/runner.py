@@ -18,6 +18,7 @@ from typing import Literal
 import mlx.core as mx
 import mlx.nn as nn
 
+from specchat.engine import folders
 from specchat.engine.compute import param_bytes
 
 # model_type values whose Model.__call__ is `head(self.model(inputs, cache))`
@@ -38,8 +39,7 @@ def embedding_rows(model: nn.Module, config: dict | None = None) -> int | None:
     weight = getattr(emb, "weight", None)
     if weight is not None:
         return int(weight.shape[0])
-    cfg = config or {}
-    rows = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    rows = folders.text_config(config or {}).get("vocab_size")
     return int(rows) if rows else None
 
 

@@ -43,6 +43,12 @@ from specchat.engine import template_env
 from specchat.engine.errors import EngineError
 
 RENDER_SECONDS = 2.0
+# The longest template compiled. Published ones are a few thousand to some
+# tens of thousands of characters (a tool-calling template with its
+# examples); compiling costs about 3 to 11 microseconds a character (a
+# template of 1.6 million held an import and a model check for 18 s, and
+# tokenizer_config.json may hold 64 MB), so this is at most about 1.4 s.
+MAX_TEMPLATE_CHARS = 128 * 1024
 # The rendered text may be template_env.BASE_CHARS long plus a few times the
 # conversation's own text (a template may repeat the system prompt); far
 # beyond any context.
@@ -161,7 +167,12 @@ def compile_template(source: str, *, syntax_only: bool = False):
     and a huge source as MemoryError. The message names no file: a caller
     that knows where the template came from adds that. ``syntax_only``
     compiles without transformers (see template_env.syntax_environment),
-    for checking a model; the result is not for rendering."""
+    for checking a model; the result is not for rendering. A source past
+    ``MAX_TEMPLATE_CHARS`` is refused before Jinja sees it."""
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"The model's chat template is broken: it is {len(source):,} "
+                            f"characters long, more than a chat template is (SpecChat compiles "
+                            f"at most {MAX_TEMPLATE_CHARS:,}). {_FIX}")
     import jinja2
 
     env = template_env.syntax_environment() if syntax_only else template_env.environment()

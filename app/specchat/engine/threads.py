@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from specchat.engine import blas
+from specchat.engine import blas, folders
 
 WINDOW_S = 0.25
 BUSY_CORES = 0.3  # cores' worth of other programs' CPU that counts as a busy machine
@@ -243,7 +243,7 @@ def fit_model(config: dict) -> None:
     """Cap the governor for a model loaded with this config.json: the weights
     in a transformer block's largest matrix (its MLP's) decide whether
     splitting products over threads pays; unknown counts as large."""
-    cfg = config.get("text_config", config)
+    cfg = folders.text_config(config)
     hidden, inner = cfg.get("hidden_size"), cfg.get("intermediate_size")
     largest = int(hidden) * int(inner) if hidden and inner else PARALLEL_MIN_WEIGHTS
     governor().set_ceiling(parallel_ceiling(largest))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat import records
-from specchat.engine import folders, safetensors_file
+from specchat.engine import folders, rope_rules, safetensors_file
 from specchat.engine.folders import text_config
 from specchat.engine.safetensors_file import Tensor
 from specchat.engine.safetensors_file import whole as _whole
@@ -44,6 +44,9 @@ from specchat.library.errors import LibraryError
 POSITIVE_INTS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
 POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
+# config.json keys that are objects when present, and token ids.
+_OBJECTS = ("text_config", "quantization", "quantization_config")
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # mlx-lm's MODEL_REMAPPING entries that land on a layout known here.
 _REMAP = {"mistral": "llama", "iquestcoder": "llama", "xverse": "llama"}
@@ -107,6 +110,28 @@ def check_config(config: dict, where: Path) -> None:
     if heads and kv and heads % kv:
         raise LibraryError(f"{where}: num_attention_heads ({heads}) must be a multiple of "
                            f"num_key_value_heads ({kv})")
+    # What mlx-lm and transformers read as objects or token ids, of those
+    # kinds: else the model passed here and failed only when it was built,
+    # in Python's words ("'list' object has no attribute 'get'") or
+    # transformers' (a validation error over several lines).
+    for key in _OBJECTS:
+        v = config.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise LibraryError(f"{where}: {key} must be an object; got {_shown(v)}")
+    for key in _TOKEN_IDS:
+        v = cfg.get(key)
+        if v is not None and not (_whole(v) or (isinstance(v, list)
+                                                and all(_whole(i) for i in v))):
+            raise LibraryError(f"{where}: {key} must be a token id (a whole number) or a list of "
+                               f"them; got {_shown(v)}")
+    found = rope_rules.problem(cfg.get("rope_scaling"), cfg.get("max_position_embeddings"),
+                               known=arch in _REQUIRED, needs=rope_rules.MODEL_NEEDS)
+    if found is not None:
+        kind, why = found
+        if kind is None:
+            raise LibraryError(f"{where}: its rope scaling's type must be a name; got {why}")
+        of = f' of type "{kind}"' if kind else ""
+        raise LibraryError(f"{where}: its rope scaling{of} is one mlx-lm cannot build ({why})")
 
 
 def _shown(v: object) -> str:

@@ -480,7 +480,8 @@ def import_gguf(gguf_path: Path, dest: Path, progress: Progress | None = None,
         return dest
     # Written over only where an import of SpecChat's is (an older format's).
     outputs.folder(dest, "the converted model", lambda p: (p / MARKER).is_file(),
-                   "move it away or choose another destination", LibraryError)
+                   "move it away or choose another destination", LibraryError,
+                   home_place=dest.parent)  # a place of the library's choosing
     say("reading the model's header", 0.0)
     started = time.monotonic()
     header = read_header(gguf_path, gguf_tokenizer.TOKENIZER_ARRAYS, shown=shown)

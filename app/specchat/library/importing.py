@@ -98,7 +98,7 @@ def import_path(path: str | os.PathLike, name: str | None = None,
         validate_folder(src, shown)
     where = paths.models_dir()
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        paths.models_dir(create=True)
         # Released (the work folder deleted, nothing once installed) however this ends.
         with staging.claim(paths.tmp_dir(create=True), staging.IMPORT_PREFIX) as work:
             if kind == "import":

@@ -17,6 +17,7 @@ Layout::
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -27,7 +28,11 @@ from specchat.home import home
 def _sub(name: str, create: bool) -> Path:
     path = home() / name
     if create:
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # was only "File exists"
+            raise FileExistsError(errno.EEXIST, f"{path} is a file, not a folder; SpecChat "
+                                                "keeps its files there: move it away") from None
     return path
 
 

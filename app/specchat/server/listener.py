@@ -46,10 +46,11 @@ MAX_KEY_FILE_BYTES = 64 * 1024  # an API key is a line; a file far past that is 
 def api_key_from(path: Path | None) -> str | None:
     """The key in the file at ``path`` (its text, stripped), else
     ``SPECCHAT_API_KEY``, else none (blank counts as none there);
-    ``ServerError`` if the file cannot be read or is empty."""
+    ``ServerError`` if the file cannot be read or is empty, or the key is
+    one no client can send (``_sendable``)."""
     if path is None:
         key = os.environ.get(KEY_VARIABLE, "").strip()
-        return key or None
+        return _sendable(key, KEY_VARIABLE) if key else None
     try:  # as every file SpecChat reads (a FIFO would hang the start), bounded
         key = records.read_file(path, MAX_KEY_FILE_BYTES).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError, records.BadRecord) as exc:
@@ -58,6 +59,20 @@ def api_key_from(path: Path | None) -> str | None:
         raise ServerError(f"Cannot read the API key file {path}: {reason}.") from None
     if not key:
         raise ServerError(f"The API key file {path} is empty.")
+    return _sendable(key, f"The API key file {path}")
+
+
+def _sendable(key: str, where: str) -> str:
+    """``key`` if a client can send it: an HTTP header carries printable
+    ASCII only (a key with an accented letter or a second line started a
+    server no client could ever use: the OpenAI client cannot encode one,
+    and Starlette reads header bytes as Latin-1). Never shown: it is a
+    secret."""
+    for i, c in enumerate(key, 1):
+        if not " " <= c <= "~":
+            what = "a line break or a control character" if c.isascii() else "not ASCII"
+            raise ServerError(f"{where} holds a key an HTTP header cannot carry: its character "
+                              f"{i} is {what}; use letters, digits and punctuation only.")
     return key
 
 

@@ -133,7 +133,7 @@ def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
         choice, name = _tool_choice(body.get("tool_choice"), names)
         messages = _messages(body.get("messages"))
         _ruled(chat_rules.conversation, messages)
-        _bounded(values.utf8_size(t for m in messages for t in chat_rules.texts(m)), "messages")
+        _bounded(chat_rules.prompt_bytes(messages, tools), "messages")
         parallel = body.get("parallel_tool_calls") is None or _flag(body, "parallel_tool_calls")
         return ApiRequest(messages=messages, tools=tools, tool_choice=choice, tool_name=name,
                           parallel_tool_calls=parallel,
@@ -318,8 +318,12 @@ def _objects(value: object, param: str, bound: str, items: str, item: str,
 
 def _messages(messages: object) -> tuple[Message, ...]:
     out = []
+    calls = 0  # in all, each message's counted before its calls are read
     for where, m in _objects(messages, "messages", "messages", "{role, content} objects",
                              "an object with a role and a content", empty=False):
+        if isinstance(m.get("tool_calls"), list):
+            calls += len(m["tool_calls"])
+            _sized(f"{where}.tool_calls", "tool calls in all", calls)
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import records
 from specchat.errors import SpecChatError
 from specchat.home import home
 
@@ -260,8 +263,8 @@ def _unavailable(path: Path, exc: BaseException) -> HistoryUnavailable:
         why = "another program has it locked"
     elif code == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) == errno.ENOSPC:
         why = "the disk is full"
-    elif path.is_dir():
-        why = "a folder is in its place"
+    elif (mode := _mode(path)) is not None and not stat.S_ISREG(mode):
+        why = f"{records.file_kind(mode)} is in its place"  # a FIFO was "disk I/O error"
     elif code == sqlite3.SQLITE_CANTOPEN:
         why = "the file cannot be created or opened there"
     else:
@@ -270,6 +273,13 @@ def _unavailable(path: Path, exc: BaseException) -> HistoryUnavailable:
         f"Your conversation history ({path}) could not be opened: {why}.")
     log.error("%s", error)
     return error
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return None
 
 
 class WrongLayout(sqlite3.DatabaseError):

@@ -56,7 +56,8 @@ def add_parser(sub, model_ref, value, existing) -> None:
                    help="seconds between checkpoints (each measures held-out acceptance)")
     t.add_argument("--held-out", type=value("held-out pieces"), default=16, metavar="PIECES",
                    help="held-out pieces the acceptance is measured on (default 16)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=value("seed"), default=0,
+                   help="any integer (folded into 64 bits; default 0)")
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -8,10 +8,10 @@ exactly the prompt the server rendered."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat import records
 from specchat.engine.errors import EngineError
 from specchat.engine.events import GenerateRequest, Message
 from specchat.server import protocol
@@ -38,13 +38,25 @@ class Prompt:
         return GenerateRequest(messages=self.messages, tools=self.tools, **kw)
 
 
+# A prompts file is a few hundred KB; read as every file SpecChat reads
+# (records: a regular file, bounded), each line's JSON nesting counted first.
+MAX_BYTES = records.MAX_JSON_BYTES
+DEPTH = 64
+
+
 def load_prompts(path: str | Path) -> list[Prompt]:
+    try:
+        text = records.read_file(path, MAX_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError, records.BadRecord) as exc:
+        why = ("it is not UTF-8 text" if isinstance(exc, UnicodeDecodeError)
+               else getattr(exc, "strerror", None) or exc)
+        raise EngineError(f"{path} cannot be read: {why}") from None
     prompts = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = records.parse_json(line, max_depth=DEPTH)
             kind = obj["kind"]
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {', '.join(KINDS)}")

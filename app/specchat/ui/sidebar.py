@@ -247,13 +247,12 @@ class Sidebar(QWidget):
         """The file is the person's choice, and the save dialog asked before
         replacing one; a named pipe, a device or a folder is still refused
         (specchat/outputs.py): opening a pipe to write waits for a reader,
-        which would freeze the window."""
+        which would freeze the window. Written whole or not at all: a full
+        disk leaves the file it was to replace as it was."""
         try:
             text = await self.store.export_markdown(conversation_id)
-            place = outputs.file(path, "the conversation", lambda _file: True,
-                                 "choose a file to export it to")
-            with open(place, "w", encoding="utf-8") as f:
-                f.write(text)
+            outputs.write_text(path, text, "the conversation", lambda _file: True,
+                               "choose a file to export it to")
         except outputs.Refused as exc:
             self.failed.emit(str(exc))
             return None

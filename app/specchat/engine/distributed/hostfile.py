@@ -33,7 +33,7 @@ from pathlib import Path
 from specchat import outputs, records, values
 from specchat.engine.distributed import secret
 from specchat.engine.errors import EngineError
-from specchat.engine.folders import HOSTFILE, is_cluster_folder, read_config
+from specchat.engine.folders import HOSTFILE, clusters_dir, is_cluster_folder, read_config
 
 MAX_RANKS = 64
 MAX_HOSTFILE_BYTES = 2**20  # a hostfile of MAX_RANKS long host names is some 30 KB
@@ -236,6 +236,12 @@ def plan(name: str, model: str | os.PathLike, ips: list[str], port: int,
         raise EngineError(f"--port {port} leaves no room for {n} ranks: they use ports {port} "
                           f"to {last}, past {HIGHEST_PORT}; pick a port up to "
                           f"{HIGHEST_PORT - 2 * n + 1}.")
+    if not remote_command.strip() or not remote_command.isprintable():
+        # ssh would run the rank's arguments as the command, or a second line as another
+        got = ("nothing" if not remote_command.strip()
+               else "a line break or a control character in it")
+        raise EngineError("--remote-command must say how ssh runs SpecChat on the other hosts, "
+                          f"on one line; got {got}.")
     folder = Path(model).expanduser().resolve()
     check_layers(layers, n, _layer_count(folder))
     ranks = tuple(Rank(i, ip, ip, port + i, port + n + i) for i, ip in enumerate(ips))
@@ -292,7 +298,7 @@ def write(folder: str | os.PathLike, spec: ClusterSpec) -> Path:
         # to one.
         folder = outputs.make_folder(folder, "the cluster", is_cluster_folder,
                                      "choose another name, or remove what is there",
-                                     EngineError)
+                                     EngineError, home_place=clusters_dir())
         secret.ensure(folder)
         for old in folder.iterdir():
             if old.is_symlink():
