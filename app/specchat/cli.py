@@ -542,7 +542,7 @@ def cmd_serve(args) -> int:
         # No draft model for the target's own MTP head (``--draft mtp``).
         pair = client.load(target, None if draft == modes.OWN_HEAD else draft).wait(
             on_event=_print_load)
-        client.prompt_cache(int(args.prompt_cache_gb * 2 ** 30)).wait()
+        client.prompt_cache(int(args.prompt_cache_gb * values.GB)).wait()
         mode = modes.for_pair(not args.plain, pair.draft is not None, pair.speculative_ok,
                               mtp=draft == modes.OWN_HEAD)
         service = ApiService(client, Served.of(pair, mode.name, args.k, target),

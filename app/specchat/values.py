@@ -30,8 +30,9 @@ from specchat.errors import SpecChatError
 # folded into that range, so "-1" and "10**30" are seeds like any other.
 SEED_MODULUS = 2 ** 64
 # The default of the "prompt cache" limit, in GB: a few dozen agents'
-# prompts of a 1.5B model in float32.
+# prompts of a 1.5B model in float32. A GB of it is GB bytes.
 PROMPT_CACHE_GB = 2.0
+GB = 2 ** 30
 
 
 class BadValue(SpecChatError):

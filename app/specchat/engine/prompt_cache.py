@@ -37,7 +37,7 @@ from specchat import values
 if TYPE_CHECKING:
     from specchat.engine.kv import SlotState
 
-GB = 2 ** 30
+GB = values.GB
 DEFAULT_BYTES = int(values.PROMPT_CACHE_GB * GB)
 
 

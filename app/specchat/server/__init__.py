@@ -7,7 +7,8 @@ never the store or the window. ``protocol`` maps OpenAI's bodies to engine
 requests and back, ``responses`` the Responses API's and ``anthropic``
 Anthropic's onto the same requests, ``service`` queues requests onto the
 engine thread,
-``app`` is the HTTP side (Starlette), ``guard`` keeps web pages out (Host
+``app`` is the HTTP side (Starlette), its routes built from ``endpoints``'
+table (which Settings lists too), ``guard`` keeps web pages out (Host
 and Origin), ``body`` reads a request's JSON within its bounds,
 ``listener`` binds and runs it (uvicorn, with ``connections``' deadline for
 headers). docs/api.md says how to use it, and its Security section what is

@@ -39,8 +39,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.events import GenerationResult, StepEvent
-from specchat.server import anthropic, protocol, responses
+from specchat.server import anthropic, endpoints, protocol, responses
 from specchat.server.body import MAX_BODY, read_json
+from specchat.server.endpoints import BASE_PATH, ENDPOINTS
 from specchat.server.errors import ApiError
 from specchat.server.guard import Cors, LocalOnly
 from specchat.server.service import ApiService
@@ -118,13 +119,17 @@ def build_app(service: ApiService, api_key: str | None = None, max_body: int = M
         req = anthropic.check_format(asked, service.model(asked.api.model).chat)
         return JSONResponse({"input_tokens": await service.count(req)})
 
+    # Each endpoint of the table (endpoints.py: what Settings lists) by its path.
+    handlers = {f"{BASE_PATH}/models": models,
+                f"{BASE_PATH}/chat/completions": completions("chat"),
+                f"{BASE_PATH}/completions": completions("completion"),
+                f"{BASE_PATH}/responses": respond,
+                f"{BASE_PATH}/messages": messages,
+                f"{BASE_PATH}/messages/count_tokens": count_tokens}
+    if handlers.keys() != {e.path for e in ENDPOINTS}:
+        raise RuntimeError("the server's handlers and its endpoint table differ")
     return Starlette(
-        routes=[Route("/v1/models", models, methods=["GET"]),
-                Route("/v1/chat/completions", completions("chat"), methods=["POST"]),
-                Route("/v1/completions", completions("completion"), methods=["POST"]),
-                Route("/v1/responses", respond, methods=["POST"]),
-                Route("/v1/messages", messages, methods=["POST"]),
-                Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])],
+        routes=[Route(e.path, handlers[e.path], methods=[e.method]) for e in ENDPOINTS],
         middleware=[
             Middleware(LocalOnly, check_host=check_host, allowed_origins=cors_origins),
             # Only listed origins reach this with an Origin other than the
@@ -237,9 +242,7 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (no such path, wrong method), in the shape
     of the API asked."""
     message = (f"There is no {request.method} {request.url.path} here; this server has "
-               "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
-               "POST /v1/responses (it stores no responses to get back), POST /v1/messages "
-               "and POST /v1/messages/count_tokens."
+               f"{endpoints.listed()}."
                if exc.status_code in (404, 405) else str(exc.detail))
     return _api_error(request, ApiError(exc.status_code, message))
 

@@ -36,6 +36,7 @@ from specchat.server import DEFAULT_HOST, DEFAULT_PORT, KEY_VARIABLE
 from specchat.server.app import build_app
 from specchat.server.body import MAX_BODY
 from specchat.server.connections import DeadlineH11Protocol
+from specchat.server.endpoints import base_url
 from specchat.server.errors import ServerError
 from specchat.server.guard import is_loopback
 from specchat.server.service import ApiService
@@ -149,8 +150,7 @@ class LocalServer:
     @property
     def url(self) -> str:
         """The base URL clients use (OpenAI's ``base_url``)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        return base_url(self.host, self.port)
 
     async def _serve(self) -> None:
         self.service.attach(asyncio.get_running_loop())

@@ -66,7 +66,9 @@ class Activity:
     state: "idle" (nothing to do), "waiting" (requests wait for their turn
     or for the owner to resume) or "generating" (``request_id`` runs).
     ``finished`` is set on the update a request ends with: its finish
-    reason ("stop", "length", "stop_string", "cancelled", "error")."""
+    reason ("stop", "length", "stop_string", "tool_calls", "cancelled",
+    "error"). ``tool`` is the name of the last tool call the reply has
+    made so far (a step's ``tool_calls``), shown as it is made."""
 
     state: Literal["idle", "waiting", "generating"]
     waiting: int = 0
@@ -75,6 +77,7 @@ class Activity:
     tokens: int = 0
     finished: str | None = None
     summary: object = None  # the engine's Summary of the request that ended, if any
+    tool: str | None = None
 
 
 class ApiService:
@@ -94,6 +97,7 @@ class ApiService:
         self._waiting = 0
         self._current: tuple[str, str] | None = None  # (request id, model)
         self._tokens = 0
+        self._tool: str | None = None  # the running request's last tool call
 
     # -- any thread ----------------------------------------------------------------
     @property
@@ -166,7 +170,7 @@ class ApiService:
                 self._waiting -= 1
                 queued = False
                 served = self.model(req.model)  # the pair may have changed meanwhile
-                self._current, self._tokens = (req.id, served.model), 0
+                self._current, self._tokens, self._tool = (req.id, served.model), 0, None
                 self._report(None)
                 result = await self._generate(req, served, on_step)
                 self._end(req, served, result.summary.finish_reason, result.summary)
@@ -204,6 +208,8 @@ class ApiService:
         def step(ev) -> None:
             if isinstance(ev, StepEvent):
                 self._tokens += len(ev.token_ids)
+                if ev.tool_calls:
+                    self._tool = ev.tool_calls[-1].name
                 self._report(None)
                 if on_step is not None:
                     on_step(ev)
@@ -247,7 +253,8 @@ class ApiService:
         self._current = None
         tokens = summary.new_tokens if summary is not None else self._tokens
         self._report(Activity(self._state(), self._waiting, req.id,
-                              served.model if served else None, tokens, reason, summary))
+                              served.model if served else None, tokens, reason, summary,
+                              self._tool))
 
     def _state(self) -> str:
         if self._current is not None:
@@ -259,7 +266,8 @@ class ApiService:
             return
         if activity is None:
             rid, model = self._current or (None, None)
-            activity = Activity(self._state(), self._waiting, rid, model, self._tokens)
+            activity = Activity(self._state(), self._waiting, rid, model, self._tokens,
+                                tool=self._tool if rid else None)
         try:
             self.on_activity(activity)
         except Exception:  # noqa: BLE001 - a broken listener must not break a request

@@ -36,6 +36,10 @@ class AppSettings:
     server_port: int = 8321  # specchat serve's default too (server/listener.py)
     # Web origins whose pages may call it from a browser (CORS); none: no page may.
     server_cors_origins: tuple[str, ...] = ()
+    # The memory, in GB, the engine's caches of conversations put aside may
+    # hold (engine/prompt_cache.py; specchat serve --prompt-cache-gb): the
+    # chat and the API's clients alike; 0 keeps one conversation at a time.
+    prompt_cache_gb: float = values.PROMPT_CACHE_GB
 
 
 # The presets change sampling only; the system prompt and speculation stay.
@@ -58,7 +62,7 @@ def preset_of(settings: AppSettings) -> str | None:
 # only against its declared type.
 _RANGES = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k",
            "max_tokens": "max tokens", "seed": "seed", "k": "K", "server_port": "port",
-           "server_cors_origins": "allowed origins"}
+           "server_cors_origins": "allowed origins", "prompt_cache_gb": "prompt cache"}
 _TYPES = typing.get_type_hints(AppSettings)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from specchat import values
 from specchat.engine.errors import EngineError
 from specchat.engine.events import (
     GenerateRequest,
@@ -102,6 +103,14 @@ class EngineController(QObject):
         finally:
             if self._gen_job is job:
                 self._gen_job = None
+
+    async def prompt_cache(self, gb: float | None = None):
+        """How the engine's cache of conversations put aside stands (its
+        ``prompt_cache.CacheUse``: budget, held, conversations, switches),
+        after setting its budget to ``gb`` GB if given. It waits its turn
+        on the engine thread (behind a reply or a load), never blocking here."""
+        budget = None if gb is None else int(gb * values.GB)
+        return await self.client.prompt_cache(budget, asyncio.get_running_loop()).result()
 
     def hold(self, holder: str) -> None:
         """Reserve generation for ``holder`` (Compare, for both its runs):

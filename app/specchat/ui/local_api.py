@@ -27,9 +27,12 @@ log = logging.getLogger("specchat.ui")
 
 
 def activity_text(activity) -> str:
-    """The status line for a ``server.service.Activity``."""
+    """The status line for a ``server.service.Activity``: a running
+    request's model, tokens, the tool call it made last (as it is made)
+    and the requests waiting behind it."""
     if activity.state == "generating":
         line = f"API: generating for {activity.model} · {activity.tokens} tokens"
+        line += f" · calling {activity.tool}" if activity.tool else ""
         return line + (f" · {activity.waiting} waiting" if activity.waiting else "")
     if activity.state == "waiting":
         return f"API: {activity.waiting} waiting for the engine"
@@ -39,6 +42,7 @@ def activity_text(activity) -> str:
 class LocalApi(QObject):
     activityChanged = Signal(str)  # the status line ("" when the server is off)
     failed = Signal(str)  # the server could not start (a port in use)
+    requestEnded = Signal()  # a request ended (Settings' prompt cache line looks again)
     _reported = Signal(object)  # an Activity, from the server's thread
 
     def __init__(self, session, parent=None):
@@ -125,6 +129,8 @@ class LocalApi(QObject):
         if self._server is None:
             return  # a report that crossed the stop
         self._set_text("API: idle" if activity is None else activity_text(activity))
+        if activity is not None and activity.finished is not None:
+            self.requestEnded.emit()
 
     def _set_text(self, text: str) -> None:
         if text != self.text:

@@ -304,7 +304,7 @@ class MainWindow(QMainWindow):
         return dlg
 
     def open_settings(self) -> None:
-        dlg = SettingsDialog(self.session.settings, self)
+        dlg = SettingsDialog(self.session.settings, self, self.session)
         if dlg.exec():
             self.session.update_settings(**dlg.edited())
         self._forget(dlg)

@@ -58,6 +58,11 @@ class AppSession(QObject):
         self._bad_settings = bad
         self._unsaved: list[Callable[[], recovery.UnsavedConversation | None]] = []
         self.engine = EngineController(client, self)
+        # Settings' prompt cache reaches the engine when a pair loads and
+        # whenever it changes (nothing is cached before a pair loads).
+        self._cache_gb: float | None = None  # the budget the engine was given
+        self.engine.loaded.connect(self._apply_prompt_cache)
+        self.settingsChanged.connect(self._prompt_cache_changed)
         self.lag = LagMonitor()
         self.plain_speeds = PlainSpeeds()
         # Settings' "Local server": the OpenAI-compatible API on this engine.
@@ -142,6 +147,16 @@ class AppSession(QObject):
         self._save()
         self.settingsChanged.emit(new)
 
+    def _prompt_cache_changed(self, settings: AppSettings) -> None:
+        if settings.prompt_cache_gb != self._cache_gb and self.engine.pair is not None:
+            self._apply_prompt_cache()
+
+    def _apply_prompt_cache(self, *_args) -> None:
+        """Give the engine the budget of the prompt cache setting: a job
+        queued behind whatever the engine runs, so the window never waits."""
+        self._cache_gb = self._settings.prompt_cache_gb
+        asyncio.ensure_future(self.engine.prompt_cache(self._cache_gb)).add_done_callback(_logged)
+
     def next_mode(self, speculative: bool | None = None) -> modes.Mode:
         """How the next reply on the loaded pair will be decoded."""
         return reply_mode(self._settings, self.engine.pair, speculative)
@@ -189,3 +204,9 @@ class AppSession(QObject):
             return
         log.warning("%d conversation(s) could not be saved to the history; kept in %s, to be "
                     "added to it at the next start.", len(kept), path)
+
+
+def _logged(task: asyncio.Future) -> None:
+    """A background engine job's failure, in the log (it has no view to tell)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("The prompt cache's budget did not reach the engine: %s", task.exception())
