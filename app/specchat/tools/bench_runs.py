@@ -91,7 +91,7 @@ def run_ours(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int,
                auto_off=dict(s.auto_off))
 
 
-def _mlx_lm_tokens(engine: Engine, k: int, ids: list[int], max_tokens: int,
+def mlx_lm_tokens(engine: Engine, k: int, ids: list[int], max_tokens: int,
                    sampling: SamplingParams):
     """mlx-lm's generator for K drafts (0: plain), its caches prefilled
     with all but the prompt's last token."""
@@ -126,7 +126,7 @@ def run_mlx_lm(engine: Engine, variant: Variant, prompt: Prompt, max_tokens: int
     # and its own attention (engine/attention.py), as mlx-lm ships it.
     governor = threads.governor()
     with attention.stock():
-        gen = _mlx_lm_tokens(engine, k, ids, max_tokens, sampling)
+        gen = mlx_lm_tokens(engine, k, ids, max_tokens, sampling)
         governor.take_counts()
         t0 = time.perf_counter()
         for tok, _lp, fd in gen:
