@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
 )
-from shiboken6 import isValid
 
 from specchat import values
 from specchat.engine.errors import EngineError
@@ -127,8 +126,9 @@ class CacheUseLabel(QLabel):
                 text = cache_use_text(await self.session.engine.prompt_cache())
             except EngineError as exc:
                 text = f"not known: {exc}"
-            if not isValid(self):
-                return  # the dialog closed meanwhile
-            self.setText(text)
+            try:
+                self.setText(text)
+            except RuntimeError:  # the dialog closed meanwhile: its label is gone
+                return
             if not self._again:
                 return
