@@ -5,9 +5,9 @@ Layer: it may import the engine (through ``EngineClient``: it never touches
 MLX itself), the library, ``specchat.values`` and ``specchat.errors``;
 never the store or the window. ``protocol`` maps OpenAI's bodies to engine
 requests and back, ``responses`` the Responses API's and ``anthropic``
-Anthropic's onto the same requests, ``service`` queues requests onto the
-engine thread,
-``app`` is the HTTP side (Starlette), its routes built from ``endpoints``'
+Anthropic's onto the same requests, all through ``fields``' checks, each
+streaming its reply's parts through ``reply_stream``; ``service`` queues
+requests onto the engine thread, ``app`` is the HTTP side (Starlette), its routes built from ``endpoints``'
 table (which Settings lists too), ``guard`` keeps web pages out (Host
 and Origin), ``body`` reads a request's JSON within its bounds,
 ``listener`` binds and runs it (uvicorn, with ``connections``' deadline for

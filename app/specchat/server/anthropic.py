@@ -9,7 +9,7 @@ of ``engine/chat_rules.py`` for tools, calls, the turns around them and the
 template's switches. Only the shapes differ, and the names: a refusal
 names the field as Anthropic's API spells it (``tools[3].input_schema``,
 ``messages[2].content[0].tool_use_id``), since the rules' own words name
-OpenAI's (``_ruled``, ``_placed``).
+OpenAI's (``_ruled``, ``_BlockNames``).
 
 How the shapes map:
 
@@ -56,21 +56,11 @@ from specchat.engine.events import (
     Summary,
     ToolCall,
 )
-from specchat.server import protocol
+from specchat.server import fields, reply_stream
 from specchat.server.errors import ApiError, bad_value
 from specchat.server.protocol import (
     MAX_TOKENS_CAP,
     ApiRequest,
-    _as_400,
-    _asks,
-    _bounded,
-    _flag,
-    _max_tokens,
-    _objects,
-    _sampling,
-    _shown,
-    _sized,
-    _text,
     speculative,
 )
 from specchat.server.protocol import (
@@ -128,10 +118,10 @@ def parse(body: object, cap: int = MAX_TOKENS_CAP, counting: bool = False) -> Re
     thinking, show = _thinking(body.get("thinking"))
     api = ApiRequest(
         kind="chat", id=new_id(), model=model,
-        stream=not counting and _flag(body, "stream"),
+        stream=not counting and fields.flag(body, "stream"),
         messages=_conversation(body), max_tokens=None if counting else
-        _max_tokens(body, cap, ("max_tokens",)),
-        sampling=_sampling(body), stop=_stop(body.get("stop_sequences")),
+        fields.max_tokens(body, cap, ("max_tokens",)),
+        sampling=fields.sampling(body), stop=_stop(body.get("stop_sequences")),
         tools=tools, tool_choice=choice, tool_name=name, parallel_tool_calls=parallel)
     return Request(api, thinking, show)
 
@@ -182,7 +172,7 @@ def _stop(stops: object) -> tuple[str, ...]:
         return ()
     if not isinstance(stops, list):
         raise bad_value("stop_sequences must be a list of strings", "stop_sequences")
-    return _as_400("stop_sequences", values.stop_strings, stops)
+    return fields.as_400("stop_sequences", values.stop_strings, stops)
 
 
 def _tools(value: object) -> list[dict] | None:
@@ -192,11 +182,11 @@ def _tools(value: object) -> list[dict] | None:
     if value is None:
         return None
     out = []
-    for at, tool in _objects(value, "tools", "tools", "tools ({name, description, "
+    for at, tool in fields.objects(value, "tools", "tools", "tools ({name, description, "
                              "input_schema})", "a tool object ({name, description, "
                              "input_schema})"):
         if tool.get("type") not in (None, "custom"):
-            raise bad_value(f"{at}.type {_shown(tool.get('type'))} is a tool Anthropic defines; "
+            raise bad_value(f"{at}.type {fields.shown(tool.get('type'))} is a tool Anthropic defines; "
                             "the models here call custom tools only ({name, description, "
                             "input_schema})", f"{at}.type")
         fn = {"name": tool.get("name")}
@@ -214,7 +204,7 @@ def _tool_choice(value: object, names: list[str]) -> tuple[str, str, bool]:
         return "auto", "", True
     if not isinstance(value, dict) or value.get("type") not in CHOICES:
         raise bad_value(TOOL_CHOICE, "tool_choice")
-    parallel = not _flag(value, "disable_parallel_tool_use",
+    parallel = not fields.flag(value, "disable_parallel_tool_use",
                          "tool_choice.disable_parallel_tool_use")
     name = ""
     if value["type"] == "tool":
@@ -238,10 +228,10 @@ def _thinking(value: object) -> tuple[bool | None, bool]:
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
                                or budget < 0):
         raise bad_value(f"thinking.budget_tokens must be a whole number of tokens; got "
-                        f"{_shown(budget)}", "thinking.budget_tokens")
+                        f"{fields.shown(budget)}", "thinking.budget_tokens")
     display = value.get("display")
     if display not in (None, "summarized", "omitted"):
-        raise bad_value(f"thinking.display must be summarized or omitted; got {_shown(display)}",
+        raise bad_value(f"thinking.display must be summarized or omitted; got {fields.shown(display)}",
                         "thinking.display")
     return THINKING_ON[value["type"]], display != "omitted"
 
@@ -272,12 +262,12 @@ def _conversation(body: dict) -> tuple[Message, ...]:
         system = _texts(body["system"], "system", ("text",))
         if system:
             turns.add(Message("system", system), {"": "system"})
-    messages = _objects(body.get("messages"), "messages", "messages", "{role, content} objects",
+    messages = fields.objects(body.get("messages"), "messages", "messages", "{role, content} objects",
                         "an object with a role and a content", empty=False)
     for at, m in messages:
         if m.get("role") not in ("user", "assistant"):
             raise bad_value(f"{at}.role must be user or assistant (the system prompt is the "
-                            f"request's system field); got {_shown(m.get('role'))}",
+                            f"request's system field); got {fields.shown(m.get('role'))}",
                             f"{at}.role")
         blocks = _blocks(m.get("content"), f"{at}.content")
         (_user if m["role"] == "user" else _assistant)(blocks, at, turns)
@@ -287,9 +277,9 @@ def _conversation(body: dict) -> tuple[Message, ...]:
                         "(a prefill) is not supported by this server; end with a user turn",
                         last)
     out = turns.messages
-    _sized("messages", "messages", len(out))  # tool results are turns of their own
-    _asks(out, "messages")
-    _bounded(values.utf8_size(t for m in out for t in chat_rules.texts(m)), "messages")
+    fields.sized("messages", "messages", len(out))  # tool results are turns of their own
+    fields.asks(out, "messages")
+    fields.bounded(values.utf8_size(t for m in out for t in chat_rules.texts(m)), "messages")
     try:
         chat_rules.conversation(out, _BlockNames(turns.names))
     except chat_rules.BadField as exc:
@@ -326,7 +316,7 @@ def _blocks(content: object, where: str) -> list[tuple[str, dict]]:
     if isinstance(content, str):
         return [(where, {"type": "text", "text": content})]
     item = "a content block (an object with a type)"
-    out = _objects(content, where, "content parts", "content blocks (or text)", item)
+    out = fields.objects(content, where, "content parts", "content blocks (or text)", item)
     for at, block in out:
         if not isinstance(block.get("type"), str):
             raise bad_value(f"{at} must be {item}", at)
@@ -334,7 +324,7 @@ def _blocks(content: object, where: str) -> list[tuple[str, dict]]:
 
 
 def _refused(block: dict, where: str, takes: str) -> NoReturn:
-    raise bad_value(f"{where}.type is {_shown(block['type'])}: {takes}", f"{where}.type")
+    raise bad_value(f"{where}.type is {fields.shown(block['type'])}: {takes}", f"{where}.type")
 
 
 def _user(blocks: list[tuple[str, dict]], at: str, turns: _Turns) -> None:
@@ -348,14 +338,14 @@ def _user(blocks: list[tuple[str, dict]], at: str, turns: _Turns) -> None:
 
     for where, block in blocks:
         if block["type"] == "text":
-            texts.append(_text(f"{where}.text", block.get("text"), f"{where}.text"))
+            texts.append(fields.text(f"{where}.text", block.get("text"), f"{where}.text"))
         elif block["type"] == "tool_result":
             said()
             result = _texts(block.get("content") or "", f"{where}.content", ("text",))
-            if _flag(block, "is_error", f"{where}.is_error"):
+            if fields.flag(block, "is_error", f"{where}.is_error"):
                 result = f"Error: {result}"
             call = block.get("tool_use_id")
-            turns.add(Message("tool", result, tool_call_id=_text(
+            turns.add(Message("tool", result, tool_call_id=fields.text(
                 f"{where}.tool_use_id", call, f"{where}.tool_use_id")), {"": where})
         else:
             _refused(block, where, "a user turn here takes text and tool_result blocks (the "
@@ -370,13 +360,13 @@ def _assistant(blocks: list[tuple[str, dict]], at: str, turns: _Turns) -> None:
     thoughts: list[str] = []
     calls: list[ToolCall] = []
     names = {"": at}
-    _sized(f"{at}.content", "tool calls", sum(b["type"] == "tool_use" for _, b in blocks))
+    fields.sized(f"{at}.content", "tool calls", sum(b["type"] == "tool_use" for _, b in blocks))
     for where, block in blocks:
         kind = block["type"]
         if kind == "text":
-            texts.append(_text(f"{where}.text", block.get("text"), f"{where}.text"))
+            texts.append(fields.text(f"{where}.text", block.get("text"), f"{where}.text"))
         elif kind == "thinking":  # its signature is Anthropic's, or ours: nothing to check
-            thoughts.append(_text(f"{where}.thinking", block.get("thinking"),
+            thoughts.append(fields.text(f"{where}.thinking", block.get("thinking"),
                                   f"{where}.thinking"))
         elif kind == "redacted_thinking":
             continue  # Anthropic's encrypted reasoning: no model here can read it
@@ -401,12 +391,12 @@ def _texts(value: object, where: str, kinds: tuple[str, ...]) -> str:
     """Text, or a list of text blocks joined (a system prompt, a tool
     result); another kind of block is refused, not dropped."""
     if isinstance(value, str):
-        return _text(where, value, where)
+        return fields.text(where, value, where)
     texts = []
     for at, block in _blocks(value, where):
         if block["type"] not in kinds:
             _refused(block, at, "here this server takes text blocks only")
-        texts.append(_text(f"{at}.text", block.get("text"), f"{at}.text"))
+        texts.append(fields.text(f"{at}.text", block.get("text"), f"{at}.text"))
     return JOIN.join(texts)
 
 
@@ -481,7 +471,7 @@ class Reply:
     ``message_delta`` and ``message_stop``), and the whole message.
 
     The reply's parts come in the order a stream sends them
-    (``protocol.ReplyStream``, as every API face streams them); a block
+    (``reply_stream.ReplyStream``, as every API face streams them); a block
     opens when the part changes: its reasoning is a thinking block
     (``thinking_delta``s, then its ``signature_delta``), its answer a text
     block, each call, once complete, a tool_use block (its arguments in one
@@ -491,7 +481,7 @@ class Reply:
 
     def __init__(self, req: Request, model: str):
         self.req, self.model = req, model
-        self.parts = protocol.ReplyStream()
+        self.parts = reply_stream.ReplyStream()
         self.content: list[_Block] = []
         self._open: _Block | None = None
         self._final: dict = {}
@@ -499,7 +489,7 @@ class Reply:
     @staticmethod
     def frame(event: dict) -> str:
         """One event as a server-sent event, named by its type."""
-        return protocol.sse(event, named=True)
+        return reply_stream.sse(event, named=True)
 
     def _message(self, content: list[dict], reason: str | None, sequence: str | None,
                  counts: dict) -> dict:
@@ -543,7 +533,7 @@ class Reply:
         self.end(result)
         return self._final
 
-    def _send(self, parts: list[protocol.Part]) -> list[dict]:
+    def _send(self, parts: list[reply_stream.Part]) -> list[dict]:
         out = []
         for part, value in parts:
             out += (self._thinking(value) if part == REASONING else

@@ -31,10 +31,8 @@ turn.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,7 +41,6 @@ from specchat.engine import chat_rules
 from specchat.engine.events import (
     ANSWER,
     REASONING,
-    TOOL,
     ChatFormat,
     DraftSettings,
     GenerateRequest,
@@ -54,6 +51,7 @@ from specchat.engine.events import (
     Summary,
     ToolCall,
 )
+from specchat.server import fields, reply_stream
 from specchat.server.errors import ApiError, bad_value
 
 Kind = Literal["chat", "completion"]
@@ -116,45 +114,34 @@ def new_id(kind: Kind) -> str:
 def parse(kind: Kind, body: object, cap: int = MAX_TOKENS_CAP) -> ApiRequest:
     """A chat or completion request body, checked; ``ApiError`` (400) names
     the first field that is not acceptable."""
-    model = _model(body)
+    model = fields.model(body)
     _refuse_unsupported(kind, body)
-    stream = _flag(body, "stream")
+    stream = fields.flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_value("stream_options must be an object", "stream_options")
-    include_usage = stream and _flag(options or {}, "include_usage", "stream_options")
+    include_usage = stream and fields.flag(options or {}, "include_usage", "stream_options")
     budget = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
-    fields = dict(kind=kind, id=new_id(kind), model=model, stream=stream,
-                  include_usage=include_usage, max_tokens=_max_tokens(body, cap, budget),
-                  sampling=_sampling(body), stop=_stop(body.get("stop")))
+    common = dict(kind=kind, id=new_id(kind), model=model, stream=stream,
+                  include_usage=include_usage, max_tokens=fields.max_tokens(body, cap, budget),
+                  sampling=fields.sampling(body), stop=fields.stop(body.get("stop")))
     if kind == "chat":
-        tools = _ruled(chat_rules.tools, body.get("tools"))
+        tools = fields.ruled(chat_rules.tools, body.get("tools"))
         names = [t["function"]["name"] for t in body["tools"]] if tools else []
         choice, name = _tool_choice(body.get("tool_choice"), names)
         messages = _messages(body.get("messages"))
-        _ruled(chat_rules.conversation, messages)
-        _bounded(chat_rules.prompt_bytes(messages, tools), "messages")
-        parallel = body.get("parallel_tool_calls") is None or _flag(body, "parallel_tool_calls")
+        fields.ruled(chat_rules.conversation, messages)
+        fields.bounded(chat_rules.prompt_bytes(messages, tools), "messages")
+        parallel = body.get("parallel_tool_calls") is None or fields.flag(body, "parallel_tool_calls")
         return ApiRequest(messages=messages, tools=tools, tool_choice=choice, tool_name=name,
                           parallel_tool_calls=parallel,
-                          switches=_ruled(chat_rules.switches, body.get("chat_template_kwargs")),
-                          reasoning_effort=_ruled(chat_rules.effort, body.get("reasoning_effort")),
-                          **fields)
+                          switches=fields.ruled(chat_rules.switches, body.get("chat_template_kwargs")),
+                          reasoning_effort=fields.ruled(chat_rules.effort, body.get("reasoning_effort")),
+                          **common)
     text, ids = _prompt(body.get("prompt"))
     if text is not None:
-        _bounded(values.utf8_size([text]), "prompt")
-    return ApiRequest(prompt=text, prompt_ids=ids, **fields)
-
-
-def _model(body: object) -> str:
-    """The model a request body names (a body that is not an object is refused)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise bad_value("you must provide a model parameter (GET /v1/models lists it)",
-                        "model")
-    return model
+        fields.bounded(values.utf8_size([text]), "prompt")
+    return ApiRequest(prompt=text, prompt_ids=ids, **common)
 
 
 def check_format(req: ApiRequest, fmt: ChatFormat, effort_where: str = "reasoning_effort") -> None:
@@ -164,18 +151,9 @@ def check_format(req: ApiRequest, fmt: ChatFormat, effort_where: str = "reasonin
     naming the field; the engine checks the same for every caller)."""
     if req.kind != "chat":
         return
-    _ruled(chat_rules.template_variables, fmt, req.switches, req.reasoning_effort,
+    fields.ruled(chat_rules.template_variables, fmt, req.switches, req.reasoning_effort,
            effort_where=effort_where)
-    _ruled(chat_rules.offered, fmt, bool(req.tools), req.tool_choice)
-
-
-def _ruled(rule, *args, **kwargs):
-    """``rule(*args, **kwargs)`` from ``engine/chat_rules.py``, a refusal a
-    400 naming the field it names."""
-    try:
-        return rule(*args, **kwargs)
-    except chat_rules.BadField as exc:
-        raise bad_value(str(exc), exc.param) from None
+    fields.ruled(chat_rules.offered, fmt, bool(req.tools), req.tool_choice)
 
 
 def _tool_choice(choice: object, names: list[str]) -> tuple[str, str]:
@@ -192,28 +170,8 @@ def _tool_choice(choice: object, names: list[str]) -> tuple[str, str]:
         if not isinstance(name, str) or not name:
             raise bad_value("tool_choice.function.name must name one of the request's tools",
                             "tool_choice.function.name")
-        return _ruled(chat_rules.tool_choice, "required", name, names)
-    return _ruled(chat_rules.tool_choice, choice, "", names)
-
-
-def _bounded(size_bytes: int, param: str) -> None:
-    """The engine's bound on a prompt's UTF-8 bytes, checked here too so that
-    a prompt past it is refused before it waits for its turn (and a text
-    completion prompt before the engine tokenizes it)."""
-    _as_400(param, values.prompt_size, size_bytes)
-
-
-def _sized(param: str, name: str, n: int) -> None:
-    """``values.size(name, n)`` as a 400 naming ``param``."""
-    _as_400(param, values.size, name, n)
-
-
-def _as_400(param: str, check, *args):
-    """``check(*args)`` from ``specchat.values``, its BadValue a 400 naming ``param``."""
-    try:
-        return check(*args)
-    except values.BadValue as exc:
-        raise bad_value(str(exc), param) from None
+        return fields.ruled(chat_rules.tool_choice, "required", name, names)
+    return fields.ruled(chat_rules.tool_choice, choice, "", names)
 
 
 def _refuse_unsupported(kind: Kind, body: dict) -> None:
@@ -238,115 +196,31 @@ def _refuse_unsupported(kind: Kind, body: dict) -> None:
                             "suffix")
 
 
-def _flag(body: dict, name: str, param: str | None = None) -> bool:
-    v = body.get(name)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise bad_value(f"{name} must be true or false; got {_shown(v)}", param or name)
-    return v
-
-
-def _checked(limit: str, value: object, param: str):
-    """``values.check`` for a JSON value, as a 400 naming the parameter.
-    JSON text ("0.5") is refused: a number must be sent as a number."""
-    if isinstance(value, str):
-        raise bad_value(f"{values.LIMITS[limit].describe()}; got the text {_shown(value)}",
-                        param)
-    return _as_400(param, values.check, limit, value)
-
-
-def _max_tokens(body: dict, cap: int, names: tuple[str, ...]) -> int | None:
-    """The reply's token budget from the first of ``names`` the body sets
-    (chat's ``max_completion_tokens`` over its older ``max_tokens``), at
-    most ``cap``; None if it sets none."""
-    param = next((n for n in names if body.get(n) is not None), None)
-    if param is None:
-        return None
-    value = body[param]
-    n = _checked("max tokens", value, param)
-    if n > cap:
-        raise bad_value(f"{param} must be at most {cap} on this server; got {n}", param)
-    return n
-
-
-def _sampling(body: dict) -> SamplingParams:
-    def get(name: str, limit: str, default):
-        v = body.get(name)
-        return default if v is None else _checked(limit, v, name)
-
-    return SamplingParams(temperature=get("temperature", "temperature", 1.0),
-                          top_p=get("top_p", "top-p", 1.0),
-                          top_k=get("top_k", "top-k", 0),  # an mlx-lm extension
-                          seed=get("seed", "seed", None))
-
-
-def _text(what: str, value: object, param: str) -> str:
-    """A text value by specchat.values' rule for ``what`` (the CLI's, which
-    refuses an empty stop string or prompt too); refused as a 400 naming
-    ``param``."""
-    return _as_400(param, values.text, what, value)
-
-
-def _stop(stop: object) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    items = [stop] if isinstance(stop, str) else stop
-    if not isinstance(items, list):
-        raise bad_value("stop must be a string or a list of strings", "stop")
-    return _as_400("stop", values.stop_strings, items)
-
-
-def _objects(value: object, param: str, bound: str, items: str, item: str,
-             empty: bool = True) -> list[tuple[str, dict]]:
-    """A list of objects a request carries, each with its name
-    (``messages[3]``), its count bounded (``values`` entry ``bound``)
-    before any is read; a 400 naming what is not a list of ``items`` (of
-    at least one, unless ``empty``) or not ``item``."""
-    if not isinstance(value, list) or not (value or empty):
-        raise bad_value(f"{param} must be a {'' if empty else 'non-empty '}list of {items}",
-                        param)
-    _sized(param, bound, len(value))
-    out = []
-    for i, v in enumerate(value):
-        at = f"{param}[{i}]"
-        if not isinstance(v, dict):
-            raise bad_value(f"{at} must be {item}", at)
-        out.append((at, v))
-    return out
-
-
 def _messages(messages: object) -> tuple[Message, ...]:
     out = []
     calls = 0  # in all, each message's counted before its calls are read
-    for where, m in _objects(messages, "messages", "messages", "{role, content} objects",
+    for where, m in fields.objects(messages, "messages", "messages", "{role, content} objects",
                              "an object with a role and a content", empty=False):
         if isinstance(m.get("tool_calls"), list):
             calls += len(m["tool_calls"])
-            _sized(f"{where}.tool_calls", "tool calls in all", calls)
+            fields.sized(f"{where}.tool_calls", "tool calls in all", calls)
         role = ROLES.get(m.get("role")) if isinstance(m.get("role"), str) else None
         if role is None:
             raise bad_value(f"{where}.role must be one of {', '.join(ROLES)}; "
-                            f"got {_shown(m.get('role'))}", f"{where}.role")
+                            f"got {fields.shown(m.get('role'))}", f"{where}.role")
         reasoning_key = "reasoning_content" if m.get("reasoning_content") is not None \
             else "reasoning"  # DeepSeek's and vLLM's name, or vLLM's newer one
         reasoning = m.get(reasoning_key)
         out.append(Message(
-            role, _content(m.get("content"), f"{where}.content"),
-            reasoning=_text(f"{where}.{reasoning_key}", reasoning, f"{where}.{reasoning_key}")
+            role, fields.content(m.get("content"), f"{where}.content"),
+            reasoning=fields.text(f"{where}.{reasoning_key}", reasoning, f"{where}.{reasoning_key}")
             if reasoning is not None else "",
             tool_calls=_tool_calls(m.get("tool_calls"), f"{where}.tool_calls"),
-            tool_call_id=_text(f"{where}.tool_call_id", m.get("tool_call_id"),
+            tool_call_id=fields.text(f"{where}.tool_call_id", m.get("tool_call_id"),
                                f"{where}.tool_call_id") if m.get("tool_call_id") is not None
             else ""))
-    _asks(out, "messages")
+    fields.asks(out, "messages")
     return tuple(out)
-
-
-def _asks(messages: Sequence[Message], param: str) -> None:
-    """A conversation must ask something: a user turn with some text."""
-    if not any(m.role == "user" and m.content.strip() for m in messages):
-        raise bad_value(f"{param} must include a user message with some text", param)
 
 
 def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
@@ -356,7 +230,7 @@ def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
         return ()
     if not isinstance(calls, list):
         raise bad_value(f"{where} must be a list of tool calls", where)
-    _sized(where, "tool calls", len(calls))
+    fields.sized(where, "tool calls", len(calls))
     out = []
     for j, call in enumerate(calls):
         at = f"{where}[{j}]"
@@ -364,34 +238,13 @@ def _tool_calls(calls: object, where: str) -> tuple[ToolCall, ...]:
             raise bad_value(f"{at} must be a tool call: {{id, type: \"function\", function: "
                             "{name, arguments}}", at)
         if call.get("type", "function") != "function":
-            raise bad_value(f"{at}.type must be \"function\"; got {_shown(call.get('type'))}",
+            raise bad_value(f"{at}.type must be \"function\"; got {fields.shown(call.get('type'))}",
                             f"{at}.type")
         fn = call["function"]
-        arguments = _ruled(chat_rules.arguments, fn.get("arguments"), f"{at}.function.arguments")
-        out.append(_ruled(chat_rules.tool_call, ToolCall(call.get("id"), fn.get("name"),
+        arguments = fields.ruled(chat_rules.arguments, fn.get("arguments"), f"{at}.function.arguments")
+        out.append(fields.ruled(chat_rules.tool_call, ToolCall(call.get("id"), fn.get("name"),
                                                          arguments), at))
     return tuple(out)
-
-
-def _content(content: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
-    """A message's text: a string, or a list of text parts (what newer
-    clients send; ``kinds``: the types a text part has in this API); an
-    image or audio part is refused, not dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        _sized(where, "content parts", len(content))
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in kinds:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad_value(f"{where} has a {_shown(kind)} part; this server takes text "
-                                "only", where)
-            if not isinstance(part.get("text"), str):
-                raise bad_value(f"{where}: a text part's text must be a string", where)
-            texts.append(part["text"])
-        content = "".join(texts)
-    return _text(where, content, where)
 
 
 def _prompt(prompt: object) -> tuple[str | None, tuple[int, ...] | None]:
@@ -399,20 +252,15 @@ def _prompt(prompt: object) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return _text("the prompt", prompt, "prompt"), None
+        return fields.text("the prompt", prompt, "prompt"), None
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list):
-        _as_400("prompt", values.prompt_tokens, len(prompt))  # before reading them
+        fields.as_400("prompt", values.prompt_tokens, len(prompt))  # before reading them
         if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             return None, tuple(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(
             isinstance(p, str | list) for p in prompt):
         raise bad_value("this server takes one prompt per request", "prompt")
     raise bad_value("prompt must be a non-empty string or a list of token ids", "prompt")
-
-
-def _shown(v: object) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # -- responses ----------------------------------------------------------------------
@@ -486,79 +334,6 @@ def response(req: ApiRequest, result: GenerationResult, model: str) -> dict:
             **_extras(result)}
 
 
-Part = tuple[str, str | ToolCall]  # (ANSWER or REASONING, text) or (TOOL, a complete call)
-
-
-class ReplyStream:
-    """A reply's parts in the order a stream sends them, from the engine's
-    steps: answer text, reasoning text, and each tool call once it is
-    complete. Answer text that is only whitespace waits for more: a reply
-    that only calls tools has no answer, streamed or not (``content``).
-    ``end`` adds what the steps did not carry, so what a client assembles
-    is what the whole answer carries. ``split=False``: a completion's text,
-    as it comes. Every API face streams through this (``Chunks`` here, the
-    Responses API's events in ``responses.py``)."""
-
-    def __init__(self, split: bool = True):
-        self.split = split
-        # The text streamed so far, in its pieces: joined once, at the end
-        # (adding each piece to one string copied all of it every step).
-        self._sent: list[str] = []
-        self._reasoning: list[str] = []
-        self._held: list[str] = []  # whitespace answer text not sent yet
-        self._calls = 0  # tool calls streamed
-
-    def answer(self, text: str) -> list[Part]:
-        if not text:
-            return []
-        if self.split and not self._sent and not text.strip():
-            self._held.append(text)
-            return []
-        if self._held:
-            text = "".join(self._held) + text
-            self._held.clear()
-        self._sent.append(text)
-        return [(ANSWER, text)]
-
-    def reasoning(self, text: str) -> list[Part]:
-        if not text:
-            return []
-        self._reasoning.append(text)
-        return [(REASONING, text)]
-
-    def call(self, call: ToolCall) -> list[Part]:
-        self._calls += 1
-        return [(TOOL, call)]
-
-    def step(self, ev: StepEvent) -> list[Part]:
-        """One engine step: a chat reply's parts, a completion's text."""
-        if not self.split:
-            return self.answer(ev.text)
-        out = []
-        for part, text in ev.segments:
-            if part == ANSWER:
-                out += self.answer(text)
-            elif part == REASONING:
-                out += self.reasoning(text)
-        for call in ev.tool_calls:
-            out += self.call(call)
-        return out
-
-    def end(self, result: GenerationResult) -> list[Part]:
-        """Anything the steps did not carry."""
-        if not self.split:
-            return self.answer(_rest(result.text, self._sent))
-        out = self.reasoning(_rest(result.reasoning, self._reasoning))
-        out += self.answer(_rest(result.answer, self._sent + self._held))
-        for call in result.tool_calls[self._calls:]:
-            out += self.call(call)
-        if self._held and not result.tool_calls:  # an answer of whitespace is still one
-            self._sent.append("".join(self._held))
-            self._held.clear()
-            out.append((ANSWER, self._sent[-1]))
-        return out
-
-
 class Chunks:
     """The streamed form of one answer: the chunks, in order. A chat reply
     streams its parts (``ReplyStream``) as OpenAI's deltas: ``content``,
@@ -572,13 +347,13 @@ class Chunks:
         self.req = req
         self.model = model
         self.created = int(time.time())
-        self.parts = ReplyStream(split=req.kind == "chat")
+        self.parts = reply_stream.ReplyStream(split=req.kind == "chat")
         self._calls = 0  # tool calls streamed
 
     @staticmethod
     def frame(chunk: dict) -> str:
         """One chunk as a server-sent event."""
-        return sse(chunk)
+        return reply_stream.sse(chunk)
 
     def _chunk(self, choice: dict | None, **extra) -> dict:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
@@ -599,7 +374,7 @@ class Chunks:
         return [self._delta({"role": "assistant", "content": ""})] if self.req.kind == "chat" \
             else []
 
-    def _deltas(self, parts: list[Part]) -> list[dict]:
+    def _deltas(self, parts: list[reply_stream.Part]) -> list[dict]:
         out = []
         for part, value in parts:
             if part == ANSWER:
@@ -641,16 +416,3 @@ class Chunks:
         return [exc.body()]
 
 
-def _rest(whole: str, sent: list[str]) -> str:
-    """What of ``whole`` the stream has not carried (nothing if what it
-    carried is not where ``whole`` starts)."""
-    have = "".join(sent)
-    return whole[len(have):] if whole.startswith(have) else ""
-
-
-def sse(obj: dict, named: bool = False) -> str:
-    """One server-sent event: its JSON, after its name (the object's
-    ``type``, as Anthropic's and the Responses API's events are named) if
-    ``named``."""
-    data = f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-    return f"event: {obj['type']}\n{data}" if named else data

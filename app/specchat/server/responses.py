@@ -15,7 +15,7 @@ The answer is a ``response`` object whose ``output`` holds a reasoning item
 (the model's reasoning in the clear, under ``content``; no summaries are
 written), a message item and one ``function_call`` item per call; streamed,
 the same items arrive as the API's typed events, built from the same
-reply parts the chat completions stream (``protocol.ReplyStream``), and
+reply parts the chat completions stream (``reply_stream.ReplyStream``), and
 ``response.completed`` carries the whole response, so a client's
 assembled answer is the non-streamed one.
 
@@ -44,7 +44,7 @@ from specchat.engine.events import (
     StepEvent,
     ToolCall,
 )
-from specchat.server import protocol
+from specchat.server import fields, protocol, reply_stream
 from specchat.server.errors import ApiError, bad_value
 
 # The chat completions' own checks, each a 400 naming its field: one place per rule.
@@ -52,18 +52,6 @@ from specchat.server.protocol import (
     MAX_TOKENS_CAP,
     ROLES,
     ApiRequest,
-    _asks,
-    _bounded,
-    _content,
-    _flag,
-    _max_tokens,
-    _model,
-    _ruled,
-    _sampling,
-    _shown,
-    _sized,
-    _stop,
-    _text,
 )
 
 # The text parts of a message item, an earlier turn's reasoning, a call's output.
@@ -100,30 +88,30 @@ def new_id(prefix: str) -> str:
 def parse(body: object, cap: int = MAX_TOKENS_CAP) -> Asked:
     """A Responses request body, checked; ``ApiError`` (400) names the
     first field that is not acceptable."""
-    model = _model(body)
+    model = fields.model(body)
     _refuse_unsupported(body)
-    tools = _ruled(chat_rules.tools, body.get("tools"), flat=True)
+    tools = fields.ruled(chat_rules.tools, body.get("tools"), flat=True)
     names = [t["name"] for t in body["tools"]] if tools else []
     choice, name = _tool_choice(body.get("tool_choice"), names)
     instructions = body.get("instructions")
     if instructions is not None:
-        instructions = _text("instructions", instructions, "instructions")
+        instructions = fields.text("instructions", instructions, "instructions")
     turns = _turns(body.get("input"), instructions)
     messages = tuple(t.message() for t in turns)
-    _asks(messages, "input")
-    _ruled(chat_rules.conversation, messages, _ItemNames(turns))
-    _bounded(values.utf8_size(t for m in messages for t in chat_rules.texts(m)), "input")
-    parallel = body.get("parallel_tool_calls") is None or _flag(body, "parallel_tool_calls")
-    effort = _ruled(chat_rules.effort, _object(body, "reasoning").get("effort"),
+    fields.asks(messages, "input")
+    fields.ruled(chat_rules.conversation, messages, _ItemNames(turns))
+    fields.bounded(values.utf8_size(t for m in messages for t in chat_rules.texts(m)), "input")
+    parallel = body.get("parallel_tool_calls") is None or fields.flag(body, "parallel_tool_calls")
+    effort = fields.ruled(chat_rules.effort, _object(body, "reasoning").get("effort"),
                     "reasoning.effort")
-    sampling = _sampling(body)
-    max_tokens = _max_tokens(body, cap, ("max_output_tokens",))
+    sampling = fields.sampling(body)
+    max_tokens = fields.max_tokens(body, cap, ("max_output_tokens",))
     request = ApiRequest(
-        kind="chat", id=new_id("resp"), model=model, stream=_flag(body, "stream"),
+        kind="chat", id=new_id("resp"), model=model, stream=fields.flag(body, "stream"),
         messages=messages, max_tokens=max_tokens, sampling=sampling,
-        stop=_stop(body.get("stop")), tools=tools, tool_choice=choice, tool_name=name,
+        stop=fields.stop(body.get("stop")), tools=tools, tool_choice=choice, tool_name=name,
         parallel_tool_calls=parallel,
-        switches=_ruled(chat_rules.switches, body.get("chat_template_kwargs")),
+        switches=fields.ruled(chat_rules.switches, body.get("chat_template_kwargs")),
         reasoning_effort=effort)
     echo = {"instructions": instructions, "max_output_tokens": max_tokens,
             "metadata": _metadata(body.get("metadata")), "parallel_tool_calls": parallel,
@@ -169,13 +157,13 @@ def _refuse_unsupported(body: dict) -> None:
         raise bad_value("context_management (compaction on OpenAI's servers) is not available "
                         "here; send the conversation as it should be read", "context_management")
     if body.get("truncation") not in (None, "auto", "disabled"):
-        raise bad_value(f"truncation must be auto or disabled; got {_shown(body['truncation'])}",
+        raise bad_value(f"truncation must be auto or disabled; got {fields.shown(body['truncation'])}",
                         "truncation")
     text = _object(body, "text")
     fmt = text.get("format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise bad_value(f"text.format {_shown(kind)} (structured output) is not supported by "
+        raise bad_value(f"text.format {fields.shown(kind)} (structured output) is not supported by "
                         "this server: it cannot hold a reply to a schema; send {\"type\": "
                         "\"text\"} or leave it out, and ask for JSON in the instructions",
                         "text.format")
@@ -187,7 +175,7 @@ def _object(body: dict, name: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise bad_value(f"{name} must be an object; got {_shown(value)}", name)
+        raise bad_value(f"{name} must be an object; got {fields.shown(value)}", name)
     return value
 
 
@@ -208,15 +196,15 @@ def _tool_choice(choice: object, names: list[str]) -> tuple[str, str]:
     if isinstance(choice, dict):
         if choice.get("type") != "function":
             raise bad_value("tool_choice must be auto, none, required or {\"type\": \"function\", "
-                            f"\"name\": ...}}; got the type {_shown(choice.get('type'))} (only "
+                            f"\"name\": ...}}; got the type {fields.shown(choice.get('type'))} (only "
                             "function tools are served here)", "tool_choice")
         name = choice.get("name")
         if not isinstance(name, str) or not name:
             raise bad_value("tool_choice.name must name one of the request's tools",
                             "tool_choice.name")
-        return _ruled(chat_rules.tool_choice, "required", name, names,
+        return fields.ruled(chat_rules.tool_choice, "required", name, names,
                       name_where="tool_choice.name")
-    return _ruled(chat_rules.tool_choice, choice, "", names)
+    return fields.ruled(chat_rules.tool_choice, choice, "", names)
 
 
 @dataclass
@@ -263,10 +251,10 @@ def _turns(value: object, instructions: str | None) -> list[_Turn]:
     message and its function calls."""
     turns = [_Turn("system", "instructions", [instructions])] if instructions is not None else []
     if isinstance(value, str):
-        return [*turns, _Turn("user", "input", [_text("input", value, "input")])]
+        return [*turns, _Turn("user", "input", [fields.text("input", value, "input")])]
     if not isinstance(value, list) or not value:
         raise bad_value(f"input must be text or a non-empty list of items ({ITEMS})", "input")
-    _sized("input", "input items", len(value))
+    fields.sized("input", "input items", len(value))
     reply: _Turn | None = None  # the assistant turn items of a reply go into
 
     def replying(at: str, fresh: bool) -> _Turn:
@@ -285,8 +273,8 @@ def _turns(value: object, instructions: str | None) -> list[_Turn]:
             role = ROLES.get(item.get("role")) if isinstance(item.get("role"), str) else None
             if role is None or role == "tool":
                 raise bad_value(f"{at}.role must be one of user, assistant, system, developer; "
-                                f"got {_shown(item.get('role'))}", f"{at}.role")
-            text = _content(item.get("content"), f"{at}.content", TEXT_PARTS)
+                                f"got {fields.shown(item.get('role'))}", f"{at}.role")
+            text = fields.content(item.get("content"), f"{at}.content", TEXT_PARTS)
             if role == "assistant":
                 replying(at, fresh=bool(reply and (reply.content or reply.calls))).content.append(
                     text)
@@ -297,22 +285,22 @@ def _turns(value: object, instructions: str | None) -> list[_Turn]:
             replying(at, fresh=True).reasoning.append(_reasoning(item, at))
         elif kind == "function_call":
             turn = replying(at, fresh=False)
-            _sized(at, "tool calls", len(turn.calls) + 1)
+            fields.sized(at, "tool calls", len(turn.calls) + 1)
             turn.calls.append(ToolCall(
-                _ruled(chat_rules.call_id, item.get("call_id"), f"{at}.call_id"),
-                _ruled(chat_rules.name, item.get("name"), f"{at}.name"),
-                _ruled(chat_rules.arguments, item.get("arguments"), f"{at}.arguments")))
+                fields.ruled(chat_rules.call_id, item.get("call_id"), f"{at}.call_id"),
+                fields.ruled(chat_rules.name, item.get("name"), f"{at}.name"),
+                fields.ruled(chat_rules.arguments, item.get("arguments"), f"{at}.arguments")))
             turn.call_at.append(at)
         elif kind == "function_call_output":
             turns.append(_Turn("tool", at, [_output(item.get("output"), f"{at}.output")],
-                               call_id=_ruled(chat_rules.call_id, item.get("call_id"),
+                               call_id=fields.ruled(chat_rules.call_id, item.get("call_id"),
                                               f"{at}.call_id")))
             reply = None
         elif kind == "item_reference":
             raise bad_value(NOTHING_STORED.format(what=f"{at} refers to an item that is not "
                                                        "here"), at)
         else:
-            raise bad_value(f"{at} is a {_shown(kind)} item; this server takes {ITEMS} (its "
+            raise bad_value(f"{at} is a {fields.shown(kind)} item; this server takes {ITEMS} (its "
                             "tools are functions only)", f"{at}.type")
     return turns
 
@@ -323,21 +311,21 @@ def _reasoning(item: dict, at: str) -> str:
     cannot be read, and counts as none."""
     content = item.get("content")
     if content:
-        return _content(content, f"{at}.content", REASONING_PARTS)
+        return fields.content(content, f"{at}.content", REASONING_PARTS)
     summary = item.get("summary")
     if summary is None:
         return ""
     if not isinstance(summary, list):
         raise bad_value(f"{at}.summary must be a list of summary_text parts", f"{at}.summary")
-    _sized(f"{at}.summary", "content parts", len(summary))
-    return "\n\n".join(_content([part], f"{at}.summary", SUMMARY_PARTS) for part in summary)
+    fields.sized(f"{at}.summary", "content parts", len(summary))
+    return "\n\n".join(fields.content([part], f"{at}.summary", SUMMARY_PARTS) for part in summary)
 
 
 def _output(value: object, where: str) -> str:
     """A call's result: text, or a list of text parts."""
     if not isinstance(value, str | list):
         raise bad_value(f"{where} must be text or a list of input_text parts", where)
-    return _content(value, where, TEXT_PARTS)
+    return fields.content(value, where, TEXT_PARTS)
 
 
 # -- responses ----------------------------------------------------------------------
@@ -427,7 +415,7 @@ def response(asked: Asked, result: GenerationResult, model: str) -> dict:
 class Events:
     """The streamed form of one answer: the Responses API's typed events,
     each with its ``sequence_number``. Each part of the reply
-    (``protocol.ReplyStream``) opens its item when it starts (a reasoning
+    (``reply_stream.ReplyStream``) opens its item when it starts (a reasoning
     or a message item, with its one content part) and closes the one
     before; a call is one item, added, its arguments, done. The last event,
     ``response.completed`` (or ``response.incomplete``), carries the whole
@@ -440,7 +428,7 @@ class Events:
         self.asked = asked
         self.model = model
         self.created = int(time.time())
-        self.parts = protocol.ReplyStream()
+        self.parts = reply_stream.ReplyStream()
         self.output: list[dict] = []  # the items so far, the last maybe open
         self._open: str | None = None  # REASONING or ANSWER: the last item is open for it
         self._texts: list[str] = []  # the open item's text so far
@@ -449,7 +437,7 @@ class Events:
     @staticmethod
     def frame(event: dict) -> str:
         """One event as a server-sent event, named by its type."""
-        return protocol.sse(event, named=True)
+        return reply_stream.sse(event, named=True)
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self._seq, **fields}
@@ -478,7 +466,7 @@ class Events:
         return [self._event("error", code=exc.code, message=exc.message, param=exc.param),
                 self._event("response.failed", response=self._state("failed", error=exc))]
 
-    def _send(self, parts: list[protocol.Part]) -> list[dict]:
+    def _send(self, parts: list[reply_stream.Part]) -> list[dict]:
         out = []
         for part, value in parts:
             if part in (REASONING, ANSWER):
