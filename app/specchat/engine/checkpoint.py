@@ -15,12 +15,17 @@ shapes it expects and the ones it found.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specchat import records, values
+from specchat.engine import folders
 from specchat.engine.errors import EngineError
 from specchat.engine.events import TRAINING_STATE
 
@@ -153,3 +158,41 @@ def read_intermediate(folder: Path, hidden: int, restart_how: str) -> int | None
         raise damaged(path, f"says intermediate_size {records.described(width)}, where a head "
                             f"for this target is 1 to {MAX_WIDTH * hidden:,} wide", restart_how)
     return width
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a checkpoint file beside ``path`` under a new name, then
+    rename it into place: a kill leaves the old file whole. The name is
+    made anew (``mkstemp``), so a link left under a name it might take
+    is never written through; ``.part-`` files a killed run left are
+    removed when the folder is taken (folders.hold_training_folder)."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{folders.PART}{path.stem}.", suffix=path.suffix,
+                               dir=path.parent)  # same suffix: mx.save_safetensors keeps it
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def present(path: Path, restart_how: str) -> bool:
+    """Whether the checkpoint file ``path`` is there: a regular file (True),
+    nothing (False), or anything else, said to be damaged (a FIFO would
+    block the reader, a folder the writer)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise damaged(path, f"is a link to {os.readlink(path)}, which is not "
+                                     "there", restart_how) from None
+        return False
+    except OSError as exc:
+        raise damaged(path, f"cannot be read ({exc.strerror or exc})",
+                                 restart_how) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise damaged(path, f"is {records.file_kind(st.st_mode)}, not a regular "
+                                 "file", restart_how)
+    return True

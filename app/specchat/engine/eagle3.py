@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.rope_utils import initialize_rope
 
@@ -156,6 +157,18 @@ class Eagle3Head(nn.Module):
     def rows(self) -> mx.array:
         """The target id of each draft vocabulary column."""
         return mx.arange(self.config.draft_vocab_size, dtype=mx.int32) + self.d2t
+
+    def published_weights(self, draft_ids: list[int], vocab: int) -> dict[str, mx.array]:
+        """Its weights as a head folder holds them (the published layout
+        eagle3_format reads): the layers, and the map from its draft ids to
+        the target's ``vocab`` ids (d2t offsets, a t2d mask)."""
+        out = {k: v for k, v in tree_flatten(self.parameters()) if k != "d2t"}
+        ids = mx.array(draft_ids, dtype=mx.int64)
+        out["d2t"] = ids - mx.arange(len(draft_ids), dtype=mx.int64)
+        t2d = mx.zeros((vocab,), dtype=mx.bool_)
+        t2d[ids] = True
+        out["t2d"] = t2d
+        return out
 
 
 def load_head(head: Head, target, policy, name: str, target_name: str) -> Eagle3Head:

@@ -40,8 +40,6 @@ import itertools
 import json
 import os
 import random
-import stat
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -74,44 +72,6 @@ from specchat.engine.modes import HYBRID, PLAIN, SUFFIX
 STEP_WEIGHT = 0.8  # the loss of draft position j weighs 0.8^(j-1)
 MIN_PIECES = 8  # kept pieces before each labelled piece earns its full share of updates
 BUFFER_BYTES = 1 << 30  # the kept features' memory, at most
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write`` a checkpoint file beside ``path`` under a new name, then
-    rename it into place: a kill leaves the old file whole. The name is
-    made anew (``mkstemp``), so a link left under a name it might take
-    is never written through; ``.part-`` files a killed run left are
-    removed when the folder is taken (folders.hold_training_folder)."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{folders.PART}{path.stem}.", suffix=path.suffix,
-                               dir=path.parent)  # same suffix: mx.save_safetensors keeps it
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _checkpoint_file(path: Path, restart_how: str) -> bool:
-    """Whether the checkpoint file ``path`` is there: a regular file (True),
-    nothing (False), or anything else, said to be damaged (a FIFO would
-    block the reader, a folder the writer)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise checkpoint.damaged(path, f"is a link to {os.readlink(path)}, which is not "
-                                     "there", restart_how) from None
-        return False
-    except OSError as exc:
-        raise checkpoint.damaged(path, f"cannot be read ({exc.strerror or exc})",
-                                 restart_how) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise checkpoint.damaged(path, f"is {records.file_kind(st.st_mode)}, not a regular "
-                                 "file", restart_how)
-    return True
 
 
 def _fingerprint(engine) -> str:
@@ -188,16 +148,6 @@ def _padded(x: mx.array, n: int) -> mx.array:
     return mx.concatenate([x, mx.zeros((n - x.shape[0],), dtype=x.dtype)])
 
 
-def _head_weights(head: Eagle3Head, draft_ids: list[int], vocab: int) -> dict[str, mx.array]:
-    out = {k: v for k, v in tree_flatten(head.parameters()) if k != "d2t"}
-    ids = mx.array(draft_ids, dtype=mx.int64)
-    out["d2t"] = ids - mx.arange(len(draft_ids), dtype=mx.int64)
-    t2d = mx.zeros((vocab,), dtype=mx.bool_)
-    t2d[ids] = True
-    out["t2d"] = t2d
-    return out
-
-
 def _read_tensors(path: Path, restart_how: str) -> dict[str, mx.array]:
     """A checkpoint's safetensors file (MLX checks its header against the
     file's size: a cut-short file is said to be)."""
@@ -215,22 +165,6 @@ def _described(arrays: dict[str, mx.array]) -> dict[str, checkpoint.Tensor]:
                 "int" if mx.issubdtype(a.dtype, mx.integer) else str(a.dtype))
 
     return {name: (tuple(a.shape), kind(a)) for name, a in arrays.items()}
-
-
-def _output_rows(runner, rows: mx.array) -> mx.array | None:
-    """The target's output layer's rows for ``rows`` in float32, dequantized
-    from a 4- or 8-bit layer (most MLX models on the Hub)."""
-    w = runner.head_weight()
-    if w is not None:
-        return w[rows].astype(mx.float32)
-    layer = runner.head
-    layer = getattr(layer, "__self__", layer)  # a tied head: the embedding's as_linear
-    if isinstance(layer, nn.QuantizedLinear | nn.QuantizedEmbedding):
-        biases = layer.biases[rows] if getattr(layer, "biases", None) is not None else None
-        return mx.dequantize(layer.weight[rows], layer.scales[rows], biases,
-                             group_size=layer.group_size, bits=layer.bits,
-                             mode=getattr(layer, "mode", "affine")).astype(mx.float32)
-    return None
 
 
 class _StepCache:
@@ -308,7 +242,7 @@ class _Trainer:
         self.buffer: list[tuple[mx.array, mx.array, mx.array]] = []  # (feats, labels, ids)
         self.cancelled: threading.Event | None = None
         self.rng = random.Random(plan.seed + 1)
-        w = _output_rows(self.runner, self.rows)
+        w = self.runner.output_rows(self.rows)
         if w is not None and not self.resumed:  # the target's own output layer (its rows)
             self.head.lm_head.weight = w
             norm = getattr(self.runner.trunk, "norm", None)  # and its final norm
@@ -332,14 +266,14 @@ class _Trainer:
         regular file, is a damaged checkpoint, said to be; it used to be
         started over silently, the training it stood for written over."""
         how = self.plan.restart_how
-        if not _checkpoint_file(self.out / TRAINING_STATE, how):
+        if not checkpoint.present(self.out / TRAINING_STATE, how):
             return None
         state = checkpoint.read_state(self.out, vocab, how)
         if state.target != fingerprint:
             raise EngineError(f"{self.out} holds a head trained for another target; nothing was "
                               f"changed. Train into another folder, or to start over in that "
                               f"one, {how}.")
-        if not _checkpoint_file(self.out / "model.safetensors", how):
+        if not checkpoint.present(self.out / "model.safetensors", how):
             if state.step == 0:
                 return None
             raise checkpoint.damaged(self.out / "model.safetensors",
@@ -355,12 +289,12 @@ class _Trainer:
         path = self.out / "model.safetensors"
         weights = _read_tensors(path, how)
         checkpoint.check_tensors(path, _described(weights), _described(
-            _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)), how)
+            self.head.published_weights(self.state.draft_ids, self.config.vocab_size)), how)
         checkpoint.check_map(path, weights["d2t"].tolist(), self.state, how)
         self.head.load_weights([(k, v) for k, v in weights.items() if k not in ("d2t", "t2d")],
                                strict=False)
         path = self.out / TRAINING_OPTIMIZER
-        if _checkpoint_file(path, how):
+        if checkpoint.present(path, how):
             flat = _read_tensors(path, how)
             scalars = {"step": ((), "int"), "learning_rate": ((), "float")}
             checkpoint.check_tensors(path, _described(flat), {**scalars, **{
@@ -379,12 +313,12 @@ class _Trainer:
         if not self._claimed:  # step 0: a run killed before its head is saved is no checkpoint
             records.write_json(out / TRAINING_STATE, asdict(replace(self.state, step=0)))
             self._claimed = True
-        weights = _head_weights(self.head, self.state.draft_ids, self.config.vocab_size)
-        _write_atomic(out / "model.safetensors",
+        weights = self.head.published_weights(self.state.draft_ids, self.config.vocab_size)
+        checkpoint.write_atomic(out / "model.safetensors",
                       lambda p: mx.save_safetensors(str(p), weights))
         opt = dict(tree_flatten(self.optimizer.state))
         if opt:
-            _write_atomic(out / TRAINING_OPTIMIZER,
+            checkpoint.write_atomic(out / TRAINING_OPTIMIZER,
                           lambda p: mx.save_safetensors(str(p), opt))
         config = published_config(self.config, self.layers, self.engine.target.info.name)
         records.write_json(out / "config.json", config, indent=2)

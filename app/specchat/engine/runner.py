@@ -174,3 +174,18 @@ class Runner:
             return self.head.weight
         emb = self.trunk.embed_tokens  # a tied head: the embedding's as_linear
         return emb.weight if isinstance(emb, nn.Embedding) else None
+
+    def output_rows(self, rows: mx.array) -> mx.array | None:
+        """The output layer's rows for the ids ``rows`` in float32,
+        dequantized from a 4- or 8-bit layer (most MLX models on the Hub);
+        None for a layer of another kind (a trained head starts from them)."""
+        w = self.head_weight()
+        if w is not None:
+            return w[rows].astype(mx.float32)
+        layer = getattr(self.head, "__self__", self.head)  # a tied head: the embedding's
+        if isinstance(layer, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            biases = layer.biases[rows] if getattr(layer, "biases", None) is not None else None
+            return mx.dequantize(layer.weight[rows], layer.scales[rows], biases,
+                                 group_size=layer.group_size, bits=layer.bits,
+                                 mode=getattr(layer, "mode", "affine")).astype(mx.float32)
+        return None
