@@ -52,11 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.engine.folders import MODEL_JSON  # the JSON files loading reads
-from specchat.errors import SpecChatError
 from specchat.library import disk, hub_files, hub_net, index, paths
 from specchat.library.catalog import load_catalog
 from specchat.library.errors import LibraryError
 from specchat.library.facts import read_folder
+from specchat.library.hub_ref import HubRef, parse_ref
 from specchat.library.index import InstalledModel
 from specchat.library.progress import DownloadProgress
 from specchat.library.units import size_text
@@ -71,73 +71,10 @@ PROGRESS_INTERVAL = 0.1
 _PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # always fullmatch: "$" lets a trailing newline through
 _BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob id or a SHA-256
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class DownloadCancelled(LibraryError):
     """The user cancelled; finished files are kept for the next pull."""
-
-
-@dataclass(frozen=True)
-class HubRef:
-    repo: str
-    revision: str | None = None
-
-    @property
-    def ref(self) -> str:
-        return f"hf:{self.repo}" + (f"@{self.revision}" if self.revision else "")
-
-    @property
-    def name(self) -> str:
-        return self.repo.split("/", 1)[1]
-
-
-def parse_ref(ref: str) -> HubRef:
-    """``hf:org/repo[@revision]`` (the ``hf:`` prefix is optional here)."""
-    body = ref[3:] if ref.startswith("hf:") else ref
-    repo, _, revision = body.partition("@")
-    repo = repo.strip().strip("/")
-    if not _REPO.match(repo):
-        raise LibraryError(
-            f"{ref!r} is not a Hub reference: use hf:org/repo or hf:org/repo@revision, "
-            "e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit")
-    revision = revision.strip()
-    if revision and (why := _bad_revision(revision)):
-        raise LibraryError(
-            f"{ref!r}: {revision!r} is not a revision ({why}); use a branch or tag name "
-            "(e.g. main, v1.0, refs/pr/1) or a 40-character commit id.")
-    return HubRef(repo, revision or None)
-
-
-# Characters a git ref name cannot contain (``git check-ref-format``) besides
-# control characters.
-_REF_FORBIDDEN = " ~^:?*[\\"
-
-
-def _bad_revision(revision: str) -> str | None:
-    """Why a revision cannot be a git branch, tag or commit id, or None.
-
-    A revision is sent to the Hub and becomes a file under the cache's
-    ``refs/``, so it must stay one name inside that folder. The rules are
-    git's own (``git check-ref-format``), simple to state and to look up: no
-    control characters, none of ``space ~ ^ : ? * [ \\``, no ``..`` or ``@{``,
-    no leading ``/`` or ``-``, no empty part (``//``, trailing ``/``), no
-    part starting with ``.`` or ending with ``.lock``, not ending with ``.``.
-    """
-    parts = revision.split("/")
-    checks = [
-        (any(ord(c) < 0x20 or ord(c) == 0x7F for c in revision), "it has a control character"),
-        (any(c in _REF_FORBIDDEN for c in revision),
-         f"it has {next((c for c in revision if c in _REF_FORBIDDEN), '')!r}"),
-        (".." in revision, "it has '..'"),
-        ("@{" in revision or revision == "@", "it has '@{'"),
-        (revision.startswith(("/", "-")), f"it starts with {revision[:1]!r}"),
-        ("" in parts, "it has an empty part ('//' or a '/' at the end)"),
-        (any(p.startswith(".") for p in parts), "a part of it starts with '.'"),
-        (any(p.endswith(".lock") for p in parts), "a part of it ends with '.lock'"),
-        (revision.endswith("."), "it ends with '.'"),
-    ]
-    return next((why for bad, why in checks if bad), None)
 
 
 def offline() -> bool:
@@ -231,73 +168,6 @@ class _Tracker:
 
 
 # -- what went wrong, in words ---------------------------------------------------------
-
-
-class HubUnreachable(LibraryError):
-    """The Hub could not be reached or did not answer (no network, DNS,
-    firewall, Hub down): an installed copy may be used instead."""
-
-
-# Exception class names, across huggingface_hub's HTTP stacks (requests in
-# 0.x, httpx in 1.x, httpx2 in 2.x), that mean "no connection at all" or "the
-# connection broke midway".
-_UNREACHABLE = {"ConnectError", "ConnectTimeout", "ConnectionError", "ProxyError",
-                "OfflineModeIsEnabled", "PoolTimeout"}
-_TIMEOUT = {"ReadTimeout", "WriteTimeout", "TimeoutException", "Timeout"}
-_BROKEN = {"ReadError", "RemoteProtocolError", "ChunkedEncodingError", "WriteError",
-           "NetworkError", "TransportError", "_EndedEarly"}
-
-
-def _translate(exc: Exception, hub: HubRef, file: str | None = None) -> SpecChatError:
-    """One sentence a person can act on, for whatever the client raised
-    (``file``: the file being downloaded, None while asking about the repo);
-    what already is one is returned as it is."""
-    from huggingface_hub import errors
-
-    if isinstance(exc, SpecChatError):
-        return exc
-    if isinstance(exc, errors.GatedRepoError):
-        return LibraryError(
-            f"{hub.ref} is gated: accept its terms at https://huggingface.co/{hub.repo} and log "
-            "in with `hf auth login` (SpecChat uses the token huggingface_hub saves).")
-    if isinstance(exc, errors.RevisionNotFoundError):
-        return LibraryError(f"{hub.ref}: revision {hub.revision!r} does not exist on the Hub.")
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if isinstance(exc, errors.RepositoryNotFoundError) or (
-            isinstance(exc, errors.HfHubHTTPError) and status == 401):
-        return LibraryError(
-            f"{hub.ref} was not found on the Hugging Face Hub. Check the name (it is "
-            "case-sensitive, e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit); private repos "
-            "need `hf auth login`.")
-    kinds = hub_net.kinds(exc)
-    where = hub_net.endpoint()
-    _connect, read = hub_net.timeouts()
-    if kinds & _UNREACHABLE:
-        return HubUnreachable(
-            f"Could not reach the Hugging Face Hub at {where} ({type(exc).__name__}) for "
-            f"{hub.ref}. Check the connection; finished files are kept for the next pull.")
-    if kinds & _TIMEOUT:
-        if file is None:
-            return HubUnreachable(
-                f"The Hugging Face Hub at {where} did not answer within {read:g} s about "
-                f"{hub.ref} (SPECCHAT_HUB_TIMEOUT sets how long to wait).")
-        return LibraryError(
-            f"The Hub stopped sending {file} of {hub.ref}: nothing arrived for {read:g} s "
-            "(SPECCHAT_HUB_TIMEOUT sets how long to wait). Finished files are kept; run the "
-            "pull again to continue.")
-    if kinds & _BROKEN:
-        return LibraryError(
-            f"The connection to the Hub broke while downloading {file or hub.ref} "
-            f"({type(exc).__name__}). Finished files are kept; run the pull again to continue.")
-    if isinstance(exc, errors.HfHubHTTPError):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return LibraryError(f"The Hugging Face Hub answered {status} for {hub.ref}: {first}")
-    if isinstance(exc, OSError):
-        return LibraryError(
-            f"Download of {hub.ref} failed ({exc}). Finished files are kept; run the pull "
-            "again to continue.")
-    return LibraryError(f"Download of {hub.ref} failed: {type(exc).__name__}: {exc}")
 
 
 # -- what the repo has -------------------------------------------------------------------
@@ -418,8 +288,8 @@ def pull(ref: str, progress: Callable[[DownloadProgress], None] | None = None,
     try:
         commit, files, names = _remote_files(hub, asking.tick)
     except Exception as exc:  # noqa: BLE001 - translated into one message
-        err = _translate(exc, hub)
-        if have is not None and isinstance(err, HubUnreachable):
+        err = hub_net.translate(exc, hub)
+        if have is not None and isinstance(err, hub_net.HubUnreachable):
             return _fall_back(hub, have, progress, cancelled, "Could not reach the Hub;")
         if err is exc:
             raise
@@ -616,7 +486,7 @@ def _fetch(hub: HubRef, commit: str, f: _RemoteFile, storage: Path, tracker: _Tr
             raise
         except BaseException as exc:
             sink.close()  # kept: the next pull resumes it
-            err = _translate(exc, hub, f.name) if isinstance(exc, Exception) else exc
+            err = hub_net.translate(exc, hub, f.name) if isinstance(exc, Exception) else exc
             if err is exc:
                 raise
             raise err from exc

@@ -42,12 +42,16 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, urlsplit
 
 from specchat import values
+from specchat.errors import SpecChatError
 from specchat.library.errors import LibraryError
 from specchat.library.units import size_text
+
+if TYPE_CHECKING:
+    from specchat.library.hub_ref import HubRef
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 30.0
@@ -388,3 +392,72 @@ def _first_bytes(q: queue.Queue, tick: Tick, limit: int = 65536) -> bytes:
             break
         got += value
     return got
+
+
+# -- what went wrong, in words ----------------------------------------------------------
+
+class HubUnreachable(LibraryError):
+    """The Hub could not be reached or did not answer (no network, DNS,
+    firewall, Hub down): an installed copy may be used instead."""
+
+
+# Exception class names, across huggingface_hub's HTTP stacks (requests in
+# 0.x, httpx in 1.x, httpx2 in 2.x), that mean "no connection at all" or "the
+# connection broke midway".
+_UNREACHABLE = {"ConnectError", "ConnectTimeout", "ConnectionError", "ProxyError",
+                "OfflineModeIsEnabled", "PoolTimeout"}
+_TIMEOUT = {"ReadTimeout", "WriteTimeout", "TimeoutException", "Timeout"}
+_BROKEN = {"ReadError", "RemoteProtocolError", "ChunkedEncodingError", "WriteError",
+           "NetworkError", "TransportError", "_EndedEarly"}
+
+
+def translate(exc: Exception, hub: HubRef, file: str | None = None) -> SpecChatError:
+    """One sentence a person can act on, for whatever the client raised
+    (``file``: the file being downloaded, None while asking about the repo);
+    what already is one is returned as it is."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, SpecChatError):
+        return exc
+    if isinstance(exc, errors.GatedRepoError):
+        return LibraryError(
+            f"{hub.ref} is gated: accept its terms at https://huggingface.co/{hub.repo} and log "
+            "in with `hf auth login` (SpecChat uses the token huggingface_hub saves).")
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return LibraryError(f"{hub.ref}: revision {hub.revision!r} does not exist on the Hub.")
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(exc, errors.RepositoryNotFoundError) or (
+            isinstance(exc, errors.HfHubHTTPError) and status == 401):
+        return LibraryError(
+            f"{hub.ref} was not found on the Hugging Face Hub. Check the name (it is "
+            "case-sensitive, e.g. hf:mlx-community/Qwen2.5-0.5B-Instruct-4bit); private repos "
+            "need `hf auth login`.")
+    found = kinds(exc)
+    where = endpoint()
+    _connect, read = timeouts()
+    if found & _UNREACHABLE:
+        return HubUnreachable(
+            f"Could not reach the Hugging Face Hub at {where} ({type(exc).__name__}) for "
+            f"{hub.ref}. Check the connection; finished files are kept for the next pull.")
+    if found & _TIMEOUT:
+        if file is None:
+            return HubUnreachable(
+                f"The Hugging Face Hub at {where} did not answer within {read:g} s about "
+                f"{hub.ref} (SPECCHAT_HUB_TIMEOUT sets how long to wait).")
+        return LibraryError(
+            f"The Hub stopped sending {file} of {hub.ref}: nothing arrived for {read:g} s "
+            "(SPECCHAT_HUB_TIMEOUT sets how long to wait). Finished files are kept; run the "
+            "pull again to continue.")
+    if found & _BROKEN:
+        return LibraryError(
+            f"The connection to the Hub broke while downloading {file or hub.ref} "
+            f"({type(exc).__name__}). Finished files are kept; run the pull again to continue.")
+    if isinstance(exc, errors.HfHubHTTPError):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return LibraryError(f"The Hugging Face Hub answered {status} for {hub.ref}: {first}")
+    if isinstance(exc, OSError):
+        return LibraryError(
+            f"Download of {hub.ref} failed ({exc}). Finished files are kept; run the pull "
+            "again to continue.")
+    return LibraryError(f"Download of {hub.ref} failed: {type(exc).__name__}: {exc}")
