@@ -173,7 +173,7 @@ def test_bench_under_a_background_load(tmp_path, tiny_target, tiny_draft):
     assert "background load: 2 spinning processes" in p.stdout
     bad = _bench("--target", str(tiny_target), "--draft", str(tiny_draft), "--prompts",
                  str(prompts), "--background-load", "-1")
-    assert bad.returncode == 1 and "--background-load must be 0 or more" in bad.stderr
+    assert bad.returncode == 2 and "background load must be a whole number from 0 to 256" in bad.stderr
 
 
 def test_bench_with_a_session_history(tmp_path, tiny_target, tiny_draft):
