@@ -10,11 +10,11 @@ import json
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
+from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
 from specchat.library import refs
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
 from tinymodels import build_eagle3
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3

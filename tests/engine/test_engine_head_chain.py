@@ -5,6 +5,7 @@ exactly as it reads its own drafts, and the reply stays plain decoding's."""
 from __future__ import annotations
 
 import pytest
+from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine import drafter_kinds
 from specchat.engine.costs import CostModel
 from specchat.engine.draft_policy import DraftPolicy
@@ -14,7 +15,6 @@ from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.session import Engine
 from specchat.engine.suffix import SuffixDrafter, stats_key
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
 from tinymodels import add_mtp, build_arch, build_eagle3
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3

@@ -8,11 +8,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
+from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine import modes
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
 from tinymodels import add_mtp, build_arch
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3

@@ -10,11 +10,11 @@ import random
 
 import numpy as np
 import pytest
+from sampling_checks import check_distribution
 from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 from specchat.engine.history import History
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.suffix_index import SEP, SuffixIndex, continuation
-from test_engine_sampling import check_distribution
 
 
 def _hybrid() -> HybridDrafter:

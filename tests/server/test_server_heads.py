@@ -8,10 +8,9 @@ from __future__ import annotations
 import http.client
 import json
 
+from server_support import Serving, post
 from specchat import cli
 from specchat.library import importing
-from test_server_api import post
-from test_server_serve import Serving
 from tinymodels import build_eagle3
 
 PROMPT = "Hello, world! Hello, world!"  # the tiny target's reply runs past 24 tokens

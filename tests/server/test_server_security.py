@@ -16,35 +16,14 @@ import threading
 import time
 
 import pytest
+from server_support import call, error
 
 PROMPT = "Hello, world! How are you today?"
-
-
-def call(port: int, method: str, path: str, body: bytes | None = None,
-         headers: dict | None = None, host: str = "127.0.0.1") -> tuple[int, dict, str]:
-    """One raw request to ``/v1<path>`` with exactly these headers over
-    the defaults (a loopback Host with the port, a JSON body); a header
-    given as None is not sent. (status, lower-cased headers, body text)."""
-    defaults = {"Host": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"}
-    if body is not None:
-        defaults["Content-Type"] = "application/json"
-    sent = {k: v for k, v in {**defaults, **(headers or {})}.items() if v is not None}
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    try:
-        conn.request(method, "/v1" + path, body, sent)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
-    finally:
-        conn.close()
 
 
 def chat_body(model: str, content: str = PROMPT, **extra) -> bytes:
     return json.dumps({"model": model, "max_tokens": 2, "temperature": 0,
                        "messages": [{"role": "user", "content": content}], **extra}).encode()
-
-
-def error(text: str) -> dict:
-    return json.loads(text)["error"]
 
 
 @pytest.fixture
