@@ -59,7 +59,7 @@ class _QuantizedCache:
 def test_only_what_the_block_path_computes_exactly_goes_there(monkeypatch):
     """Everything else reaches mlx-lm's function with its arguments as given."""
     seen = []
-    wrapped = attention._wrap(lambda *a, **kw: seen.append((a, kw)) or "base")
+    wrapped = attention.wrap(lambda *a, **kw: seen.append((a, kw)) or "base")
     blocks = []
     monkeypatch.setattr(attention, "block_attention", lambda *a, **kw: blocks.append(kw) or "blocks")
     q2, k, v = mx.zeros((1, 4, 2, 8)), mx.zeros((1, 2, 6, 8)), mx.zeros((1, 2, 6, 8))
