@@ -485,5 +485,5 @@ def test_nesting_is_counted_outside_strings_only():
                 check_nesting(body, limit=depth - 1)
             # ... naming where: its first steps (records.deep_path).
             steps = first_at(value, depth, [])
-            where = records._path(steps[:8]) + ("..." if depth - 1 > 8 else "")
+            where = records.field_path(steps[:8]) + ("..." if depth - 1 > 8 else "")
             assert e.value.param == (where or None), (body, steps)
