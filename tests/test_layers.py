@@ -375,3 +375,21 @@ print(sorted(n for n in sys.modules if n.split(".")[0] in heavy))
 """, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_no_test_file_imports_another():
+    """What test files share lives in helper modules or fixtures: a test
+    file imported by another runs its module-level fixtures and setup
+    twice, and ties the two together (docs/architecture.md, "Tests")."""
+    import ast
+
+    tests = Path(__file__).resolve().parent
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            found += [f"{path.relative_to(tests)}: {m}" for m in modules
+                      if m.split(".")[-1] in names]
+    assert found == []
