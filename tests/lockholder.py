@@ -70,5 +70,5 @@ def newer_history(path: Path, title: str, versions_ahead: int = 1) -> None:
     conn = db.connect(path)
     conn.execute("INSERT INTO conversations(title, created_at, updated_at) VALUES (?, 0, 0)",
                  (title,))
-    conn.execute(f"PRAGMA user_version={len(db._MIGRATIONS) + versions_ahead}")
+    conn.execute(f"PRAGMA user_version={db.SCHEMA_VERSION + versions_ahead}")
     conn.close()

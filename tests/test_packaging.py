@@ -7,6 +7,8 @@ import struct
 import tomllib
 from pathlib import Path
 
+from app_imports import imported_top_modules
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -105,20 +107,6 @@ def app_icon() -> str:
     return _briefcase(ROOT / "pyproject.toml")["app"]["specchat"]["icon"]
 
 
-def _imported_top_modules() -> set[str]:
-    import ast
-    import sys
-
-    names: set[str] = set()
-    for path in (ROOT / "app" / "specchat").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n != "specchat"}
-
-
 def test_every_package_the_app_imports_is_declared_and_installed_at_its_bound():
     """A package used directly must be a declared dependency (pyproject and the
     Briefcase app alike), and the installed one must meet the declared lower
@@ -138,7 +126,7 @@ def test_every_package_the_app_imports_is_declared_and_installed_at_its_bound():
     bundled = {canonicalize_name(Requirement(r).name)
                for platform in ("macOS", "linux") for r in bundle_requires(platform)}
     owners = metadata.packages_distributions()
-    for module in sorted(_imported_top_modules()):
+    for module in sorted(imported_top_modules()):
         dists = {canonicalize_name(d) for d in owners.get(module, [])} & declared.keys()
         assert dists, f"the app imports {module} but pyproject.toml does not declare it"
         for name in dists:

@@ -314,6 +314,93 @@ def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vo
     return folder
 
 
+# -- heads that are right part of the time ------------------------------------------------
+# A random head is never right, so a test with one sees drafts rejected and
+# never accepted; these agree with their target on some tokens and not on
+# others, by construction (no training), so tests see blocks accepted in
+# part and the rollback after them.
+
+
+def build_partial_eagle3(folder: Path, target: Path, *, layout: str = "eagle3") -> Path:
+    """An EAGLE-3 head for ``target`` (the tiny llama target) that is right
+    part of the time: two layers that copy the target's first two (its
+    other four barely move the residual stream), run over the head's own
+    rows as the target runs over its positions. Row p sits at position p + 1
+    with that token's embedding, so the head computes much of what the
+    target's first layers compute for the token at p + 1, and reads it out
+    through the target's norm and output layer. Much, not all: its first
+    layer's residual is nothing where the target's is the embedding
+    (``norm_before_residual`` with a zero ``hidden_norm``), and its rows lack
+    the target's position 0, which a random model's choices hang on. So it
+    drafts the target's next token where the reply repeats itself (the
+    tiny target's greedy replies settle into loops) and now and then
+    elsewhere, and is wrong on most new text. It reads none of the target's
+    features (``fc`` is zero): a test of what a head makes of them uses
+    ``build_eagle3``'s random heads."""
+    import mlx.core as mx
+
+    tcfg = json.loads((target / "config.json").read_text())
+    hidden, vocab = tcfg["hidden_size"], tcfg["vocab_size"]
+    build_eagle3(folder, target, layout=layout, draft_vocab=vocab)
+    config = json.loads((folder / "config.json").read_text())
+    (config.get("transformer_layer_config") or config).update(
+        num_hidden_layers=2, num_attention_heads=tcfg["num_attention_heads"],
+        num_key_value_heads=tcfg["num_key_value_heads"],
+        intermediate_size=tcfg["intermediate_size"])
+    config["norm_before_residual"] = True
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    src = mx.load(str(target / "model.safetensors"))
+    weights = {"fc.weight": mx.zeros((hidden, 3 * hidden)), "norm.weight": src["model.norm.weight"],
+               "lm_head.weight": src["lm_head.weight"],
+               "d2t": mx.zeros((vocab,), dtype=mx.int64), "t2d": mx.ones((vocab,), dtype=mx.bool_)}
+    for i in range(2):
+        mine = "midlayer." if i == 0 and layout == "eagle3" else f"layers.{i}."
+        theirs = {k[len(f"model.layers.{i}."):]: v for k, v in src.items()
+                  if k.startswith(f"model.layers.{i}.")}
+        for name, v in theirs.items():
+            if i == 0 and name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                   "self_attn.v_proj.weight"):
+                v = mx.concatenate([v, mx.zeros_like(v)], axis=1)  # reads [embedding; features]
+            weights[mine + name] = v
+    weights["midlayer.hidden_norm.weight" if layout == "eagle3" else
+            "layers.0.hidden_norm.weight"] = mx.zeros((hidden,))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+def build_partial_mtp_target(folder: Path, tokenizer_dir: Path, seed: int = 8) -> Path:
+    """A tiny Qwen3.5 whose MTP head is right part of the time. Its layers'
+    outputs are scaled by 0.2, so its next token is often (not always) the
+    one its output layer reads off the last token's embedding alone; its
+    head drafts exactly that (``fc`` passes the embedding on, its layer is
+    silent, its norm is the target's), so it is right where the target
+    reads only the last token, wrong where its layers and their recurrent
+    state change its mind."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+    from specchat.engine.mtp import MTPModule
+
+    quiet = {k: 0.2 for k in ("o_proj.weight", "out_proj.weight", "down_proj.weight")}
+    build_model(folder, tokenizer_dir, seed=seed, **{**ARCHS["qwen3_5"], "amplify": quiet})
+    model, _ = load_model(folder)
+    lm = model.language_model
+    hidden = lm.args.hidden_size
+    mx.random.seed(seed)
+    head = MTPModule(type(lm.model.layers[0]), lm.args, 1)
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    for k, v in tree_flatten(head.parameters()):
+        if k == "fc.weight":  # [embedding; hidden state] -> the embedding
+            v = mx.concatenate([mx.eye(hidden), mx.zeros((hidden, hidden))], axis=1)
+        elif k.endswith(("o_proj.weight", "down_proj.weight")):
+            v = mx.zeros_like(v)
+        elif k == "norm.weight":
+            v = lm.model.norm.weight
+        weights[f"mtp.{k}"] = v
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
 # Qwen3's chat template as it ships (tools in the system turn, calls as
 # <tool_call> JSON, results as <tool_response> in a user turn, the
 # reasoning of turns after the last query under reasoning_content, the

@@ -216,7 +216,7 @@ def deep_path(data: str | bytes, limit: int) -> str:
         colons = np.flatnonzero(mine & (s[start:end] == 0x3A))
         k = np.searchsorted(quotes, where[start + colons[-1]]) if colons.size else 0
         steps.append(_key(body[quotes[k - 2]:quotes[k - 1] + 1]) if k >= 2 else "")
-    return _path(steps) + ("..." if limit > _SHOWN_STEPS else "")
+    return field_path(steps) + ("..." if limit > _SHOWN_STEPS else "")
 
 
 def _key(token: bytes) -> str:
@@ -227,7 +227,11 @@ def _key(token: bytes) -> str:
     return key if isinstance(key, str) else ""
 
 
-def _path(steps: list[int | str]) -> str:
+def field_path(steps: list[int | str]) -> str:
+    """How a request names the value at ``steps`` (``messages[1].content``):
+    a key that is a name after a dot, any other in brackets as JSON, an
+    index in brackets. Public: the one spelling of it, which the tests of
+    the places named (``deep_path``) spell their expectations with."""
     parts = []
     for step in steps:
         if isinstance(step, int):

@@ -7,6 +7,7 @@ session in tests/conftest.py."""
 from __future__ import annotations
 
 import pytest
+from specchat.engine import attention
 from specchat.engine.session import Engine
 from tinymodels import build_arch
 
@@ -41,3 +42,20 @@ def arch_models(tiny_dir, tiny_tokenizer):
         return built[arch]
 
     return get
+
+
+@pytest.fixture
+def block_rows(monkeypatch) -> list[int]:
+    """The rows of each call of the CPU's block attention
+    (attention.block_attention) from here on, in order (a test clears it
+    after loading, whose warm-up runs some): which forwards take the block
+    path, for tests of attention.py and of what it patches."""
+    seen: list[int] = []
+    real = attention.block_attention
+
+    def spy(q, *args, **kwargs):
+        seen.append(q.shape[2])
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "block_attention", spy)
+    return seen

@@ -258,10 +258,10 @@ def test_bench_with_a_draft_head(tmp_path, tiny_dir, tiny_target, tiny_draft):
 def test_the_report_names_every_origin_a_mode_drew_tokens_from():
     """A head's tokens are shown as the head's, between the suffix drafts'
     and the target's own, beside the origins every report shows."""
-    from specchat.tools.bench_report import _sources
+    from specchat.tools.bench_report import sources
 
     mode = {"tokens_by_origin": {"target": 6, "head": 3, "conversation": 1}}
-    lines = _sources({"modes": {"head+suffix": mode}, "by_kind": {}})
+    lines = sources({"modes": {"head+suffix": mode}, "by_kind": {}})
     assert lines[1] == "where the tokens came from (share of all tokens)"
     assert lines[2].split(None, 2)[2] == ("draft 0% conversation 10% history 0% head 30% "
                                           "target 60%")

@@ -79,7 +79,7 @@ def _run(engine: Engine, request: GenerateRequest, timing,
     (default: the model's); ``slot``: the target's cache (default: a new
     one); ``on_step``: also called with each step's event."""
     ids = engine.prompt_ids(request)
-    drafter, mode = engine._drafter(modes.get(request.draft.mode))
+    drafter, mode = engine.drafter_for(modes.get(request.draft.mode))
     policy = DraftPolicy(request.draft.k, engine.cost_model, timing=timing)
     runner = engine.target_runner
     events: list[StepEvent] = []
@@ -92,7 +92,7 @@ def _run(engine: Engine, request: GenerateRequest, timing,
 
     result = decode(Decoding(slot or CacheSlot(runner), engine.target.tokenizer, ends, ids,
                              request, drafter, policy, mode.name,
-                             int(runner.head_weight().shape[0])), step)
+                             engine.vocab), step)
     return result.token_ids, events, result.summary
 
 

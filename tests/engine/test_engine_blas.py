@@ -62,7 +62,7 @@ def test_mlx_own_blas_can_be_chosen():
 
 
 @linux
-@pytest.mark.skipif(not any(os.path.exists(p) for p in blas._LIBRARIES["openblas"]),
+@pytest.mark.skipif(not any(os.path.exists(p) for p in blas.LIBRARIES["openblas"]),
                     reason="OpenBLAS, the fallback, is not installed here")
 def test_openblas_can_be_chosen():
     st = _probe(SPECCHAT_BLAS="openblas")

@@ -16,11 +16,11 @@ import mlx_lm.models
 import pytest
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.utils import _get_classes
+from sampling_checks import check_distribution
 from specchat.engine import rollback
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
 from specchat.engine.window_kv import WindowKVCache
-from test_engine_sampling import check_distribution
 from tinymodels import ARCHS
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3  # 24 tokens: past gemma's window of 8

@@ -1,6 +1,9 @@
-"""EAGLE-3 draft heads (engine/eagle3.py): random heads for the tiny target
-in both published layouts, loaded as the draft. Replies are plain
-decoding's, drafts come from the target's own hidden states, and a head
+"""EAGLE-3 draft heads (engine/eagle3.py) for the tiny target in both
+published layouts, loaded as the draft: random ones, whose drafts are
+checked against what the head computes from the target's hidden states,
+and ones right part of the time (tinymodels.build_partial_eagle3), whose
+blocks are accepted in part and rolled back after each rejection (checked
+at every step, head_checks.py). Replies are plain decoding's, and a head
 made for another model is refused in words."""
 
 from __future__ import annotations
@@ -9,13 +12,14 @@ import json
 
 import mlx.core as mx
 import pytest
+from head_checks import accepted_in_part, generate_checked
 from mlx_lm.models.cache import KVCache
+from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
 from specchat.library import refs
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
-from tinymodels import build_eagle3
+from tinymodels import build_eagle3, build_partial_eagle3
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
 
@@ -29,19 +33,45 @@ def head_engine(request, tiny_dir, tiny_target):
     return e
 
 
+@pytest.fixture(scope="module", params=["eagle3", "speculators"])
+def partial_engine(request, tiny_dir, tiny_target):
+    """The tiny target with a head that is right part of the time as its draft."""
+    head = build_partial_eagle3(tiny_dir / f"eagle3-partial-{request.param}", tiny_target,
+                                layout=request.param)
+    e = Engine()
+    assert e.load(tiny_target, head).draft.model_type == "eagle3"
+    return e
+
+
+def _request(mode, k=None, max_tokens=48) -> GenerateRequest:
+    """Adaptive K without break-even auto-off, which reads the clock: the
+    same blocks every run."""
+    return GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
+                           draft=DraftSettings(mode=mode, k=k, auto_off=False))
+
+
 def _gen(engine, mode, k=None, max_tokens=48, **kw):
-    return engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
-                                           draft=DraftSettings(mode=mode, k=k)), **kw)
+    return engine.generate(_request(mode, k, max_tokens), **kw)
 
 
-def test_a_head_drafts_and_the_reply_is_plain_decoding(head_engine):
-    plain = _gen(head_engine, "plain").token_ids
+def _partly_right(engine, mode, k=None, max_tokens=48):
+    """A reply the head drafted, accepted in part, with only committed rows
+    in the caches after every step; its tokens."""
+    r, check = generate_checked(engine, "eagle3", _request(mode, k, max_tokens))
+    accepted_in_part(r, check, "eagle3")
+    return r.token_ids
+
+
+def test_a_head_drafts_and_the_reply_is_plain_decoding(partial_engine):
+    """In every mode and K: some drafts accepted, some not, the caches back
+    to the committed rows after each rejection, the reply plain decoding's,
+    and the accepted drafts counted as the head's tokens."""
+    plain = _gen(partial_engine, "plain").token_ids
     for mode, k in [("draft", 3), ("draft", None), ("hybrid", None), ("hybrid", 2)]:
-        r = _gen(head_engine, mode, k)
+        r, check = generate_checked(partial_engine, "eagle3", _request(mode, k))
         assert r.token_ids == plain, (mode, k)
-        got = r.summary.drafted_by.get("eagle3", {})
-        assert got.get("drafted", 0) > 0, (mode, k)
-        assert r.summary.tokens_by_origin.get("head", 0) == got["accepted"]
+        got = accepted_in_part(r, check, "eagle3")
+        assert r.summary.tokens_by_origin.get("head", 0) == got["accepted"], (mode, k)
 
 
 def test_the_first_draft_is_the_heads_prediction_from_three_target_layers(head_engine):
@@ -157,12 +187,14 @@ def test_a_heads_rope_scaling_is_built_as_mlx_lm_builds_it(tiny_dir, tiny_target
     """A Llama 3.1 head's "llama3" rope scaling: the loaded head's rotary
     embedding gives what mlx-lm's own Llama attention gives for the same
     config (and not what unscaled frequencies would), and it still drafts
-    plain decoding's reply."""
+    plain decoding's reply (a head right part of the time, its positions
+    now scaled)."""
     from mlx_lm.models import llama
 
-    folder = build_eagle3(tiny_dir / "eagle3-llama3-rope", tiny_target,
-                          rope_scaling=LLAMA3_SCALING)
+    folder = build_partial_eagle3(tiny_dir / "eagle3-llama3-rope", tiny_target)
     layer = json.loads((folder / "config.json").read_text())
+    layer["rope_scaling"] = LLAMA3_SCALING
+    (folder / "config.json").write_text(json.dumps(layer))
     args = llama.ModelArgs.from_dict({**layer, "model_type": "llama", "num_hidden_layers": 1})
     theirs = llama.Attention(args).rope
     e = Engine()
@@ -175,8 +207,7 @@ def test_a_heads_rope_scaling_is_built_as_mlx_lm_builds_it(tiny_dir, tiny_target
     unscaled = mx.fast.rope(x, 16, traditional=False, base=10000.0, scale=1.0, offset=300)
     assert not mx.allclose(ours(x, offset=300), unscaled, atol=1e-3)
     plain = _gen(e, "plain", max_tokens=24).token_ids
-    r = _gen(e, "draft", 3, max_tokens=24)
-    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    assert _partly_right(e, "draft", 3, max_tokens=24) == plain
 
 
 def test_a_rope_scaling_mlx_lm_cannot_build_is_refused_in_words(tiny_dir, tiny_target):
@@ -219,15 +250,17 @@ def test_a_head_whose_config_misstates_its_head_width_loads_by_its_weights(
         tiny_dir, tiny_target):
     """AngelSlim's Qwen3-4B head states head_dim 80 (hidden size over heads)
     while its q_proj holds heads of 128: the weights decide, and the head
-    drafts; a q_proj that is no whole number of heads is refused in words."""
-    folder = build_eagle3(tiny_dir / "eagle3-wide-heads", tiny_target, head_dim=32,
-                          stated_head_dim=16)
+    drafts as its weights say (one right part of the time, stating 32 for
+    its heads of 16); a q_proj that is no whole number of heads is refused
+    in words."""
+    folder = build_partial_eagle3(tiny_dir / "eagle3-wide-heads", tiny_target)
+    config = json.loads((folder / "config.json").read_text())
+    config["head_dim"] = 32  # its q_proj holds heads of 16
+    (folder / "config.json").write_text(json.dumps(config))
     e = Engine()
     e.load(tiny_target, folder)
-    assert e.draft.model.config.head_dim == 32
-    plain = _gen(e, "plain").token_ids
-    r = _gen(e, "draft", 3)
-    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    assert e.draft.model.config.head_dim == 16
+    assert _partly_right(e, "draft", 3) == _gen(e, "plain").token_ids
     odd = build_eagle3(tiny_dir / "eagle3-odd-heads", tiny_target, head_dim=32,
                        stated_head_dim=24)
     config = json.loads((odd / "config.json").read_text())
@@ -242,25 +275,24 @@ def test_a_head_beside_a_draft_model_drafts_in_its_own_modes(tiny_dir, tiny_targ
     """Loaded beside a draft model, a head drafts in ``head`` and
     ``head+suffix`` while ``draft`` keeps the draft model; loading another
     head as the draft then drops the side head, not the new draft."""
-    side = build_eagle3(tiny_dir / "eagle3-side", tiny_target, seed=21)
+    side = build_partial_eagle3(tiny_dir / "eagle3-side", tiny_target)
     e = Engine()
     pair = e.load(tiny_target, tiny_draft, head=side)
     assert pair.head is not None and pair.draft.model_type != "eagle3"
     plain = _gen(e, "plain").token_ids
     for mode in ("head", "head+suffix"):
-        r = _gen(e, mode)
+        r, check = generate_checked(e, "eagle3", _request(mode))
         assert r.token_ids == plain, mode
-        assert r.summary.drafted_by.get("eagle3", {}).get("drafted", 0) > 0, mode
+        accepted_in_part(r, check, "eagle3")
         assert "draft" not in r.summary.drafted_by, mode
     r = _gen(e, "draft", 3)
     assert r.token_ids == plain and r.summary.drafted_by["draft"]["drafted"] > 0
     assert "eagle3" not in r.summary.drafted_by
 
-    other = build_eagle3(tiny_dir / "eagle3-other", tiny_target, seed=22)
+    other = build_partial_eagle3(tiny_dir / "eagle3-other", tiny_target, layout="speculators")
     pair = e.load(tiny_target, other)
     assert pair.head is None and pair.draft.model_type == "eagle3"
-    r = _gen(e, "draft", 3)
-    assert r.token_ids == plain and r.summary.drafted_by["eagle3"]["drafted"] > 0
+    assert _partly_right(e, "draft", 3) == plain
     e.load(tiny_target, tiny_draft)
     with pytest.raises(EngineError, match="drafts with an EAGLE-3 head loaded beside"):
         _gen(e, "head")

@@ -1,21 +1,24 @@
 """A head chained after a suffix draft (head_drafter.propose_after,
 hybrid.py): it reads the suffix's unverified tokens from its own output,
-exactly as it reads its own drafts, and the reply stays plain decoding's."""
+exactly as it reads its own drafts (a random head, whose output matters),
+and with heads right part of the time (tinymodels) its chained drafts are
+accepted in part, the caches back to the committed rows after each
+rejection (head_checks.py), and the reply stays plain decoding's."""
 
 from __future__ import annotations
 
 import pytest
+from head_checks import accepted_in_part, generate_checked
+from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine import drafter_kinds
 from specchat.engine.costs import CostModel
 from specchat.engine.draft_policy import DraftPolicy
 from specchat.engine.drafters import Proposal
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
-from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.session import Engine
 from specchat.engine.suffix import SuffixDrafter, stats_key
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint, sample_counts
-from tinymodels import add_mtp, build_arch, build_eagle3
+from tinymodels import build_eagle3, build_partial_eagle3, build_partial_mtp_target
 
 PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
 
@@ -27,9 +30,20 @@ def engine(tiny_dir, tiny_target):
     return e
 
 
+@pytest.fixture(scope="module")
+def partial_engine(tiny_dir, tiny_target):
+    e = Engine()
+    e.load(tiny_target, build_partial_eagle3(tiny_dir / "eagle3-chain-partial", tiny_target))
+    return e
+
+
+def _request(mode, k=None, max_tokens=40) -> GenerateRequest:
+    return GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
+                           draft=DraftSettings(mode=mode, k=k, auto_off=False))
+
+
 def _gen(engine, mode, k=None, max_tokens=40):
-    return engine.generate(GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
-                                           draft=DraftSettings(mode=mode, k=k)))
+    return engine.generate(_request(mode, k, max_tokens))
 
 
 def test_drafting_on_past_given_tokens_is_drafting_on_past_its_own(engine):
@@ -68,18 +82,16 @@ def test_drafting_on_past_given_tokens_is_drafting_on_past_its_own(engine):
 @pytest.fixture(scope="module")
 def mtp_engine(tiny_dir, tiny_tokenizer):
     e = Engine()
-    assert e.load(add_mtp(build_arch(tiny_dir / "qwen3_5-mtp-chain", tiny_tokenizer, "qwen3_5",
-                                     seed=8))).mtp
+    assert e.load(build_partial_mtp_target(tiny_dir / "qwen3_5-mtp-chain", tiny_tokenizer)).mtp
     return e
 
 
 def _always_chain(monkeypatch, kind: str, reply: tuple[int, ...] = ()) -> None:
     """Every step with a suffix match chains the head after it, up to 3
     drafts (a tiny head's cost would price it out, and its own cap leave it
-    no room after a long match); and after every verify the head's cache
-    holds its committed rows only, whatever it read past them. With
-    ``reply`` (greedy's), the suffix drafter proposes its next two tokens
-    at every step, as a long copy would: a random target repeats nothing."""
+    no room after a long match). With ``reply`` (greedy's), the suffix
+    drafter proposes its next two tokens at every step, as a long copy
+    would: a random target repeats nothing."""
     after = drafter_kinds.after_key(kind)
     if reply:
         def copy(self, context, ctl):
@@ -93,51 +105,49 @@ def _always_chain(monkeypatch, kind: str, reply: tuple[int, ...] = ()) -> None:
     monkeypatch.setattr(HybridDrafter, "choose", lambda self, policy, s: ("chained", 3))
     monkeypatch.setattr(DraftPolicy, "cap", lambda self, k, key=None:
                         (3 if key == after else 24) if k == kind else cap(self, k, key))
-    kept = HeadDrafter.kept
-
-    def check(self, length):
-        kept(self, length)
-        assert all(c.offset == self.rows <= max(0, length - 1) for c in self.cache)
-
-    monkeypatch.setattr(HeadDrafter, "kept", check)
 
 
 @pytest.mark.parametrize("kind, mode", [("eagle3", "hybrid"), ("mtp", "mtp+suffix")])
 def test_a_reply_that_always_chains_the_head_after_the_suffix_is_plain_decoding(
         request, monkeypatch, kind, mode):
-    """An EAGLE-3 head and the target's own MTP head alike: the reply is
-    plain decoding's, and the head's chained drafts are counted under their
-    own key, accepted or not."""
-    engine = request.getfixturevalue("engine" if kind == "eagle3" else "mtp_engine")
+    """An EAGLE-3 head and the target's own MTP head alike, each right part
+    of the time: the reply is plain decoding's, the head's chained drafts
+    are counted under their own key and accepted in part, and after every
+    step the caches hold the committed rows only, whatever the head read
+    past them."""
+    engine = request.getfixturevalue("partial_engine" if kind == "eagle3" else "mtp_engine")
     plain = _gen(engine, "plain").token_ids
     _always_chain(monkeypatch, kind, plain)
-    r = _gen(engine, mode)
+    r, check = generate_checked(engine, kind, _request(mode))
     assert r.token_ids == plain
+    accepted_in_part(r, check, kind)
     chained = r.summary.drafted_by[kind]["by_key"][drafter_kinds.after_key(kind)]
-    assert chained["drafted"] > 0
+    assert 0 < chained["accepted"] < chained["drafted"]
     assert r.summary.drafter_stats["hybrid"]["chained"] > 0
     assert r.summary.drafted_by["suffix"]["accepted"] > 0
 
 
 @pytest.mark.slow  # a long chi-square run: CI's slow step
-def test_sampled_replies_that_chain_the_head_follow_the_target(engine, monkeypatch):
+def test_sampled_replies_that_chain_the_head_follow_the_target(partial_engine, monkeypatch):
     """At T > 0 a chained block's q is one-hot rows for the suffix's tokens
-    and the head's own rows after them: rejection sampling stays exact."""
+    and the head's own rows after them: rejection sampling stays exact,
+    with a head whose drafts are accepted in part."""
+    engine = partial_engine
     sampling = SamplingParams(temperature=1.0, top_k=3)
     joint = exact_joint(engine.target.model, sampling, PROMPT, 4)
     _always_chain(monkeypatch, "eagle3")
-    counts, drafted, _, _ = sample_counts(engine, PROMPT, "hybrid", None, sampling, 4, 1500)
-    assert drafted > 1500
+    counts, drafted, accepted, _ = sample_counts(engine, PROMPT, "hybrid", None, sampling, 4,
+                                                 1500)
+    assert drafted > 1500 and 0 < accepted < drafted
     assert chi_square_p(counts, joint) > ALPHA
 
 
-def test_the_hybrid_prices_a_chained_head_by_its_own_acceptance_after_a_suffix():
+def test_the_hybrid_prices_a_chained_head_by_its_own_acceptance_after_a_suffix(engine):
     """With a head that costs 3% of a target forward, a reliable 4-token
     suffix draft (below the copy-trust length) chains the head while its
     chained drafts are accepted, and stops chaining once the request has
     measured them failing."""
-    hybrid = HybridDrafter.__new__(HybridDrafter)
-    hybrid.kind = drafter_kinds.get("eagle3")
+    hybrid = HybridDrafter(engine.drafter("suffix"), engine.drafter("eagle3"))
     policy = DraftPolicy(cost=CostModel(draft=0.3, slope=0.11, kinds={"eagle3": 0.03}))
     s = Proposal(tokens=[1, 2, 3, 4], source="suffix", key="suffix:conversation:3")
     after = drafter_kinds.after_key("eagle3")

@@ -42,7 +42,7 @@ def _rewrite(path: Path, meta: dict, tokens: np.ndarray) -> None:
     version or a tool writing garbage would leave."""
     blob = json.dumps(meta, sort_keys=True)
     np.savez(path, meta=np.array(blob), tokens=tokens,
-             digest=np.array(history_mod._digest(blob, tokens)))
+             digest=np.array(history_mod.checksum(blob, tokens)))
 
 
 def _contents(path: Path) -> tuple[dict, np.ndarray]:
@@ -237,5 +237,5 @@ def test_ids_outside_the_vocabulary_never_enter_the_index(engine, tmp_path):
                                     "skipped)")
     held = np.concatenate([engine.history.index.buf[slice(*engine.history.span(k))]
                            for k in "123"])
-    assert held.min() >= 0 and held.max() < engine._vocab
+    assert held.min() >= 0 and held.max() < engine.vocab
     assert held.tolist() == tokens.tolist()

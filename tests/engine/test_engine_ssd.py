@@ -12,13 +12,13 @@ same on every run and every machine."""
 from __future__ import annotations
 
 import pytest
+from sampling_checks import ALPHA, chi_square_p, exact_joint
 from specchat.engine import blas, drafter_kinds, modes, threads
 from specchat.engine.errors import EngineError
 from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
 from specchat.engine.session import Engine
 from specchat.engine.ssd import drafter as ssd
 from specchat.engine.ssd import plan, worker
-from test_engine_sampling import ALPHA, chi_square_p, exact_joint
 
 PROMPTS = [
     (45, 120, 33, 250, 91, 45, 120, 33),

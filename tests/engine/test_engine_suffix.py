@@ -10,11 +10,11 @@ import random
 
 import numpy as np
 import pytest
+from sampling_checks import check_distribution
 from specchat.engine.events import DraftSettings, GenerateRequest, Message, SamplingParams
 from specchat.engine.history import History
 from specchat.engine.hybrid import HybridDrafter
 from specchat.engine.suffix_index import SEP, SuffixIndex, continuation
-from test_engine_sampling import check_distribution
 
 
 def _hybrid() -> HybridDrafter:
@@ -410,7 +410,7 @@ def test_a_saved_history_of_another_tokenizer_or_version_is_rendered_again(tmp_p
     meta["format"] = history_mod.FORMAT + 1
     blob = json.dumps(meta, sort_keys=True)
     np.savez(path, meta=np.array(blob), tokens=tokens,
-             digest=np.array(history_mod._digest(blob, tokens)))
+             digest=np.array(history_mod.checksum(blob, tokens)))
     rep = History().sync("tok-B", convs, render, path)
     assert (rep.rendered, rep.reused) == (2, 0) and "another version" in rep.file_note
     assert len(rendered) == 6

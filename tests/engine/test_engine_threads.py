@@ -111,7 +111,7 @@ def test_proc_stat_is_read_per_core(tmp_path):
         "cpu0 300 0 60 4000 10 0 3 7 0 0\n"
         "cpu1 200 0 40 5000 0 0 2 0 0 0\n"
         "intr 12345\n")
-    tck = threads._CLK_TCK
+    tck = os.sysconf("SC_CLK_TCK")  # the kernel's clock ticks per second
     assert threads.read_busy_seconds(frozenset({0}), str(stat)) == pytest.approx((300 + 60 + 3 + 7) / tck)
     assert threads.read_busy_seconds(frozenset({0, 1}), str(stat)) == pytest.approx(612 / tck)
     assert threads.read_busy_seconds(frozenset({5}), str(stat)) is None

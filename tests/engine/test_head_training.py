@@ -118,13 +118,13 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     plan = TrainPlan(samples=history, requests=tuple(requests), out=str(tmp_path / "head"),
                      minutes=5, draft_vocab=256, reply_tokens=24, max_steps=3, held_pieces=1,
                      held_out=share, checkpoint_s=999, seq_len=4096)
-    trainer = head_training._Trainer(engine, plan)
-    assert isinstance(trainer.held[0], head_training._Request)  # the measure reads replies
-    assert sum(isinstance(p, head_training._Request) for p in trainer.train + trainer.held) == 12
-    request = next(p for p in trainer.train if isinstance(p, head_training._Request))
+    trainer = head_training.Trainer(engine, plan)
+    assert isinstance(trainer.held[0], head_training.Request)  # the measure reads replies
+    assert sum(isinstance(p, head_training.Request) for p in trainer.train + trainer.held) == 12
+    request = next(p for p in trainer.train if isinstance(p, head_training.Request))
     prompt = list(request.prompt)
     assert tuple(chat.render(engine.target.tokenizer, requests[0])) in {
-        p.prompt for p in trainer.train + trainer.held if isinstance(p, head_training._Request)}
+        p.prompt for p in trainer.train + trainer.held if isinstance(p, head_training.Request)}
     reply = engine.generate(GenerateRequest(prompt_ids=prompt, max_tokens=24,
                                             draft=DraftSettings(mode="plain"))).token_ids
     # Counted from the row that drafts the reply's second token.
@@ -135,7 +135,7 @@ def test_a_request_is_learnt_from_with_the_targets_own_reply(tmp_path, tiny_targ
     # the shuffle and on the texts): its prompt and its whole reply, which
     # is the full reply_tokens here (the tiny target has no end token).
     assert len(reply) == plan.reply_tokens
-    shortest = min(len(p.prompt) for p in trainer.train if isinstance(p, head_training._Request))
+    shortest = min(len(p.prompt) for p in trainer.train if isinstance(p, head_training.Request))
     assert record["step"] == 3 and record["tokens"] >= shortest + plan.reply_tokens - 1
     # What it writes passes the one check of a head's files (the engine's and the library's).
     written = eagle3_format.read(tmp_path / "head")
@@ -157,14 +157,14 @@ def test_the_budget_starts_after_the_held_out_pieces_are_labelled(tmp_path, tiny
     engine = Engine()
     engine.load(tiny_target)
     samples = tuple(trained_heads.file_chats([texts], 200_000))
-    label_held = head_training._Trainer.label_held
+    label_held = head_training.Trainer.label_held
 
     def slow(self):  # as if each held-out piece took a large target's forward
         if not hasattr(self, "_held"):
             label_held(self)
             time.sleep(6)
 
-    monkeypatch.setattr(head_training._Trainer, "label_held", slow)
+    monkeypatch.setattr(head_training.Trainer, "label_held", slow)
 
     def run(out, minutes, steps=None):
         events = []

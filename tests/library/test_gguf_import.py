@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specchat.library import gguf_import
 from specchat.library.errors import LibraryError
 from specchat.library.gguf_header import read_header
 from specchat.library.gguf_import import ImportCancelled, gguf_summary, import_gguf
@@ -307,23 +306,28 @@ def test_cancel_leaves_nothing(llama_gguf, tmp_path):
     assert _leftovers(tmp_path) == []
 
 
-def test_failure_mid_import_leaves_nothing(llama_gguf, tmp_path, monkeypatch):
-    real = gguf_import._chunks
-    calls = {"n": 0}
+def test_failure_mid_import_leaves_nothing(llama_gguf, small_disk):
+    """A real disk that another program fills while the weights are being
+    written (after the space was checked): the import fails in words and
+    leaves nothing behind."""
+    from smalldisk import fill
 
-    def flaky(data, job):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise OSError(28, "No space left on device")
-        return real(data, job)
+    disk = small_disk("8m")
+    converting = []
 
-    monkeypatch.setattr(gguf_import, "_chunks", flaky)
+    def progress(msg, _frac):
+        if msg == "converting the weights":
+            converting.append(msg)
+            if len(converting) == 2:
+                fill(disk)
+
     with pytest.raises(LibraryError) as err:
-        import_gguf(llama_gguf.path, tmp_path / "m")
+        import_gguf(llama_gguf.path, disk / "m", progress)
+    assert len(converting) >= 2
     assert str(err.value) == (
-        f"Not enough disk space to import {llama_gguf.path}: the disk holding {tmp_path} filled "
+        f"Not enough disk space to import {llama_gguf.path}: the disk holding {disk} filled "
         "up during the import; nothing was added. Free some space and import again.")
-    assert _leftovers(tmp_path) == []
+    assert _leftovers(disk) == ["filler"]
 
 
 def test_not_enough_disk_space_is_refused_up_front(llama_gguf, tmp_path, monkeypatch):

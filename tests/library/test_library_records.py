@@ -179,7 +179,7 @@ def test_records_of_checked_files_never_block_or_crash(lib_home, tmp_path, kind)
     """hub-verified.json, the bundled verified.json and recommendations.json
     are caches: a FIFO, a file too deep or too big in their place is read as
     no record (checked again), in a child so that a hang fails the test."""
-    files = [hub_files._record_file(), bundled._cache_file(), rec.results_file()]
+    files = [hub_files.record_file(), bundled.cache_file(), rec.results_file()]
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "fifo":

@@ -33,6 +33,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import installed as inst  # noqa: E402
+from app_imports import imported_top_modules  # noqa: E402  (tests/, on the path by conftest)
 
 pytestmark = pytest.mark.bundle
 
@@ -194,12 +195,6 @@ def test_every_resource_the_app_reads_is_in_the_package(installed):
     assert [n for n in sorted(named) if str(PY_APP / n) not in files] == []
 
 
-def _imported_top_modules() -> list[str]:
-    from test_packaging import _imported_top_modules as modules
-
-    return sorted(modules())
-
-
 PROBE = '''
 import importlib, json, os, pkgutil, sys, unittest
 
@@ -249,7 +244,7 @@ def test_everything_the_app_imports_and_the_built_in_pair_are_in_the_package(ins
     (probe / "probe_imports.py").write_text(PROBE)
     home = tmp_path / "home"
     env = inst.clean_env(home, BRIEFCASE_MAIN_MODULE="unittest", QT_QPA_PLATFORM="offscreen",
-                         PROBE_MODULES=json.dumps(_imported_top_modules()),
+                         PROBE_MODULES=json.dumps(sorted(imported_top_modules())),
                          PROBE_APP_DIR=str(inst.APP_DIR))
     out = subprocess.run([str(inst.INSTALLED), "discover", "-s", str(probe), "-p",
                           "probe_imports.py"], env=env, cwd=probe, capture_output=True,

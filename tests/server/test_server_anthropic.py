@@ -15,8 +15,7 @@ import json
 
 import anthropic
 import pytest
-from test_server_api import post
-from test_server_security import call
+from server_support import call, post
 from tinymodels import AGENT_TEXTS, AGENT_TOOLS
 
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]

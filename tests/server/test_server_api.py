@@ -4,13 +4,13 @@ queue of concurrent requests, and errors in OpenAI's shape."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
 
 import openai
 import pytest
+from server_support import post
 
 PROMPT = "Hello, world! How are you today?"
 IDS = list(range(40, 80))  # a token-id prompt the tiny target does not end early
@@ -23,20 +23,6 @@ def wait_for(cond, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         time.sleep(0.01)
-
-
-def post(server, path: str, body, headers: dict | None = None) -> tuple[int, dict, str]:
-    """A raw HTTP POST (``body``: bytes, or an iterable of chunks, sent
-    chunked with no length): (status, headers, body text)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    try:
-        conn.request("POST", "/v1" + path, body,
-                     {"Content-Type": "application/json", **(headers or {})},
-                     encode_chunked=not isinstance(body, bytes))
-        r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read().decode()
-    finally:
-        conn.close()
 
 
 def test_models_lists_the_served_pair(api, tiny_target):

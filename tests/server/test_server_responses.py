@@ -13,7 +13,7 @@ import json
 
 import openai
 import pytest
-from test_server_security import call, error
+from server_support import call, error
 from tinymodels import AGENT_CALLS as CALLS
 from tinymodels import AGENT_TEXTS
 from tinymodels import AGENT_TOOLS as CHAT_TOOLS

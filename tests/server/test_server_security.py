@@ -16,35 +16,14 @@ import threading
 import time
 
 import pytest
+from server_support import call, error
 
 PROMPT = "Hello, world! How are you today?"
-
-
-def call(port: int, method: str, path: str, body: bytes | None = None,
-         headers: dict | None = None, host: str = "127.0.0.1") -> tuple[int, dict, str]:
-    """One raw request to ``/v1<path>`` with exactly these headers over
-    the defaults (a loopback Host with the port, a JSON body); a header
-    given as None is not sent. (status, lower-cased headers, body text)."""
-    defaults = {"Host": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"}
-    if body is not None:
-        defaults["Content-Type"] = "application/json"
-    sent = {k: v for k, v in {**defaults, **(headers or {})}.items() if v is not None}
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    try:
-        conn.request(method, "/v1" + path, body, sent)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
-    finally:
-        conn.close()
 
 
 def chat_body(model: str, content: str = PROMPT, **extra) -> bytes:
     return json.dumps({"model": model, "max_tokens": 2, "temperature": 0,
                        "messages": [{"role": "user", "content": content}], **extra}).encode()
-
-
-def error(text: str) -> dict:
-    return json.loads(text)["error"]
 
 
 @pytest.fixture
@@ -511,5 +490,5 @@ def test_nesting_is_counted_outside_strings_only():
                 check_nesting(body, limit=depth - 1)
             # ... naming where: its first steps (records.deep_path).
             steps = first_at(value, depth, [])
-            where = records._path(steps[:8]) + ("..." if depth - 1 > 8 else "")
+            where = records.field_path(steps[:8]) + ("..." if depth - 1 > 8 else "")
             assert e.value.param == (where or None), (body, steps)

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from server_support import Serving
 from specchat.server.errors import ServerError
 from specchat.server.listener import KEY_VARIABLE, LocalServer, api_key_from, check_bind
 
@@ -217,41 +218,6 @@ def test_specchat_serve_runs_until_ctrl_c(tiny_target, tiny_draft, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-class Serving:
-    """``specchat serve`` in a process of its own, as a person runs it; its
-    stderr is read as it comes (``lines``)."""
-
-    def __init__(self, args: list[str], home, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "specchat", "serve", *args],
-                                     env={**os.environ, "SPECCHAT_HOME": str(home), **(env or {})},
-                                     stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.url = None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            found = re.search(r"SpecChat API on (http://\S+/v1)", line)
-            if found:
-                self.url = found.group(1)
-                break
-        assert self.url, "".join(self.lines)
-        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
-        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr),
-                                        daemon=True)
-        self._reader.start()
-
-    def stop(self) -> str:
-        """Ctrl+C; everything it wrote to stderr."""
-        self.proc.send_signal(signal.SIGINT)
-        assert self.proc.wait(60) == 0, "".join(self.lines)
-        self._reader.join(10)
-        return "".join(self.lines)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def test_serve_reads_its_key_from_a_file_and_lists_cors_origins(tiny_target, tmp_path):

@@ -12,6 +12,7 @@ import json
 
 import openai
 import pytest
+from server_support import post
 from tinymodels import AGENT_CALLS as CALLS
 from tinymodels import AGENT_TEXTS
 from tinymodels import AGENT_TOOLS as TOOLS
@@ -228,8 +229,6 @@ def test_bad_input_gets_a_400_naming_the_field_and_loses_nothing(api, model, kw,
 def test_json_escapes_of_text_that_is_not_utf8_are_refused(agent_server, model):
     """A lone surrogate sent as a JSON escape (which the openai client
     cannot even send) parses to text no tokenizer or answer can encode."""
-    from test_server_api import post
-
     call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": "@"}'}}
     for fields, param, escape in (
             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {

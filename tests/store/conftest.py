@@ -12,8 +12,14 @@ from specchat.store.conversations import ConversationStore
 
 
 @pytest.fixture
-def store(tmp_path):
-    conn = db.connect(tmp_path / "c.sqlite3")
+def store_file(tmp_path):
+    """The store's SQLite file (for what another program does to it)."""
+    return tmp_path / "c.sqlite3"
+
+
+@pytest.fixture
+def store(store_file):
+    conn = db.connect(store_file)
     yield ConversationStore(conn)
     conn.close()
 

@@ -205,7 +205,7 @@ def test_a_history_with_integer_ids_opens_with_every_row_and_takes_new_ones(tmp_
     convs.delete("10")
     w.close()
     with sqlite3.connect(path) as after:
-        assert after.execute("PRAGMA user_version").fetchone()[0] == len(db._MIGRATIONS)
+        assert after.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION
         assert after.execute("SELECT COUNT(*) FROM messages WHERE conversation_id='10'"
                              ).fetchone()[0] == 0  # the cascade still holds
         assert after.execute("PRAGMA foreign_key_check").fetchall() == []

@@ -73,14 +73,16 @@ def test_a_conversation_keeps_its_thinking_switch(store):
     assert conv.reasoning_effort == "high" and [m.content for m in messages] == ["hi", "again"]
 
 
-def test_bad_reasoning_columns_drop_alone(store, records):
-    """A hand edit: bytes as the reasoning and the switch. The
-    message and the conversation stay; only what is wrong is dropped."""
+def test_bad_reasoning_columns_drop_alone(store, store_file, records):
+    """A hand edit (another program's connection to the file): bytes as
+    the reasoning and the switch. The message and the conversation stay;
+    only what is wrong is dropped."""
     conv = store.create("Edited")
     mid = store.add_message(conv.id, "assistant", "answer")
-    store._db.execute("UPDATE messages SET reasoning=x'0102', reasoning_runs='\"x\"' WHERE id=?",
-                      (mid,))
-    store._db.execute("UPDATE conversations SET reasoning_effort=x'00' WHERE id=?", (conv.id,))
+    with closing(sqlite3.connect(store_file)) as hand, hand:
+        hand.execute("UPDATE messages SET reasoning=x'0102', reasoning_runs='\"x\"' WHERE id=?",
+                     (mid,))
+        hand.execute("UPDATE conversations SET reasoning_effort=x'00' WHERE id=?", (conv.id,))
     [m] = store.messages(conv.id)
     assert (m.content, m.reasoning, m.reasoning_runs) == ("answer", "", [])
     assert store.get(conv.id).reasoning_effort == ""
@@ -161,7 +163,7 @@ def test_a_history_of_the_previous_version_opens_upgraded_with_every_row(tmp_pat
     convs.set_reasoning_effort("a", "none")
     w.close()
     with closing(sqlite3.connect(path)) as after:
-        assert after.execute("PRAGMA user_version").fetchone()[0] == len(db._MIGRATIONS) == 3
+        assert after.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION == 3
     again = StoreWorker(path)
     conv, messages = again.conversations.blocking.read("a")
     assert conv.reasoning_effort == "none"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pyqtgraph as pg
 import pytest
 from specchat.engine import modes
 from specchat.engine.events import StepEvent, Summary
@@ -135,6 +136,17 @@ def test_shares_in_the_gauges_and_the_summary_line(qtbot, counts, shown, origins
     assert tip in strip.sources.toolTip()
 
 
+def _lines(chart) -> dict:
+    """The lines a chart has drawn, by name, as pyqtgraph holds them."""
+    return {item.name(): item for item in chart.listDataItems()}
+
+
+def _item(chart, kind: type):
+    """A chart's one item of a pyqtgraph type (its reference line, its bars)."""
+    [item] = [i for i in chart.getPlotItem().items if isinstance(i, kind)]
+    return item
+
+
 def test_charts_redraw_a_few_times_a_second_however_often_steps_come(qtbot):
     panel = ChartsPanel()
     qtbot.addWidget(panel)
@@ -146,22 +158,22 @@ def test_charts_redraw_a_few_times_a_second_however_often_steps_come(qtbot):
         panel.show_values(live.values(speedup_base=40.0))
     # Nothing is drawn per flush: one redraw waits on the timer (fired here
     # by hand, so the count does not depend on how fast this machine is).
-    assert panel.speed._timer.isActive()
+    assert panel.speed.pending
     assert panel.speed.redraws - before <= 1
     for chart in (panel.speed, panel.acceptance):
-        chart._timer.stop()
-        chart._timer.timeout.emit()
+        chart.changed(now=True)
     assert panel.speed.redraws - before in (1, 2)
     drawn = panel.speed.redraws
-    xs, ys = panel.speed._lines["reply"].getData()
+    xs, ys = _lines(panel.speed)["reply"].getData()
     assert len(xs) == 200 and ys[-1] == pytest.approx(live.tokens_per_s)
-    assert panel.speed._ref.isVisible() and panel.speed._ref.value() == 40.0
-    heights = panel.acceptance._bars.opts["height"]
+    ref = _item(panel.speed, pg.InfiniteLine)
+    assert ref.isVisible() and ref.value() == 40.0
+    heights = _item(panel.acceptance, pg.BarGraphItem).opts["height"]
     assert list(heights) == pytest.approx([100.0, 100.0, 0.0])
     panel.show_values(live.values(live=False))  # the reply ended: drawn at once
     assert panel.speed.redraws == drawn + 1
     panel.clear()
-    assert panel.speed._lines == {} and panel.acceptance.rates == ()
+    assert _lines(panel.speed) == {} and panel.acceptance.rates == ()
 
 
 # -- words for the speedup -----------------------------------------------------------
@@ -209,10 +221,10 @@ def test_the_window_draws_the_reply_speed_and_acceptance(qtbot, window, tiny_tar
     msg = send_and_wait(qtbot, window, "def fibonacci(n): def fibonacci(n):")
     charts = window.gauges.charts
     assert charts.isVisible()
-    xs, ys = charts.speed._lines["reply"].getData()
+    xs, ys = _lines(charts.speed)["reply"].getData()
     assert len(xs) == window.gauges.values.steps and max(ys) > 0
     plain = window.session.plain_speeds.get(window.session.engine.pair_key)
-    assert plain and charts.speed._ref.value() == pytest.approx(plain)
+    assert plain and _item(charts.speed, pg.InfiniteLine).value() == pytest.approx(plain)
     assert charts.acceptance.rates and charts.acceptance.rates[0].drafted > 0
     assert window.gauges.sources.value.text() != "–"
     assert "%" in msg.summary.line()  # the saved line says where the tokens came from
@@ -226,7 +238,7 @@ def test_compare_draws_both_speeds_and_explains_the_speedup(qtbot, window, tiny_
     window.session.update_settings(max_tokens=64)
     dlg = run_compare(qtbot, window)
     o = dlg.outcome
-    lines = dlg.chart._lines
+    lines = _lines(dlg.chart)
     assert set(lines) == {"plain", "speculative"}
     assert len(lines["plain"].getData()[0]) == o.plain.summary.steps
     assert len(lines["speculative"].getData()[0]) == o.speculative.summary.steps

@@ -7,7 +7,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
 from specchat.ui.chat_model import ChatMessage
 from specchat.ui.composer import Composer
-from ui_support import make_view
+from ui_support import link_at, make_view
 
 
 def test_enter_sends_and_shift_enter_adds_a_line(qtbot):
@@ -42,7 +42,7 @@ def test_copy_link_copies_the_code(qtbot, qapp):
     hit = None
     for y in range(rect.top(), rect.bottom(), 3):
         for x in range(rect.left(), rect.left() + 300, 4):
-            href, _ = view._anchor(QPoint(x, y))
+            href = link_at(view, QPoint(x, y))
             if href == "copy:0":
                 hit = QPoint(x, y)
                 break

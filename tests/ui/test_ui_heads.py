@@ -2,7 +2,8 @@
 that ships an MTP head is offered "The model's own MTP head" as its draft,
 told so in the verdict, and replies with it, its tokens named and tinted as
 the head's own; a target without one is refused in words; an EAGLE-3 head
-loads as the draft and is named."""
+loads as the draft and is named. The heads that reply are right part of
+the time (tinymodels), and their replies are accepted in part."""
 
 from __future__ import annotations
 
@@ -13,13 +14,23 @@ import pytest
 from specchat.engine import modes
 from specchat.library import importing
 from specchat.ui import library_view, theme
-from tinymodels import add_mtp, build_arch, build_eagle3
+from tinymodels import build_eagle3, build_partial_eagle3, build_partial_mtp_target
 from ui_support import load, send_and_wait, wait_until
 
 
 @pytest.fixture(scope="module")
 def mtp_target(tiny_dir, tiny_tokenizer):
-    return add_mtp(build_arch(tiny_dir / "ui-qwen3_5-mtp", tiny_tokenizer, "qwen3_5", seed=8))
+    return build_partial_mtp_target(tiny_dir / "ui-qwen3_5-mtp", tiny_tokenizer)
+
+
+def _send_partly_right(qtbot, window, kind: str):
+    """A reply the head drafted, accepted in part (no system prompt, and no
+    break-even auto-off, which reads the clock: the same blocks every run)."""
+    window.session.update_settings(system_prompt="", auto_off=False)
+    msg = send_and_wait(qtbot, window, "Hello, world! Hello, world!")
+    got = msg.summary.drafted_by.get(kind, {})
+    assert 0 < got.get("accepted", 0) < got.get("drafted", 0), msg.summary.drafted_by
+    return msg
 
 
 def test_the_picker_offers_the_models_own_head_and_a_reply_drafts_with_it(qtbot, window,
@@ -36,9 +47,8 @@ def test_the_picker_offers_the_models_own_head_and_a_reply_drafts_with_it(qtbot,
     pair = load(qtbot, window, mtp_target, modes.OWN_HEAD)
     assert pair.own_head and pair.draft is None
     assert window.windowTitle().startswith("ui-qwen3_5-mtp + its own MTP head")
-    msg = send_and_wait(qtbot, window, "Hello, world! Hello, world!")
+    msg = _send_partly_right(qtbot, window, "mtp")
     assert msg.summary.mode == modes.MTP_HYBRID.name
-    assert msg.summary.drafted_by.get("mtp", {}).get("drafted", 0) > 0
     assert theme.origin_color(theme.LIGHT, "mtp") is not None  # its own tint
 
 
@@ -50,13 +60,12 @@ def test_a_target_without_a_head_is_refused_in_words(tiny_target):
 
 
 def test_an_eagle3_head_loads_as_the_draft_and_is_named(qtbot, window, tiny_dir, tiny_target):
-    head = build_eagle3(tiny_dir / "ui-eagle3", tiny_target)
+    head = build_partial_eagle3(tiny_dir / "ui-eagle3", tiny_target)
     verdict = library_view.check_pair(str(tiny_target), str(head))
     assert verdict.compatible is True and "an EAGLE-3 head that reads" in verdict.text
     pair = load(qtbot, window, tiny_target, head)
     assert pair.draft.model_type == "eagle3"
-    msg = send_and_wait(qtbot, window, "Hello, world! Hello, world!")
-    assert msg.summary.drafted_by.get("eagle3", {}).get("drafted", 0) > 0
+    _send_partly_right(qtbot, window, "eagle3")
 
 
 def test_a_head_is_listed_under_its_target(home, tiny_dir, tiny_target, tiny_draft):

@@ -18,19 +18,19 @@ LAUNCH = """
 import sys
 from PySide6.QtWidgets import QApplication
 import specchat.ui.main_window as mw
-orig = mw.MainWindow._loaded
-def loaded(self, pair):
-    orig(self, pair)
-    print("TITLE", self.windowTitle())
-    print("SELECTED", self.picker.selection())
-    QApplication.instance().quit()
-mw.MainWindow._loaded = loaded
-orig_failed = mw.MainWindow._load_failed
-def failed(self, message):
-    orig_failed(self, message)
-    print("FAILED", message)
-    QApplication.instance().quit()
-mw.MainWindow._load_failed = failed
+made = mw.MainWindow.__init__
+def watched(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    def loaded(pair):  # after the window's own handler: connected after it
+        print("TITLE", self.windowTitle())
+        print("SELECTED", self.picker.selection())
+        QApplication.instance().quit()
+    def failed(message):
+        print("FAILED", message)
+        QApplication.instance().quit()
+    self.session.engine.loaded.connect(loaded)
+    self.session.engine.loadFailed.connect(failed)
+mw.MainWindow.__init__ = watched
 from specchat.cli import main
 sys.exit(main(sys.argv[1:]))
 """

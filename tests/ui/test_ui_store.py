@@ -272,13 +272,15 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, aloop, home, tiny_targ
 KILLED = """
 import sys
 import specchat.ui.main_window as mw
-orig = mw.MainWindow._loaded
-def loaded(self, pair):
-    orig(self, pair)
-    self.session.update_settings(max_tokens=1500)
-    self.composer.edit.setPlainText("A long reply please")
-    self.composer.send_button.click()
-mw.MainWindow._loaded = loaded
+made = mw.MainWindow.__init__
+def watched(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    def loaded(pair):  # after the window's own handler: connected after it
+        self.session.update_settings(max_tokens=1500)
+        self.composer.edit.setPlainText("A long reply please")
+        self.composer.send_button.click()
+    self.session.engine.loaded.connect(loaded)
+mw.MainWindow.__init__ = watched
 from specchat.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -20,7 +20,7 @@ from specchat.ui.chat_model import ChatMessage
 from specchat.ui.compare import CompareDialog
 from specchat.ui.compare_runner import CompareOutcome
 from specchat.ui.markdown import DocColors, build_document
-from ui_support import make_view
+from ui_support import link_at, make_view
 
 REFUSED = ["file:///etc/passwd", "javascript:alert(1)", "data:text/html,<b>x</b>",
            "smb://server/share", "myapp://do-something", "https:no-host", "relative/page.html"]
@@ -44,7 +44,7 @@ def _anchors(view, rect) -> dict[str, QPoint]:
     found: dict[str, QPoint] = {}
     for y in range(rect.top(), rect.bottom(), 3):
         for x in range(rect.left(), rect.right(), 4):
-            href, _ = view._anchor(QPoint(x, y))
+            href = link_at(view, QPoint(x, y))
             if href and href not in found:
                 found[href] = QPoint(x, y)
     return found

@@ -66,3 +66,11 @@ def run_compare(qtbot, w, prompt="def fibonacci(n): return fibonacci", timeout=6
     wait_until(lambda: dlg.task is not None and dlg.task.done(), timeout=timeout)
     assert dlg.outcome is not None, dlg.status.text()
     return dlg
+
+
+def link_at(view, pos) -> str:
+    """The link the chat view draws at ``pos`` ("" if none), as a click
+    there would follow it: the message under it, asked through its
+    delegate (ChatDelegate.anchor_at)."""
+    index = view.indexAt(pos)
+    return view.delegate.anchor_at(index, view.visualRect(index), pos)[0] if index.isValid() else ""

@@ -66,7 +66,13 @@ def block_attention(queries: mx.array, keys: mx.array, vals: mx.array, scale: fl
     return out.reshape(b, h, rows, vals.shape[-1])
 
 
-def _wrap(base: Callable) -> Callable:
+def wrap(base: Callable) -> Callable:
+    """mlx-lm's attention function ``base`` as the loaded model's modules
+    call it: the block path where it computes what MLX's fallback computes
+    (the cases the module docstring lists), ``base`` with its arguments as
+    given everywhere else. Public: each case of that rule is tested on
+    arguments a real model would not all produce."""
+
     def scaled_dot_product_attention(queries, keys, values_, cache, scale, mask, sinks=None):
         causal = isinstance(mask, str) and mask == "causal"
         if (_state["off"] or queries.shape[2] < 2 or sinks is not None
@@ -94,7 +100,7 @@ def _with_blocks(fn: types.FunctionType) -> types.FunctionType | None:
     if not name.startswith("mlx_lm.") or base is None or not _calls(fn.__code__):
         return None
     if name not in _GLOBALS:
-        _GLOBALS[name] = {**vars(module), NAME: _wrap(base)}
+        _GLOBALS[name] = {**vars(module), NAME: wrap(base)}
     out = types.FunctionType(fn.__code__, _GLOBALS[name], fn.__name__, fn.__defaults__,
                              fn.__closure__)
     out.__kwdefaults__, out.__qualname__ = fn.__kwdefaults__, fn.__qualname__

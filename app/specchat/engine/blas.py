@@ -41,8 +41,9 @@ from dataclasses import dataclass
 
 from specchat import values
 
-# Debian/Ubuntu paths first, then other common layouts.
-_LIBRARIES = {
+# Where each library is looked for: Debian/Ubuntu paths first, then other
+# common layouts (public: tests skip a library this machine lacks).
+LIBRARIES = {
     "blis": (
         "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4",
         "/usr/lib/aarch64-linux-gnu/blis-pthread/libblis.so.4",
@@ -95,11 +96,11 @@ def _kind(path: str) -> str:
 
 
 def _candidates(choice: str) -> list[str]:
-    if choice in _LIBRARIES:
-        return list(_LIBRARIES[choice])
+    if choice in LIBRARIES:
+        return list(LIBRARIES[choice])
     if choice:
         return [choice]
-    return [*_LIBRARIES["blis"], *_LIBRARIES["openblas"]]
+    return [*LIBRARIES["blis"], *LIBRARIES["openblas"]]
 
 
 def _fixed_threads(kind: str) -> int | None:

@@ -156,7 +156,13 @@ class DraftPolicy:
         one more accepted draft token saves."""
         return (self._units + 4 * self.PRIOR_RATE) / (self._tokens + 4)
 
-    def _formula_k(self, kind: str, key: str | None) -> int:
+    def formula_k(self, kind: str, key: str | None = None) -> int:
+        """The K that part 1's formula gives a kind now (0: drafting does not
+        pay), from what the request has measured under ``key``: the cap of a
+        drafter whose confidences are not calibrated; for one whose are, only
+        whether it drafts (its early stop sets the length). Public and
+        read-only: how fast a wrong prior is unlearnt is stated in these Ks
+        (docs/engine.md), and tests read them here."""
         spec = drafter_kinds.get(kind)
         return self.cost.best_k(self.stats(kind, key).accept, self.cost.token(spec), spec.cap)
 
@@ -165,7 +171,7 @@ class DraftPolicy:
         nothing a step that drafts nothing observes changes the answer."""
         if self.fixed_k is not None:
             return self.fixed_k <= 0
-        return (self._formula_k(kind, None) == 0
+        return (self.formula_k(kind) == 0
                 and (self._idle_steps + 1) % self.PROBE_EVERY != 0)
 
     def cap(self, kind: str, key: str | None = None) -> int:
@@ -174,7 +180,7 @@ class DraftPolicy:
         if self.fixed_k is not None:
             return self.fixed_k
         spec = drafter_kinds.get(kind)
-        k = self._formula_k(kind, key)
+        k = self.formula_k(kind, key)
         if k == 0:
             self._idle_steps += 1
             if self._idle_steps % self.PROBE_EVERY == 0:

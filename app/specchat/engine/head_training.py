@@ -82,7 +82,7 @@ def _fingerprint(engine) -> str:
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     """A prompt whose reply the target writes when the piece is learnt from."""
 
     prompt: tuple[int, ...]
@@ -95,7 +95,7 @@ def _held_out(ids: Sequence[int], share: float) -> bool:
 
 def _sequences(engine, plan: TrainPlan) -> tuple[list, list]:
     """The samples rendered in the chat template and cut to ``seq_len``,
-    and the requests (kept whole, as _Request): (training, held out). The
+    and the requests (kept whole, as Request): (training, held out). The
     held-out list alternates requests and text, so the few pieces measured
     include the target's own replies whenever there are requests."""
     train, held_text, held_requests = [], [], []
@@ -107,7 +107,7 @@ def _sequences(engine, plan: TrainPlan) -> tuple[list, list]:
                 (held_text if _held_out(chunk[:64], plan.held_out) else train).append(chunk)
     for messages in plan.requests:
         prompt = tuple(chat.render(engine.target.tokenizer, messages))
-        (held_requests if _held_out(prompt, plan.held_out) else train).append(_Request(prompt))
+        (held_requests if _held_out(prompt, plan.held_out) else train).append(Request(prompt))
     held = [p for pair in itertools.zip_longest(held_requests, held_text) for p in pair
             if p is not None]
     if not train or not held:
@@ -121,7 +121,7 @@ def _draft_ids(train: list, vocab: int, n: int, always: Sequence[int]) -> list[i
     """The draft vocabulary: the most frequent ids of the text and the
     requests' prompts (the target mostly writes what it reads; replies are
     not written yet), with the end tokens, sorted."""
-    counts = Counter(t for seq in train for t in (seq.prompt if isinstance(seq, _Request) else seq))
+    counts = Counter(t for seq in train for t in (seq.prompt if isinstance(seq, Request) else seq))
     top = [t for t, _ in counts.most_common(max(0, n - len(always)))]
     return sorted({*top, *(t for t in always if 0 <= t < vocab)})[:n]
 
@@ -184,7 +184,13 @@ class _StepCache:
         return mx.concatenate(self.keys, axis=2), mx.concatenate(self.values, axis=2)
 
 
-class _Trainer:
+class Trainer:
+    """One run of ``train``: the plan's pieces split (``train``, ``held``),
+    the head, its optimizer and checkpoint. Public, as the pieces it learns
+    from are (``piece``: a request's prompt and the target's own reply): the
+    tests check the split and the pieces, and slow down ``label_held`` to
+    stand for a large target."""
+
     def __init__(self, engine, plan: TrainPlan):
         if engine.target is None or engine.target_runner is None or not engine.target_runner.split:
             raise EngineError("Load the target first; its model type must expose its hidden "
@@ -333,7 +339,7 @@ class _Trainer:
         target's prefill, never from a draft). The reply is decoded
         speculatively with whatever is loaded (suffix matches at least: a
         reply quotes its request); greedy, so its ids are plain decoding's."""
-        if not isinstance(item, _Request):
+        if not isinstance(item, Request):
             return item, 0
         pair = self.engine.pair
         mode = HYBRID if pair is not None and pair.speculative_ok else (
@@ -559,14 +565,14 @@ def train(engine, plan: TrainPlan, report: Callable[[TrainProgress], None],
           cancelled: threading.Event | None = None) -> dict:
     """Train (or go on training) a head for the loaded target into
     ``plan.out``; returns the training record (specchat-training.json)."""
-    trainer = _Trainer(engine, plan)
+    trainer = Trainer(engine, plan)
     try:
         return _train(trainer, report, cancelled)
     finally:
         trainer.release()
 
 
-def _train(trainer: _Trainer, report: Callable[[TrainProgress], None],
+def _train(trainer: Trainer, report: Callable[[TrainProgress], None],
            cancelled: threading.Event | None) -> dict:
     plan = trainer.plan
     st = trainer.state

@@ -181,7 +181,7 @@ class History:
                 "docs": [[k, self.docs[k].stamp, int(arrays[k].size)] for k in keys]}
         tokens = np.concatenate([arrays[k] for k in keys]) if keys else np.zeros(0, np.int32)
         blob = json.dumps(meta, sort_keys=True)
-        digest = _digest(blob, tokens)
+        digest = checksum(blob, tokens)
         tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,10 @@ class History:
         return f"saved {len(keys)} conversations"
 
 
-def _digest(meta: str, tokens: np.ndarray) -> str:
+def checksum(meta: str, tokens: np.ndarray) -> str:
+    """What a saved file's ``digest`` holds: any change to its meta or ids
+    shows. Public: whatever writes the format signs it with this (a test
+    forging a validly signed file of garbage, or of another version)."""
     h = hashlib.sha256(meta.encode())
     h.update(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
     return h.hexdigest()
@@ -268,7 +271,7 @@ def _docs(arrays: dict[str, np.ndarray], fingerprint: str, vocab: int | None
         return {}, "saved index damaged (arrays of other kinds): rebuilt"
     blob, digest = str(meta_array), str(digest_array)
     tokens = np.asarray(tokens, dtype=np.int32)
-    if digest != _digest(blob, tokens):
+    if digest != checksum(blob, tokens):
         return {}, "saved index damaged (checksum): rebuilt"
     meta = records.parse_json(blob)
     if not isinstance(meta, dict) or not isinstance(meta.get("docs"), list):

@@ -330,6 +330,12 @@ class Engine:
         return self._cost
 
     @property
+    def vocab(self) -> int:
+        """Ids the target's output layer scores: what drafts, the verifier's
+        columns and the ids of a saved history stay below."""
+        return self._vocab
+
+    @property
     def end_ids(self) -> set[int]:
         """Token ids that end a reply (EOS and the chat template's end-of-turn)."""
         return set(self._eos)
@@ -402,10 +408,12 @@ class Engine:
             slot.made[k.name] = k.make(self._build(base=slot.drafter))
         return slot.made[k.name]
 
-    def _drafter(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
+    def drafter_for(self, mode: modes.Mode) -> tuple[Drafter | None, modes.Mode]:
         """The drafter for a mode, and the mode it really runs in: without a
         draft model, a mode with other drafters runs on those (hybrid runs as
-        suffix matching)."""
+        suffix matching). Public: what runs decoding's loop with a policy of
+        its own (tests of auto-off with a clock of their own) drafts with what
+        a request would."""
         if not mode.speculative:
             return None, mode
         if not self._pair.speculative_ok and (
@@ -529,7 +537,7 @@ class Engine:
         limit = self.target.max_context
         if limit is not None:  # the reply cannot run past the model's context
             request = replace(request, max_tokens=max(1, min(request.max_tokens, limit - len(ids))))
-        drafter, mode = self._drafter(mode)
+        drafter, mode = self.drafter_for(mode)
         policy = DraftPolicy(request.draft.k, self._cost, expected_reply=self._expected_reply)
         eos = self._eos | set(request.stop_token_ids)
         result = decode(Decoding(self._cache, self.target.tokenizer, eos, ids, request, drafter,

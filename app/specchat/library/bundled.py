@@ -172,7 +172,9 @@ def sha256_of(files: Sequence[Path], out: Path | None = None, progress: Progress
     return h.hexdigest()
 
 
-def _cache_file() -> Path:
+def cache_file() -> Path:
+    """Where the built-in models' checked digests are kept (a cache: read
+    as no record when it is not one)."""
     return paths.bundled_dir() / "verified.json"
 
 
@@ -188,7 +190,7 @@ def verify(name: str, files: Sequence[Path] | None = None, progress: Progress | 
     files passed before."""
     model = get(name)
     files = list(files) if files is not None else part_files(name)
-    if records.read_record(_cache_file()).get(model.name) != _cache_key(model, files):
+    if records.read_record(cache_file()).get(model.name) != _cache_key(model, files):
         _check_digest(model, files, sha256_of(files, progress=progress, cancelled=cancelled))
 
 
@@ -203,7 +205,7 @@ def _check_digest(model: BundledModel, files: Sequence[Path], digest: str) -> No
             f"({files[0].name} ... {files[-1].name}) is {digest}, expected {model.sha256}. "
             f"Reinstall them. {SETUP_HINT}")
     key = _cache_key(model, files)
-    records.update_record(_cache_file(), lambda data: data.__setitem__(model.name, key),
+    records.update_record(cache_file(), lambda data: data.__setitem__(model.name, key),
                           indent=2, sort_keys=True)
 
 

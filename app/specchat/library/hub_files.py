@@ -83,7 +83,9 @@ def hash_file(path: Path, blob_id: str, size: int | None, tick: Tick,
 # -- remembered checks --------------------------------------------------------------
 
 
-def _record_file() -> Path:
+def record_file() -> Path:
+    """Where the checked files' records are kept (a cache: read as no
+    record when it is not one)."""
     return paths.home() / "hub-verified.json"
 
 
@@ -95,7 +97,7 @@ def _key(blob: Path) -> str:
 
 
 def _load() -> dict:
-    return records.read_record(_record_file())
+    return records.read_record(record_file())
 
 
 def _change(edit: Callable[[dict], object]) -> None:
@@ -106,7 +108,7 @@ def _change(edit: Callable[[dict], object]) -> None:
         for key in [k for k in data if not (paths.hub_cache() / k).exists()]:
             del data[key]
 
-    records.update_record(_record_file(), apply, indent=1, sort_keys=True)
+    records.update_record(record_file(), apply, indent=1, sort_keys=True)
 
 
 def remember(blob: Path) -> None:

@@ -93,6 +93,9 @@ _MIGRATIONS: tuple[str, ...] = (
     # 2 -> 3
     _REASONING,
 )
+# The layout this version writes (PRAGMA user_version): public, for what
+# checks a file's version (the tests leave one a newer SpecChat wrote).
+SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 def default_path() -> Path:
@@ -119,7 +122,7 @@ def connect(path: str | Path | None = None) -> sqlite3.Connection:
         conn.execute("BEGIN")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > len(_MIGRATIONS):
+            if version > SCHEMA_VERSION:
                 raise NewerSchema(version)
             _check_before_writing(conn, version)
         finally:
@@ -249,7 +252,7 @@ def _read_only(path: Path, version: int) -> Opened:
     except (sqlite3.Error, OSError) as exc:
         raise _unavailable(path, exc) from exc
     notice = (f"Your conversation history ({path}) was written by a newer version of SpecChat "
-              f"(schema {version}; this version knows {len(_MIGRATIONS)}). It is shown "
+              f"(schema {version}; this version knows {SCHEMA_VERSION}). It is shown "
               "read-only: new chats and changes are not saved.")
     log.warning("%s", notice)
     return Opened(conn, writable=False, notice=notice)
@@ -309,7 +312,7 @@ def _check_before_writing(conn: sqlite3.Connection, version: int) -> None:
             raise WrongLayout(f"it already has a {table} table that SpecChat did not make")
 
 
-def _check_layout(conn: sqlite3.Connection, version: int = len(_MIGRATIONS)) -> None:
+def _check_layout(conn: sqlite3.Connection, version: int = SCHEMA_VERSION) -> None:
     """The tables and columns a file of ``version`` has (the newest, after migrating)."""
     for table, columns in _LAYOUT.items():
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
@@ -330,16 +333,16 @@ def _migrate(conn: sqlite3.Connection) -> None:
     out another process's up to the busy timeout), so the second finds the
     first's layout and does nothing, instead of failing on "table
     conversations already exists" or a lock it did not wait for."""
-    if conn.execute("PRAGMA user_version").fetchone()[0] == len(_MIGRATIONS):
+    if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
         return  # the usual case: nothing to write, no write lock taken
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(_MIGRATIONS):  # a newer version got here first
+        if version > SCHEMA_VERSION:  # a newer version got here first
             raise NewerSchema(version)
         _check_before_writing(conn, version)
-        steps = [(_MIGRATIONS[0], len(_MIGRATIONS))] if version == 0 else [
-            (_MIGRATIONS[v], v + 1) for v in range(version, len(_MIGRATIONS))]
+        steps = [(_MIGRATIONS[0], SCHEMA_VERSION)] if version == 0 else [
+            (_MIGRATIONS[v], v + 1) for v in range(version, SCHEMA_VERSION)]
         for script, to in steps:
             for statement in _statements(script):
                 conn.execute(statement)

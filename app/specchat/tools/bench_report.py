@@ -211,9 +211,10 @@ def _cell(v, fmt: str, width: int, suffix: str = "") -> str:
     return text.rjust(width)
 
 
-def _sources(rep: dict) -> list[str]:
+def sources(rep: dict) -> list[str]:
     """Where each speculative mode's tokens came from, per kind of prompt,
-    and the suffix drafter's acceptance by source and match length."""
+    and the suffix drafter's acceptance by source and match length: the
+    report's lines for them (public: checked alone, without a whole run)."""
     out = []
     groups = {"all": rep["modes"], **rep["by_kind"]}
     rows = []
@@ -282,7 +283,7 @@ def format_report(rep: dict) -> str:
     block("all prompts (tokens/s: median over prompts)", rep["modes"])
     for kind, modes in rep["by_kind"].items():
         block(f"{kind} prompts", modes)
-    lines.extend(_sources(rep))
+    lines.extend(sources(rep))
     c = rep["costs"]
     lines.append("")
     lines.append("forward passes: target " + ", ".join(

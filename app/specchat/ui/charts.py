@@ -54,6 +54,12 @@ class _Chart(pg.PlotWidget):
         elif not self._timer.isActive():
             self._timer.start()
 
+    @property
+    def pending(self) -> bool:
+        """Whether a redraw was asked for and waits on the timer (read-only:
+        tests check that steps coming faster than REDRAW_S draw nothing yet)."""
+        return self._timer.isActive()
+
     def redraw(self) -> None:
         self.redraws += 1
         self.draw()
