@@ -224,6 +224,13 @@ class Drafter:
         with weights of its own by them); None: none."""
         return None
 
+    def step_seconds(self, runner: Any, ids: list[int], reps: int) -> float | None:
+        """Seconds one drafted token takes on the context ``ids`` (the
+        target's ``runner`` at hand), for the draft recommendation
+        (measure.forward_times), from a drafter that times itself
+        (assistant.py); None: measure.py times it (a draft model, a head)."""
+        return None
+
 
 @dataclass
 class Saved:
