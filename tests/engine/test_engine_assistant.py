@@ -186,6 +186,16 @@ def test_the_centroid_layer_scores_only_its_best_clusters_ids(pair):
     assert mx.allclose(got[mx.array(rest)], mx.full((len(rest),), floor), atol=1e-5)
 
 
+def test_the_draft_recommendation_times_an_assistant_chosen_as_the_draft(pair):
+    """measure.forward_costs times one drafted token of whatever the draft
+    is: for an assistant, one step on the target's keys of the context
+    (``step_seconds``), not a draft model's forward it does not have."""
+    from specchat.engine.measure import forward_costs
+
+    costs = forward_costs(pair, list(PROMPT), reps=1)
+    assert costs.draft_s > 0 and costs.target_s > 0 and costs.draft_cost > 0
+
+
 @pytest.mark.slow  # a long chi-square or training run: CI's slow step
 def test_assistant_samples_follow_the_target(pair):
     """K = 2, three tokens: after a block cut short the next step drafts

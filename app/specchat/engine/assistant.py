@@ -65,14 +65,14 @@ from specchat.engine.assistant_format import (
     target_facts,
 )
 from specchat.engine.drafter_kinds import ASSISTANT, after_key
-from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading, Saved
+from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading
 from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ModelInfo
 from specchat.engine.folders import model_name, read_config
 from specchat.engine.head_drafter import HiddenLog
 from specchat.engine.kv import CacheSlot, HiddenTap
-from specchat.engine.loading import LoadedModel, count_params
+from specchat.engine.loading import LoadedModel, count_params, load_renamed
 from specchat.engine.prompt_cache import common_prefix
 
 
@@ -169,16 +169,11 @@ def load_assistant(files: Assistant, target: LoadedModel, policy, name: str) -> 
         module = AssistantModel(c)
     except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
         raise EngineError(f"{name}: mlx-lm cannot build its layers ({exc})") from exc
-    weights: dict[str, mx.array] = {}
-    for f in files.files:
-        try:
-            loaded = mx.load(str(f))
-        except (OSError, ValueError, RuntimeError) as exc:  # changed since it was checked
-            raise EngineError(f"{files.folder}: {f.name} could not be read ({exc})") from exc
-        for k, v in loaded.items():
-            n = rename(k)
-            if n is not None and not (n == "lm_head.weight" and c.tie_word_embeddings):
-                weights[n] = v.astype(mx.int32) if n == ORDERING else v
+    tied = "lm_head.weight" if c.tie_word_embeddings else None  # its embedding's, if shipped
+    weights = load_renamed(files.files, files.folder,
+                           lambda k: None if (n := rename(k)) == tied else n)
+    if c.ordered:
+        weights[ORDERING] = weights[ORDERING].astype(mx.int32)
     want = {k: tuple(v.shape) for k, v in tree_flatten(module.parameters())}
     unlike = sorted(k for k in want.keys() | weights.keys()
                     if k not in want or k not in weights or tuple(weights[k].shape) != want[k])
@@ -303,18 +298,8 @@ class AssistantDrafter(Drafter):
 
     _STATE = ("log", "prompt_end", "anchor", "ids")
 
-    def save(self) -> Saved:
-        state = {k: getattr(self, k) for k in self._STATE}
-        nbytes = sum(rows.nbytes for _, rows in self.log.parts) + (
-            self.anchor[1].nbytes if self.anchor is not None else 0)
-        self.reset()
-        return Saved(state, nbytes)
-
-    def restore(self, saved: Saved | None) -> None:
-        self.reset()
-        if saved is not None:
-            for k, v in saved.state.items():
-                setattr(self, k, v)
+    def state_bytes(self) -> int:
+        return self.log.nbytes + (self.anchor[1].nbytes if self.anchor is not None else 0)
 
     def prepare(self, prompt: Sequence[int], request=None) -> Reading:
         """Its first block reads the target's hidden state at the prompt's

@@ -304,23 +304,8 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
         raise error(f"{shown} is not a Gemma 4 assistant (its config.json names no "
                     f"{MODEL_TYPE} model type)")
     c = AssistantConfig.from_config(config, shown, error)
-    files = folders.weight_files(folder) or sorted(folder.glob("*.safetensors"))
-    if not files:
-        pickled = [p.name for p in folder.glob("*.bin")]
-        raise error(f"{shown} has no safetensors weights"
-                    + (f" (only pickled {pickled[0]}, which SpecChat does not open: "
-                       "pickled files can run code)" if pickled else ""))
-    tensors: dict[str, Tensor] = {}
-    where: dict[str, Path] = {}
-    for f in files:
-        for key, t in safetensors_file.read(f, error, shown / f.name).items():
-            n = rename(key)
-            if n is None:
-                continue
-            if n in tensors:
-                raise error(f"{shown} does not fit together: tensor {key} is in both "
-                            f"{tensors[n].file} and {f.name}")
-            tensors[n], where[n] = t, f
+    files = folders.head_weight_files(folder, error, shown)
+    tensors, _, where = safetensors_file.read_renamed(files, rename, error, shown)
     check_weights(c, tensors, shown, error)
     if c.ordered:
         t = tensors[ORDERING]

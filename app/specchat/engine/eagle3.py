@@ -43,7 +43,7 @@ from specchat.engine.events import ModelInfo
 from specchat.engine.folders import model_name, read_config
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
-from specchat.engine.loading import LoadedModel, count_params
+from specchat.engine.loading import LoadedModel, count_params, load_renamed
 
 
 def make_rope(c: HeadConfig) -> nn.Module:
@@ -171,16 +171,9 @@ def load_head(head: Head, target, policy, name: str, target_name: str) -> Eagle3
         raise EngineError(problem)
     c = head.config
     check_rope(c, str(head.folder))
-    weights: dict[str, mx.array] = {}
-    for f in head.files:
-        try:
-            loaded = mx.load(str(f))
-        except (OSError, ValueError, RuntimeError) as exc:  # changed since it was checked
-            raise EngineError(f"{head.folder}: {f.name} could not be read ({exc})") from exc
-        for k, v in loaded.items():
-            n = rename(k)
-            if n is not None and n not in ("d2t", "t2d"):
-                weights[n] = v
+    # d2t and t2d were read as ids with the files' check: d2t goes in below
+    weights = load_renamed(head.files, head.folder,
+                           lambda k: None if (n := rename(k)) in ("d2t", "t2d") else n)
     d2t = head.d2t if head.d2t is not None else [0] * c.draft_vocab_size
     weights["d2t"] = mx.array(d2t, dtype=mx.int32)
     module = Eagle3Head(c, None if head.own_embedding else inner.embed_tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +115,24 @@ def _not_a_head(folder: Path, config: dict) -> str | None:
     head = drafter_kinds.of_folder(config)
     return None if head is None else drafter_kinds.not_a_target(folder, head,
                                                                  head.folder.made_for(config))
+
+
+def load_renamed(files: Sequence[Path], folder: Path,
+                 rename: Callable[[str], str | None]) -> dict[str, mx.array]:
+    """A draft head's weights from its checked files, by the names its
+    module gives them (``rename``; None: one it does not read). A file that
+    changed since it was checked is refused in words."""
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            loaded = mx.load(str(f))
+        except (OSError, ValueError, RuntimeError) as exc:  # changed since it was checked
+            raise EngineError(f"{folder}: {f.name} could not be read ({exc})") from exc
+        for k, v in loaded.items():
+            n = rename(k)
+            if n is not None:
+                weights[n] = v
+    return weights
 
 
 def count_params(model: nn.Module) -> int:

@@ -9,7 +9,11 @@ needs no second download: it is read from the same folder.
 
 It drafts as every head that reads the target does (head_drafter.py, the
 layout mlx-vlm's ``qwen3_5_mtp`` drafter uses): row p pairs the target's
-final hidden state after token p with the token at p + 1.
+final hidden state after token p with the token at p + 1. A mixture of
+experts (Qwen3.5 and Qwen3.6 35B-A3B) ships its head's experts stacked, as
+its own layers' (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``):
+they are read into mlx-lm's layer as mlx-lm's sanitize reads the model's
+(``switch_layout``).
 """
 
 from __future__ import annotations
