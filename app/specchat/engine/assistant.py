@@ -1,5 +1,5 @@
 """Gemma 4 assistant drafters: a few layers that draft for one Gemma 4 from
-its own final hidden state and its own KV cache.
+that target's own final hidden state and KV cache.
 
 An assistant is its own folder (``google/gemma-4-31B-it-assistant``);
 assistant_format.py reads and checks it (config, weights' shapes, token
@@ -53,6 +53,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
+from mlx_lm.models.cache import make_prompt_cache
 
 from specchat.engine import compute, rollback
 from specchat.engine.assistant_format import (
@@ -364,8 +365,6 @@ class AssistantDrafter(Drafter):
         """Seconds per token it drafts (measure.forward_times): one step on
         the keys of ``ids``, from the target run once over them with its tap
         on, in a cache of the measure's own."""
-        from mlx_lm.models.cache import make_prompt_cache
-
         cache = rollback.prepare(make_prompt_cache(runner.model))  # windows in position order
         out, tapped = runner.tapped_forward(ids[:-1], cache, "none")
         mx.eval(out)

@@ -65,10 +65,14 @@ SIZES: dict[str, tuple[int, int]] = {
     "num_key_value_heads": (1, 1024),
     "num_global_key_value_heads": (1, 1024),
 }
-# mlx-lm's gemma4_text defaults (ModelArgs), for what a config leaves out:
-# the engine builds the layers with mlx-lm's classes, which read them so.
+# mlx-lm's gemma4_text defaults (ModelArgs, transformers' too), for what a
+# config leaves out (transformers writes a nested config's fields that
+# differ from its defaults): the engine builds the layers with mlx-lm's
+# classes, which read them so.
 DEFAULTS = {"head_dim": 256, "global_head_dim": 512, "sliding_window": 512,
-            "sliding_window_pattern": 5, "num_key_value_heads": 1, "num_kv_shared_layers": 20}
+            "sliding_window_pattern": 5, "num_key_value_heads": 1, "num_kv_shared_layers": 20,
+            "vocab_size": 262144, "hidden_size_per_layer_input": 256,
+            "use_double_wide_mlp": True, "rms_norm_eps": 1e-6}
 
 
 def recognizes(config: dict) -> bool:
@@ -148,7 +152,8 @@ class AssistantConfig:
         layers = read.size(text, "num_hidden_layers", p)
         hidden = read.size(text, "hidden_size", p)
         heads = read.size(text, "num_attention_heads", p)
-        vocab = read.size(text, "vocab_size", p)
+        vocab = read.size(text, "vocab_size", p,
+                          read.size(config, "vocab_size", "", DEFAULTS["vocab_size"]))
         ordered = read.flag(config, "use_ordered_embeddings", False)
         centroids = read.size(config, "num_centroids", "", 2048)
         top_k = read.size(config, "centroid_intermediate_top_k", "", 32)
@@ -160,9 +165,10 @@ class AssistantConfig:
                         f"its {centroids:,} centroids")
         for key, want, why in (("hidden_size_per_layer_input", 0, "read no per-layer inputs"),
                                ("enable_moe_block", False, "have no experts")):
-            if text.get(key):
+            if text.get(key, DEFAULTS.get(key)):
+                got = described(text[key]) if key in text else f"{DEFAULTS[key]}, by leaving it out"
                 raise error(f"{where}: {p}{key} must be {json.dumps(want)}: an assistant's "
-                            f"layers {why}; got {described(text[key])}")
+                            f"layers {why}; got {got}")
         shared = text.get("num_kv_shared_layers")
         if shared not in (None, 0, layers):
             raise error(f"{where}: {p}num_kv_shared_layers must be its {layers} layers (or 0, "
@@ -176,7 +182,11 @@ class AssistantConfig:
                       else head_dim if "global_head_dim" in text else DEFAULTS["global_head_dim"])
         kinds = _layer_types(text, layers, pattern, where, p, error)
         window = read.size(text, "sliding_window", p, DEFAULTS["sliding_window"])
-        double = read.flag(text, "use_double_wide_mlp", False, p)
+        double = read.flag(text, "use_double_wide_mlp", DEFAULTS["use_double_wide_mlp"], p)
+        # What only mlx-lm reads, checked as it would need it.
+        read.number(text, "rms_norm_eps", p, DEFAULTS["rms_norm_eps"])
+        read.size(text, "max_position_embeddings", p, None)
+        read.flag(text, "rope_traditional", False, p)
         read.mapping(text, "rope_parameters", p)
         return cls(
             backbone_hidden_size=read.size(config, "backbone_hidden_size"),
