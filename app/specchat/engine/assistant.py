@@ -69,11 +69,10 @@ from specchat.engine.drafter_kinds import ASSISTANT, after_key
 from specchat.engine.drafters import Build, DraftControl, Drafter, Proposal, Reading
 from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
-from specchat.engine.events import ModelInfo
-from specchat.engine.folders import model_name, read_config
+from specchat.engine.folders import model_name
 from specchat.engine.head_drafter import HiddenLog
 from specchat.engine.kv import CacheSlot, HiddenTap
-from specchat.engine.loading import LoadedModel, count_params, load_renamed
+from specchat.engine.loading import LoadedModel, load_renamed, loaded_head
 from specchat.engine.prompt_cache import common_prefix
 
 
@@ -390,10 +389,6 @@ def build(b: Build) -> AssistantDrafter:
     entries = cache_entries(b.target.model, len(b.cache.cache))
     drafter = AssistantDrafter(module, b.cache, {k: entries[k] for k in module.config.reads},
                                min(module.config.sliding_window, facts.window))
-    info = ModelInfo(name=name, path=str(folder), model_type=ASSISTANT.name,
-                     n_params=count_params(module), weight_bytes=assistant_bytes(module),
-                     dtype=compute.weight_dtype(module), vocab_size=module.config.vocab_size,
-                     trimmable=True, untrimmable_reason=None)
-    drafter.loaded = LoadedModel(model=module, tokenizer=b.target.tokenizer,
-                                 config=read_config(folder), info=info)
+    drafter.loaded = loaded_head(module, folder, ASSISTANT.name, assistant_bytes(module),
+                                 module.config.vocab_size, b.target.tokenizer)
     return drafter

@@ -39,11 +39,10 @@ from specchat.engine.eagle3_format import (
     rope_refusal,
 )
 from specchat.engine.errors import EngineError
-from specchat.engine.events import ModelInfo
-from specchat.engine.folders import model_name, read_config
+from specchat.engine.folders import model_name
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
-from specchat.engine.loading import LoadedModel, count_params, load_renamed
+from specchat.engine.loading import load_renamed, loaded_head
 
 
 def make_rope(c: HeadConfig) -> nn.Module:
@@ -234,10 +233,6 @@ def build(b: Build) -> Eagle3Drafter:
     b.say(f"loading the draft head {name}")
     head = load_head(b.files, b.target.model, b.compute, name, b.target.info.name)
     drafter = Eagle3Drafter(head, b.cache)
-    info = ModelInfo(name=name, path=str(folder), model_type=EAGLE3.name,
-                     n_params=count_params(head), weight_bytes=head_bytes(head),
-                     dtype=compute.weight_dtype(head), vocab_size=head.config.vocab_size,
-                     trimmable=True, untrimmable_reason=None)
-    drafter.loaded = LoadedModel(model=head, tokenizer=b.target.tokenizer,
-                                 config=read_config(folder), info=info)
+    drafter.loaded = loaded_head(head, folder, EAGLE3.name, head_bytes(head),
+                                 head.config.vocab_size, b.target.tokenizer)
     return drafter

@@ -15,7 +15,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 from specchat.engine import attention, compute, drafter_kinds, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
-from specchat.engine.folders import model_name, validate_folder
+from specchat.engine.folders import model_name, read_config, validate_folder
 
 
 @dataclass
@@ -133,6 +133,18 @@ def load_renamed(files: Sequence[Path], folder: Path,
             if n is not None:
                 weights[n] = v
     return weights
+
+
+def loaded_head(module: nn.Module, folder: Path, kind: str, weight_bytes: int, vocab: int,
+                tokenizer: TokenizerWrapper) -> LoadedModel:
+    """A draft head's module (an EAGLE-3 head, a Gemma 4 assistant) as a
+    loaded model: its ``ModelInfo``'s model type its kind's name, the
+    target's tokenizer (it has none of its own)."""
+    info = ModelInfo(name=model_name(folder), path=str(folder), model_type=kind,
+                     n_params=count_params(module), weight_bytes=weight_bytes,
+                     dtype=compute.weight_dtype(module), vocab_size=vocab, trimmable=True,
+                     untrimmable_reason=None)
+    return LoadedModel(model=module, tokenizer=tokenizer, config=read_config(folder), info=info)
 
 
 def count_params(model: nn.Module) -> int:
