@@ -197,6 +197,14 @@ def build_python_renderer_tokenizer(folder: Path, renderer: str = "deepseek_v32"
     return folder
 
 
+# A tiny Gemma 4 text config (mlx-lm's gemma4_text): heads of 16, full
+# attention's of 32 with one key head whose values are its keys, a window of 8.
+GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                   attention_k_eq_v=True, num_kv_shared_layers=0,
+                   hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                   sliding_window=8, final_logit_softcapping=30.0,
+                   use_double_wide_mlp=False, enable_moe_block=False)
+
 # Tiny configs of the architectures people run now, for mlx-lm's own model
 # classes: hybrids with recurrent state (Gated DeltaNet, Mamba 2, short
 # convolutions) and a sliding window shorter than the tests' contexts.
@@ -213,6 +221,12 @@ ARCHS: dict[str, dict] = {
         norm_topk_prob=True, partial_rotary_factor=0.25)),
     "gemma3_text": dict(model_type="gemma3_text", layers=4, extra_config=dict(
         sliding_window=8, sliding_window_pattern=2, head_dim=16, query_pre_attn_scalar=16)),
+    # Gemma 4 as the 31B is: full-attention layers of their own head width
+    # whose values are their keys (attention_k_eq_v), soft-capped logits, no
+    # per-layer inputs; the last layer a sliding one.
+    "gemma4_text": dict(model_type="gemma4_text", layers=4, extra_config=dict(
+        GEMMA4_TEXT, layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                  "sliding_attention"])),
     "falcon_h1": dict(model_type="falcon_h1", layers=2, extra_config=dict(
         mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
         mamba_d_conv=4, mamba_expand=1, head_dim=16)),
@@ -255,6 +269,30 @@ def add_mtp(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
         weights[f"mtp.{k}"] = v * scale if k.endswith("weight") and v.ndim > 1 else v
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     return folder
+
+
+def fuse_experts(folder: Path) -> Path:
+    """A tiny Qwen3.5 MoE folder's experts, its MTP head's too, in the
+    layout Qwen's own checkpoints ship them (and mlx-lm's qwen3_5_moe
+    sanitize reads): each layer's experts as two stacked tensors,
+    ``mlp.experts.gate_up_proj`` (gate, then up) and ``mlp.experts.down_proj``,
+    for mlx-lm's ``mlp.switch_mlp`` projections."""
+    import mlx.core as mx
+
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    for k in [k for k in weights if k.endswith(".mlp.switch_mlp.gate_proj.weight")]:
+        base = k[:-len("switch_mlp.gate_proj.weight")]
+        gate, up = weights.pop(k), weights.pop(base + "switch_mlp.up_proj.weight")
+        weights[base + "experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[base + "experts.down_proj"] = weights.pop(base + "switch_mlp.down_proj.weight")
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+# Qwen3.5's MoE (Qwen3.5 35B-A3B, Qwen3.6 35B-A3B): ARCHS["qwen3_5"] with experts.
+QWEN3_5_MOE = dict(model_type="qwen3_5_moe", layers=4, extra_config=dict(
+    ARCHS["qwen3_5"]["extra_config"], num_experts=4, num_experts_per_tok=2,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32))
 
 
 def build_eagle3(folder: Path, target: Path, *, layout: str = "eagle3", draft_vocab: int = 256,
@@ -398,6 +436,91 @@ def build_partial_mtp_target(folder: Path, tokenizer_dir: Path, seed: int = 8) -
             v = lm.model.norm.weight
         weights[f"mtp.{k}"] = v
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+def build_gemma4(folder: Path, tokenizer_dir: Path, seed: int = 5,
+                 layers: float | None = None) -> Path:
+    """A tiny Gemma 4 as Google ships the 31B (model type ``gemma4``, its
+    text model under ``language_model``, mlx-lm's gemma4 wrapping
+    gemma4_text): ARCHS["gemma4_text"]'s numbers, nested. ``layers``: the
+    weight of each layer's output in its residual (its post-attention and
+    post-feedforward norms'), small for a model that mostly reads its last
+    token (an assistant that reads that token then drafts it often)."""
+    import mlx.core as mx
+
+    arch = dict(ARCHS["gemma4_text"])
+    if layers is not None:
+        arch["amplify"] = {"post_attention_layernorm.weight": layers,
+                           "post_feedforward_layernorm.weight": layers}
+    build_model(folder, tokenizer_dir, seed=seed, **arch)
+    text = json.loads((folder / "config.json").read_text())
+    config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+              "text_config": text, "vocab_size": text["vocab_size"]}
+    weights = mx.load(str(folder / "model.safetensors"))
+    mx.save_safetensors(str(folder / "model.safetensors"),
+                        {f"language_model.{k}": v for k, v in weights.items()})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def build_gemma4_assistant(folder: Path, target: Path, *, ordered: bool = False,
+                           seed: int = 13, hidden: int = 32, layer_types=None,
+                           extra: dict | None = None, mimic: float | None = None) -> Path:
+    """A random Gemma 4 assistant for a tiny Gemma 4 ``target`` (either
+    layout), in Google's layout: ``Gemma4AssistantForCausalLM``'s config
+    and transformers' weight names, its layers KV-shared (no key or value
+    projections). ``ordered``: a centroid-routed output layer (the small
+    sizes'), 8 centroids of which it scores the best 2; ``extra``: fields
+    of its text config changed. ``mimic``: as wide as its target, it reads
+    the embedding of the token it reads as its own (``pre_projection``
+    passes it on), its output layer is the target's, and its layers add
+    ``mimic`` of their output to it: for a target that mostly reads its
+    last token (build_gemma4's ``layers``), it drafts the target's next
+    token often, not always, from what it attends to and carries."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from specchat.engine.assistant import AssistantModel
+    from specchat.engine.assistant_format import AssistantConfig
+
+    tcfg = json.loads((target / "config.json").read_text())
+    tcfg = tcfg.get("text_config", tcfg)
+    hidden = tcfg["hidden_size"] if mimic is not None else hidden
+    text = {"model_type": "gemma4_text", "hidden_size": hidden, "intermediate_size": 2 * hidden,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "head_dim": tcfg["head_dim"], "global_head_dim": tcfg["global_head_dim"],
+            "vocab_size": tcfg["vocab_size"], "num_kv_shared_layers": 2,
+            "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+            "layer_types": layer_types or ["sliding_attention", "full_attention"],
+            "sliding_window": tcfg["sliding_window"], "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 2048, "use_double_wide_mlp": False,
+            "attention_k_eq_v": True, "final_logit_softcapping": None,
+            **(extra or {})}
+    config = {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
+              "backbone_hidden_size": tcfg["hidden_size"], "use_ordered_embeddings": ordered,
+              "num_centroids": 8, "centroid_intermediate_top_k": 2, "tie_word_embeddings": True,
+              "text_config": text}
+    mx.random.seed(seed)
+    module = AssistantModel(AssistantConfig.from_config(config))
+    weights = dict(tree_flatten(module.parameters()))
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * 3.0
+    if mimic is not None:
+        theirs = mx.load(str(target / "model.safetensors"))
+        weights["model.embed_tokens.weight"] = next(
+            v for k, v in theirs.items() if k.endswith("lm_head.weight"))
+        pre = weights["pre_projection.weight"]
+        weights["pre_projection.weight"] = mx.concatenate(
+            [mx.eye(hidden), pre[:, hidden:] * mimic], axis=1)
+        for k in weights:
+            if k.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
+                weights[k] = weights[k] * mimic
+    if ordered:
+        order = np.random.default_rng(seed).permutation(tcfg["vocab_size"])
+        weights["masked_embedding.token_ordering"] = mx.array(order, dtype=mx.int64)
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -734,3 +857,56 @@ def build_harmony_reasoner_model(folder: Path, tokenizer_dir: Path, seed: int = 
                                       "<|return|>"])]
     return build_scripted_model(folder, tokenizer_dir, chain_script(tokenizer_dir, chains, {}),
                                 seed=seed)
+
+
+# -- a tiny stand-in for every kind of pair the catalog offers ---------------------------
+# What drafts for a catalog pair, by drafter kind (engine/drafter_kinds.py):
+# the catalog's kinds of draft ("model", "mtp", "eagle3", "assistant").
+DRAFTER_OF_KIND = {"model": "draft", "mtp": "mtp", "eagle3": "eagle3", "assistant": "assistant"}
+# Model types a generic tiny config builds (build_model) as a target or a draft model.
+FLAT_TYPES = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 16}}
+
+
+def _stand_in_drafts(folder: Path, tokenizer_dir: Path, target_type: str, draft_type: str):
+    target = build_model(folder / "target", tokenizer_dir, model_type=target_type, layers=4,
+                         seed=3, extra_config=FLAT_TYPES[target_type])
+    same = draft_type == target_type  # then the target with noise: blocks are kept, some
+    draft = build_model(folder / "draft", tokenizer_dir, model_type=draft_type, seed=4,
+                        layers=4 if same else 2, noise_from=target if same else None,
+                        noise=0.05, extra_config=FLAT_TYPES[draft_type])
+    return target, draft
+
+
+def _stand_in_mtp(folder: Path, tokenizer_dir: Path, target_type: str):
+    if target_type == "qwen3_5":
+        return add_mtp(build_arch(folder / "target", tokenizer_dir, "qwen3_5", seed=8)), "mtp"
+    return fuse_experts(add_mtp(build_model(folder / "target", tokenizer_dir, seed=8,
+                                            **QWEN3_5_MOE))), "mtp"
+
+
+def _stand_in_eagle3(folder: Path, tokenizer_dir: Path, target_type: str):
+    target = build_model(folder / "target", tokenizer_dir, model_type=target_type, seed=3,
+                         layers=6, extra_config=FLAT_TYPES[target_type])
+    return target, build_eagle3(folder / "head", target)
+
+
+def _stand_in_assistant(folder: Path, tokenizer_dir: Path):
+    target = build_gemma4(folder / "target", tokenizer_dir, layers=0.1)
+    return target, build_gemma4_assistant(folder / "assistant", target, mimic=0.1)
+
+
+def stand_in(kind: str, target_type: str, draft_type: str, folder: Path, tokenizer_dir: Path):
+    """(target folder, draft: a folder or "mtp") of a tiny random pair of the
+    catalog pair's kind and model types (``draft_type``: the draft's, "" for
+    the target's own head and for a head known by its kind), built from
+    mlx-lm's own classes in the layout its checkpoints ship; None for a pair
+    no stand-in is known for (the catalog test fails it)."""
+    if kind == "model" and target_type in FLAT_TYPES and draft_type in FLAT_TYPES:
+        return _stand_in_drafts(folder, tokenizer_dir, target_type, draft_type)
+    if kind == "mtp" and target_type in ("qwen3_5", "qwen3_5_moe"):
+        return _stand_in_mtp(folder, tokenizer_dir, target_type)
+    if kind == "eagle3" and target_type in FLAT_TYPES:
+        return _stand_in_eagle3(folder, tokenizer_dir, target_type)
+    if (kind, target_type, draft_type) == ("assistant", "gemma4", "gemma4_assistant"):
+        return _stand_in_assistant(folder, tokenizer_dir)
+    return None

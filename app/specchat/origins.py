@@ -48,6 +48,8 @@ CONVERSATION = register(Origin("conversation", "conversation", "this conversatio
 HISTORY = register(Origin("history", "history", "your history", ("#f7dcae", "#5e4216"))).name
 MTP = register(Origin("mtp", "MTP", "the model's own MTP head", ("#f3d1ea", "#5c2a4f"))).name
 HEAD = register(Origin("head", "head", "a draft head (EAGLE-3)", ("#d8f0ef", "#1f5552"))).name
+ASSISTANT = register(Origin("assistant", "assistant", "a Gemma 4 assistant",
+                           ("#e4dcf5", "#3e2f66"))).name
 
 
 def drafted(tokens_by_origin: dict[str, int]) -> list[str]:

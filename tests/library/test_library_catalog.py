@@ -160,6 +160,9 @@ def test_a_head_trained_for_another_target_is_refused(tmp_path):
      'false)'),
     ([{k: v for k, v in _model("big", 8).items() if k != "num_layers"}], [],
      'The model catalog file fam.json is damaged (big has no "num_layers")'),
+    ([_model("big", 8), {**ASSISTANT, "model_type": ["gemma4_assistant"]}], [],
+     'The model catalog file fam.json is damaged (the assistant drafter big-assistant says '
+     '"model_type": ["gemma4_assistant"]; it is a name)'),
     ([_model("big", 8), {**EAGLE, "for": "nothing"}], [],
      "The model catalog's EAGLE-3 head big-eagle3 is for nothing, which the catalog does not "
      "list"),

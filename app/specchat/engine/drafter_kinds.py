@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specchat import origins
-from specchat.engine import eagle3_format, registry
+from specchat.engine import assistant_format, eagle3_format, registry
 from specchat.engine.folders import model_name
 
 
@@ -167,7 +167,8 @@ def head_words(name: str) -> str:
 def not_a_target(folder: str | os.PathLike, kind: DrafterKind, made_for: str = "") -> str:
     """Why a draft head's folder cannot be a target, in words, wherever a
     target is checked; ``made_for``: the model its config names, if any."""
-    return (f"{model_name(folder)} is an {kind.folder.LABEL} draft head"
+    label = kind.folder.LABEL
+    return (f"{model_name(folder)} is {'an' if label[0] in 'AEIOU' else 'a'} {label} draft head"
             + (f" made for {made_for}" if made_for else "")
             + ": a head drafts for a target and cannot be one. Use it as the draft "
               f"(--draft {folder} on the command line, the Draft list in the window), "
@@ -195,3 +196,14 @@ MTP = register(DrafterKind("mtp", _lazy("specchat.engine.mtp", "build"), prior=0
 EAGLE3 = register(DrafterKind("eagle3", _lazy("specchat.engine.eagle3", "build"), prior=0.7,
                               cap=10, calibrated=True, needs="head", fills=True,
                               folder=eagle3_format, reads_target=True, origin=origins.HEAD))
+
+# A Gemma 4 assistant (assistant.py, its folder's format assistant_format.py):
+# a few layers that read the target's final hidden state and the keys and
+# values of its last full-attention and sliding-window layers, drafting
+# from one constant position. Chosen as the pair's draft, it stands where a
+# draft model would. Google's blocks are short (mlx-vlm's default: three
+# drafts), so its longest block is 6.
+ASSISTANT = register(DrafterKind("assistant", _lazy("specchat.engine.assistant", "build"),
+                                 prior=0.6, cap=6, calibrated=True, needs="head", fills=True,
+                                 folder=assistant_format, reads_target=True,
+                                 origin=origins.ASSISTANT))

@@ -210,17 +210,31 @@ class Drafter:
     def reset(self) -> None:
         """Forget everything (the cache was dropped)."""
 
+    # The attributes that hold what it keeps of a conversation, which ``save``
+    # moves out and ``restore`` puts back (``reset`` makes them anew); none for
+    # a drafter that keeps nothing between requests.
+    _STATE: tuple[str, ...] = ()
+
     def save(self) -> Saved | None:
         """What this drafter holds of the conversation the target's cache
         holds, moved out (the drafter starts empty), for when the engine
         puts that conversation aside (prompt_cache.py); None for a drafter
         that keeps nothing between requests."""
+        state = {k: getattr(self, k) for k in self._STATE}
+        nbytes = self.state_bytes()
         self.reset()
-        return None
+        return Saved(state, nbytes) if state else None
 
     def restore(self, saved: Saved | None) -> None:
         """Hold again what ``save`` moved out (None: start empty)."""
         self.reset()
+        if saved is not None:
+            for k, v in saved.state.items():
+                setattr(self, k, v)
+
+    def state_bytes(self) -> int:
+        """The bytes of what ``_STATE`` holds."""
+        return 0
 
     def stats(self) -> dict:
         """This request's own counts, for Summary.drafter_stats under the
@@ -230,6 +244,13 @@ class Drafter:
     def bytes_per_token(self) -> int | None:
         """Weight bytes one drafted token reads (the engine prices a drafter
         with weights of its own by them); None: none."""
+        return None
+
+    def step_seconds(self, runner: Any, ids: list[int], reps: int) -> float | None:
+        """Seconds one drafted token takes on the context ``ids`` (the
+        target's ``runner`` at hand), for the draft recommendation
+        (measure.forward_times), from a drafter that times itself
+        (assistant.py); None: measure.py times it (a draft model, a head)."""
         return None
 
 

@@ -40,11 +40,10 @@ from specchat.engine.eagle3_format import (
     rope_refusal,
 )
 from specchat.engine.errors import EngineError
-from specchat.engine.events import ModelInfo
-from specchat.engine.folders import model_name, read_config
+from specchat.engine.folders import model_name
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
-from specchat.engine.loading import LoadedModel, count_params
+from specchat.engine.loading import load_renamed, loaded_head
 
 
 def make_rope(c: HeadConfig) -> nn.Module:
@@ -184,16 +183,9 @@ def load_head(head: Head, target, policy, name: str, target_name: str) -> Eagle3
         raise EngineError(problem)
     c = head.config
     check_rope(c, str(head.folder))
-    weights: dict[str, mx.array] = {}
-    for f in head.files:
-        try:
-            loaded = mx.load(str(f))
-        except (OSError, ValueError, RuntimeError) as exc:  # changed since it was checked
-            raise EngineError(f"{head.folder}: {f.name} could not be read ({exc})") from exc
-        for k, v in loaded.items():
-            n = rename(k)
-            if n is not None and n not in ("d2t", "t2d"):
-                weights[n] = v
+    # d2t and t2d were read as ids with the files' check: d2t goes in below
+    weights = load_renamed(head.files, head.folder,
+                           lambda k: None if (n := rename(k)) in ("d2t", "t2d") else n)
     d2t = head.d2t if head.d2t is not None else [0] * c.draft_vocab_size
     weights["d2t"] = mx.array(d2t, dtype=mx.int32)
     module = Eagle3Head(c, None if head.own_embedding else inner.embed_tokens)
@@ -254,10 +246,6 @@ def build(b: Build) -> Eagle3Drafter:
     b.say(f"loading the draft head {name}")
     head = load_head(b.files, b.target.model, b.compute, name, b.target.info.name)
     drafter = Eagle3Drafter(head, b.cache)
-    info = ModelInfo(name=name, path=str(folder), model_type=EAGLE3.name,
-                     n_params=count_params(head), weight_bytes=head_bytes(head),
-                     dtype=compute.weight_dtype(head), vocab_size=head.config.vocab_size,
-                     trimmable=True, untrimmable_reason=None)
-    drafter.loaded = LoadedModel(model=head, tokenizer=b.target.tokenizer,
-                                 config=read_config(folder), info=info)
+    drafter.loaded = loaded_head(head, folder, EAGLE3.name, head_bytes(head),
+                                 head.config.vocab_size, b.target.tokenizer)
     return drafter

@@ -30,7 +30,6 @@ from pathlib import Path
 from specchat.engine import folders, rope_rules, safetensors_file
 from specchat.engine.config_fields import Fields
 from specchat.engine.errors import EngineError
-from specchat.engine.events import CHECKPOINT_FILES
 from specchat.engine.safetensors_file import FLOAT_DTYPES, WHOLE_DTYPES, Tensor, whole
 from specchat.errors import SpecChatError
 from specchat.records import described
@@ -331,7 +330,7 @@ class Head:
 
     folder: Path
     config: HeadConfig
-    files: tuple[Path, ...]  # its weight files (weight_files)
+    files: tuple[Path, ...]  # its weight files (folders.head_weight_files)
     tensors: dict[str, Tensor] = field(repr=False)  # by the module's names, d2t and t2d too
     d2t: tuple[int, ...] | None = field(repr=False)
     t2d: tuple[int, ...] | None = field(repr=False)
@@ -356,13 +355,6 @@ class Head:
                 "width": c.hidden_size, "own_embedding": self.own_embedding}
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The files a head's weights (and its d2t, t2d) are read from: a
-    model's, or else any safetensors file but a training checkpoint's."""
-    return folders.weight_files(folder) or [p for p in sorted(folder.glob("*.safetensors"))
-                                            if p.name not in CHECKPOINT_FILES]
-
-
 def read(folder: Path, error: type[SpecChatError] = EngineError,
          shown: Path | None = None) -> Head:
     """A head's folder, every file of it checked before anything is built
@@ -377,24 +369,8 @@ def read(folder: Path, error: type[SpecChatError] = EngineError,
         raise error(f"{shown} is not an EAGLE-3 draft head (its config.json names no eagle3 "
                     "architecture)")
     c = HeadConfig.from_config(config, shown, error)
-    files = weight_files(folder)
-    if not files:
-        pickled = [p.name for p in folder.glob("*.bin")]
-        raise error(f"{shown} has no safetensors weights"
-                    + (f" (only pickled {pickled[0]}, which SpecChat does not open: "
-                       "pickled files can run code)" if pickled else ""))
-    tensors: dict[str, Tensor] = {}
-    names: dict[str, str] = {}
-    where: dict[str, Path] = {}
-    for f in files:
-        for key, t in safetensors_file.read(f, error, shown / f.name).items():
-            n = rename(key)
-            if n is None:
-                continue
-            if n in tensors:
-                raise error(f"{shown} does not fit together: tensor {key} is in both "
-                            f"{tensors[n].file} and {f.name}")
-            tensors[n], names[n], where[n] = t, key, f
+    files = folders.head_weight_files(folder, error, shown)
+    tensors, names, where = safetensors_file.read_renamed(files, rename, error, shown)
     c = check_weights(c, tensors, shown, error, names)
     maps = {}
     for n in ("d2t", "t2d"):

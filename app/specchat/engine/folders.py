@@ -22,7 +22,7 @@ from pathlib import Path
 from specchat import outputs, records, values
 from specchat.engine.compat import tokenizer_vocab
 from specchat.engine.errors import EngineError
-from specchat.engine.events import TRAINING_STATE
+from specchat.engine.events import CHECKPOINT_FILES, TRAINING_STATE
 from specchat.errors import SpecChatError
 from specchat.home import home
 
@@ -138,6 +138,21 @@ def model_name(folder: str | os.PathLike) -> str:
 def weight_files(folder: Path) -> list[Path]:
     """The files mlx-lm loads weights from (same glob as mlx_lm.utils)."""
     return sorted(folder.glob("model*.safetensors"))
+
+
+def head_weight_files(folder: Path, error: type[SpecChatError] = EngineError,
+                      shown: Path | None = None) -> list[Path]:
+    """The files a draft head's weights are read from (an EAGLE-3 head's, a
+    Gemma 4 assistant's): a model's, or else any safetensors file but a
+    training checkpoint's; refused in words where there are none."""
+    files = weight_files(folder) or [p for p in sorted(folder.glob("*.safetensors"))
+                                     if p.name not in CHECKPOINT_FILES]
+    if not files:
+        pickled = [p.name for p in folder.glob("*.bin")]
+        raise error(f"{shown or folder} has no safetensors weights"
+                    + (f" (only pickled {pickled[0]}, which SpecChat does not open: "
+                       "pickled files can run code)" if pickled else ""))
+    return files
 
 
 # The JSON files loading reads: mlx-lm's load_config (config, generation and

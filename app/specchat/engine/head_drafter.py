@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specchat.engine import drafter_kinds
-from specchat.engine.drafters import DraftControl, Drafter, Proposal, Reading, Saved
+from specchat.engine.drafters import DraftControl, Drafter, Proposal, Reading
 from specchat.engine.drafting import DraftHead, draft_block
 from specchat.engine.errors import EngineError
 from specchat.engine.kv import CacheSlot, HiddenTap
@@ -73,6 +73,10 @@ class HiddenLog:
     def truncate(self, p: int) -> None:
         """Forget positions p and later."""
         self.parts = [(s, r[:p - s]) for s, r in self.parts if s < p]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(rows.nbytes for _, rows in self.parts)
 
 
 class HeadDrafter(Drafter):
@@ -125,18 +129,8 @@ class HeadDrafter(Drafter):
 
     _STATE = ("cache", "rows", "log", "outs", "ids")
 
-    def save(self) -> Saved:
-        state = {k: getattr(self, k) for k in self._STATE}
-        nbytes = sum(c.nbytes for c in self.cache) + sum(
-            rows.nbytes for log in (self.log, self.outs) for _, rows in log.parts)
-        self.reset()
-        return Saved(state, nbytes)
-
-    def restore(self, saved: Saved | None) -> None:
-        self.reset()
-        if saved is not None:
-            for k, v in saved.state.items():
-                setattr(self, k, v)
+    def state_bytes(self) -> int:
+        return sum(c.nbytes for c in self.cache) + self.log.nbytes + self.outs.nbytes
 
     def _collect(self, start: int, tapped: dict) -> None:
         self.log.add(start, self.features(tapped))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 from specchat.engine import attention, compute, drafter_kinds, rollback
 from specchat.engine.errors import EngineError
 from specchat.engine.events import ComputeInfo, ModelInfo
-from specchat.engine.folders import model_name, validate_folder
+from specchat.engine.folders import model_name, read_config, validate_folder
 
 
 @dataclass
@@ -115,6 +115,36 @@ def _not_a_head(folder: Path, config: dict) -> str | None:
     head = drafter_kinds.of_folder(config)
     return None if head is None else drafter_kinds.not_a_target(folder, head,
                                                                  head.folder.made_for(config))
+
+
+def load_renamed(files: Sequence[Path], folder: Path,
+                 rename: Callable[[str], str | None]) -> dict[str, mx.array]:
+    """A draft head's weights from its checked files, by the names its
+    module gives them (``rename``; None: one it does not read). A file that
+    changed since it was checked is refused in words."""
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            loaded = mx.load(str(f))
+        except (OSError, ValueError, RuntimeError) as exc:  # changed since it was checked
+            raise EngineError(f"{folder}: {f.name} could not be read ({exc})") from exc
+        for k, v in loaded.items():
+            n = rename(k)
+            if n is not None:
+                weights[n] = v
+    return weights
+
+
+def loaded_head(module: nn.Module, folder: Path, kind: str, weight_bytes: int, vocab: int,
+                tokenizer: TokenizerWrapper) -> LoadedModel:
+    """A draft head's module (an EAGLE-3 head, a Gemma 4 assistant) as a
+    loaded model: its ``ModelInfo``'s model type its kind's name, the
+    target's tokenizer (it has none of its own)."""
+    info = ModelInfo(name=model_name(folder), path=str(folder), model_type=kind,
+                     n_params=count_params(module), weight_bytes=weight_bytes,
+                     dtype=compute.weight_dtype(module), vocab_size=vocab, trimmable=True,
+                     untrimmable_reason=None)
+    return LoadedModel(model=module, tokenizer=tokenizer, config=read_config(folder), info=info)
 
 
 def count_params(model: nn.Module) -> int:

@@ -188,7 +188,8 @@ def forward_times(engine: Engine, ids: list[int], tokens: Sequence[int],
     every position (``"target"``, by token count), and one drafted token of
     the pair's draft (``"draft"``, when one is loaded): a draft model's
     forward with the last position's logits over its (pruned) head, a
-    head's chained forward and logits."""
+    head's chained forward and logits, or what a drafter that times itself
+    says (``Drafter.step_seconds``)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from specchat.engine.head_drafter import HeadDrafter
@@ -203,7 +204,10 @@ def forward_times(engine: Engine, ids: list[int], tokens: Sequence[int],
         raise EngineError("No model is loaded.")
     out = {"target": {m: timed(target.model, lambda x, c: target(x, c, "all"), m)
                       for m in tokens}}
-    if isinstance(drafter, HeadDrafter):
+    own = drafter.step_seconds(target, ids, reps) if drafter is not None else None
+    if own is not None:
+        out["draft"] = own
+    elif isinstance(drafter, HeadDrafter):
         out["draft"] = _head_step_time(engine, drafter, ids, reps)
     elif drafter is not None:
         out["draft"] = timed(drafter.runner.model, drafter.forward_last, 1)

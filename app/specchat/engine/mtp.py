@@ -9,7 +9,11 @@ needs no second download: it is read from the same folder.
 
 It drafts as every head that reads the target does (head_drafter.py, the
 layout mlx-vlm's ``qwen3_5_mtp`` drafter uses): row p pairs the target's
-final hidden state after token p with the token at p + 1.
+final hidden state after token p with the token at p + 1. A mixture of
+experts (Qwen3.5 and Qwen3.6 35B-A3B) ships its head's experts stacked, as
+its own layers' (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``):
+they are read into mlx-lm's layer as mlx-lm's sanitize reads the model's
+(``switch_layout``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from specchat.engine.errors import EngineError
 from specchat.engine.folders import weight_files
 from specchat.engine.head_drafter import HeadDrafter
 from specchat.engine.kv import CacheSlot
+from specchat.engine.safetensors_file import Tensor
 
 # Qwen's checkpoints store RMSNorm weights zero-centred (weight + 1 at use);
 # mlx-lm adds the 1 when it converts them (a checkpoint whose conv1d weights
@@ -80,7 +85,7 @@ def load_head(folder: Path, target, policy, config: dict,
         return None, mtp_format.cannot_draft(name, why)
     n = len({k.split(".")[1] for k in own if k.startswith("layers.")})
     head = MTPModule(type(layers[0]), args, n)  # lazy: nothing is computed before load_weights
-    why = _unlike(head, own)
+    why = _unlike(head, switch_layout(own, _halves_of_header))
     if why is not None:
         return None, mtp_format.cannot_draft(name, why)
     weights: dict[str, mx.array] = {}
@@ -94,12 +99,45 @@ def load_head(folder: Path, target, policy, config: dict,
     if hub_layout:
         weights = {k: v + 1.0 if k.endswith(_NORMS) and v.ndim == 1 else v
                    for k, v in weights.items()}
+    weights = switch_layout(weights, _halves_of_array)
     try:
         head.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:  # checked above: the files changed since
         raise EngineError(f"{folder.name}: its MTP weights do not fit the model ({exc})") from exc
     compute.apply(head, policy)
     return head, None
+
+
+_GATE_UP, _DOWN = ".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"
+
+
+def switch_layout(items: dict, halves) -> dict:
+    """A head's experts as mlx-lm's layer holds them (``mlp.switch_mlp``'s
+    gate, up and down projections), from the layout Qwen's MoE checkpoints
+    ship them in (``mlp.experts.gate_up_proj``: the gate's then the up's
+    rows of every expert, stacked; ``mlp.experts.down_proj``), as mlx-lm's
+    qwen3_5_moe sanitize moves the model's own layers'. ``halves`` splits a
+    gate_up item (a header or an array) into the gate's and the up's."""
+    out = {}
+    for k, v in items.items():
+        if k.endswith(_GATE_UP):
+            base = k[:-len(_GATE_UP)] + ".mlp.switch_mlp."
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = halves(v)
+        elif k.endswith(_DOWN):
+            out[k[:-len(_DOWN)] + ".mlp.switch_mlp.down_proj.weight"] = v
+        else:
+            out[k] = v
+    return out
+
+
+def _halves_of_array(v: mx.array) -> tuple[mx.array, mx.array]:
+    mid = v.shape[-2] // 2
+    return v[..., :mid, :], v[..., mid:, :]
+
+
+def _halves_of_header(t: Tensor) -> tuple[Tensor, Tensor]:
+    shape = (*t.shape[:-2], t.shape[-2] // 2, t.shape[-1]) if len(t.shape) >= 2 else t.shape
+    return replace(t, shape=shape), replace(t, shape=shape)
 
 
 def _unlike(head: MTPModule, tensors: dict) -> str | None:

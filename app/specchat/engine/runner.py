@@ -6,7 +6,10 @@ accepted tokens we need only the last; the vocabulary projection is the
 largest single matmul in small models (Qwen2.5-0.5B: 136M of 494M weights),
 so skipping it where unused is a real saving. For architectures whose
 ``__call__`` is exactly ``head(model.model(x))`` we call the two halves
-ourselves; anything else falls back to the full call.
+ourselves; anything else falls back to the full call. Gemma 4's head
+soft-caps its logits (``final_logit_softcapping``): its head here is the
+projection and mlx-lm's own cap, so its trunk's output (the final hidden
+states, after the norm) is there to tap as every split model's is.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Literal
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.gemma4_text import logit_softcap
 
 from specchat.engine import folders
 from specchat.engine.compute import param_bytes
@@ -25,11 +29,29 @@ from specchat.engine.compute import param_bytes
 # with no logit scaling or soft-capping (checked against mlx-lm's sources).
 _SPLIT_SAFE = {"llama", "qwen2", "qwen3", "mistral", "smollm3", "qwen3_next", "qwen3_5",
                "qwen3_5_moe"}
+# model_type values whose Model.__call__ is `softcap(head(self.model(inputs, cache)))`,
+# with the cap its ``final_logit_softcapping`` (mlx-lm's gemma4_text).
+_SOFTCAPPED = {"gemma4_text", "gemma4"}
 # model_type values whose Model wraps the language model it runs
 # (``Model.language_model``): its trunk and head are that one's.
-_WRAPPED = {"qwen3_5", "qwen3_5_moe"}
+_WRAPPED = {"qwen3_5", "qwen3_5_moe", "gemma4"}
 
 Which = Literal["none", "last", "all", "hidden"]
+
+
+class CappedHead(nn.Module):
+    """An output layer whose logits are soft-capped, ``cap * tanh(x / cap)``
+    (Gemma 4), computed by mlx-lm's own function: the tied embedding's
+    ``as_linear`` or the ``lm_head``, then the cap."""
+
+    def __init__(self, project: nn.Module, cap: float):
+        super().__init__()
+        self.project = project
+        self.cap = cap
+
+    def __call__(self, h: mx.array) -> mx.array:
+        p = self.project
+        return logit_softcap(self.cap, p.as_linear(h) if hasattr(p, "as_linear") else p(h))
 
 
 def embedding_rows(model: nn.Module, config: dict | None = None) -> int | None:
@@ -55,12 +77,15 @@ class Runner:
         self.tap = False
         self.tapped: dict | None = None
         lm = model.language_model if model_type in _WRAPPED else model
-        if model_type in _SPLIT_SAFE and hasattr(lm, "model"):
-            args = getattr(lm, "args", None)
-            if getattr(args, "tie_word_embeddings", False):
-                self.trunk, self.head = lm.model, lm.model.embed_tokens.as_linear
-            elif hasattr(lm, "lm_head"):
-                self.trunk, self.head = lm.model, lm.lm_head
+        if model_type in _SPLIT_SAFE | _SOFTCAPPED and hasattr(lm, "model"):
+            tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
+            project = lm.model.embed_tokens if tied else getattr(lm, "lm_head", None)
+            cap = getattr(lm, "final_logit_softcapping", None) if model_type in _SOFTCAPPED \
+                else None
+            if project is not None:
+                self.trunk = lm.model
+                self.head = (CappedHead(project, cap) if cap is not None
+                             else project.as_linear if tied else project)
         # An embedding lookup does not check its ids: one past the table reads
         # whatever memory follows. A draft can be handed such ids when the
         # target's padded vocabulary is wider than the draft's (or the other
@@ -167,8 +192,10 @@ class Runner:
         return param_bytes(owner)
 
     def head_weight(self) -> mx.array | None:
-        """The [V, H] projection matrix, if the head is a plain (unquantized) one."""
-        if not self.split:
+        """The [V, H] projection matrix, if the head is a plain (unquantized)
+        one: not soft-capped, since whoever projects with it would leave
+        the cap out."""
+        if not self.split or isinstance(self.head, CappedHead):
             return None
         if isinstance(self.head, nn.Linear):
             return self.head.weight

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,29 @@ def read(path: Path, error: type[SpecChatError] = EngineError,
         raise error(f"{shown} is damaged: {data - at:,} bytes after its last tensor "
                     "belong to no tensor")
     return tensors
+
+
+def read_renamed(files: Sequence[Path], rename: Callable[[str], str | None],
+                 error: type[SpecChatError] = EngineError, shown: Path | None = None
+                 ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, Path]]:
+    """Every tensor of a head's weight files (``read``), by the name its
+    module gives it (``rename``; None: one it does not read), with the name
+    its file writes and the file it is in. A tensor two files hold is
+    refused: which one would load is not the author's choice. Messages
+    name ``shown``, the head's folder as the person gave it."""
+    tensors: dict[str, Tensor] = {}
+    names: dict[str, str] = {}
+    where: dict[str, Path] = {}
+    for f in files:
+        for key, t in read(f, error, shown / f.name if shown else f).items():
+            n = rename(key)
+            if n is None:
+                continue
+            if n in tensors:
+                raise error(f"{shown or f.parent} does not fit together: tensor {key} is in "
+                            f"both {tensors[n].file} and {f.name}")
+            tensors[n], names[n], where[n] = t, key, f
+    return tensors, names, where
 
 
 def _tensor(name: str, info: object, file: str, shown: Path,

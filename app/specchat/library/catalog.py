@@ -74,6 +74,9 @@ class CatalogModel:
     hidden_size: int = 0  # an EAGLE-3 head: the target hidden states it reads
     draft_vocab: int = 0  # an EAGLE-3 head: the tokens it proposes from
     source: str = ""  # where the numbers were checked
+    # Its config.json's model_type (mlx-lm's class for a model); "" where the
+    # file does not say (an EAGLE-3 head is known by its kind).
+    model_type: str = ""
 
     @property
     def repo(self) -> str | None:
@@ -97,7 +100,7 @@ class CatalogModel:
             "params": self.params, "quantization": self.quantization,
             "download_bytes": self.download_bytes, "max_context": self.max_context,
             "license": self.license, "kind": self.kind, "mtp": self.mtp,
-            "for": self.trained_for or None,
+            "for": self.trained_for or None, "model_type": self.model_type or None,
         }
 
 
@@ -243,6 +246,9 @@ def _entry(m: dict, tok: Tokenizer) -> CatalogModel:
         raise ValueError(f'{what} says "mtp": true, but only a model ships its own MTP head')
     if kind != MODEL and "for" not in m:
         raise ValueError(f'{what} does not say which model it is "for"')
+    model_type = m.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise ValueError(f'{what} says "model_type": {json.dumps(model_type)}; it is a name')
     eagle = kind == EAGLE3
     return CatalogModel(
         id=need("id"), name=need("name"), ref=need("ref"), tokenizer=tok,
@@ -252,7 +258,8 @@ def _entry(m: dict, tok: Tokenizer) -> CatalogModel:
         max_context=int(need("max_context")) if kind == MODEL or "max_context" in m else None,
         license=m.get("license", ""), kind=kind, mtp=mtp, trained_for=m.get("for", ""),
         hidden_size=int(need("hidden_size")) if eagle else 0,
-        draft_vocab=int(need("draft_vocab")) if eagle else 0, source=m.get("source", ""))
+        draft_vocab=int(need("draft_vocab")) if eagle else 0, source=m.get("source", ""),
+        model_type=model_type)
 
 
 def _parse(path: Path) -> tuple[list[CatalogModel], list[tuple[str, str, str, bool]]]:

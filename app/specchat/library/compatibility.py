@@ -7,8 +7,9 @@ proposes means the same text to the target (same vocabulary, same ids, same
 special tokens; the words come from ``engine.compat.compare_tokenizers``,
 which the engine uses at load time too), or the draft is a draft head
 made for the target (the hidden width and layers it reads, the ids it maps
-into: its format module, ``engine.eagle3_format`` for an EAGLE-3 head, the
-engine's own rules and words), or the
+into: its format module, ``engine.eagle3_format`` for an EAGLE-3 head,
+``engine.assistant_format`` for a Gemma 4 assistant, the engine's own rules
+and words), or the
 draft is the target's own MTP head (``modes.OWN_HEAD``, "mtp": its weights
 checked by ``engine.mtp_format``, as the engine checks them); (2) both
 caches can go back after rejected draft tokens (every kind mlx-lm makes

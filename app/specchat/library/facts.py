@@ -65,8 +65,10 @@ class ModelFacts:
     # check: it can draft for itself.
     mtp: bool | None
     hidden_size: int | None  # the width of its hidden states (what a draft head reads)
-    # For a draft head (an EAGLE-3 head: engine/eagle3.py), what it needs of
-    # a target (its format's Head.facts: engine.eagle3_format); None for a model.
+    # For a draft head (an EAGLE-3 head: engine/eagle3.py; a Gemma 4
+    # assistant: engine/assistant.py), what it needs of a target (its
+    # format's facts(): engine.eagle3_format, engine.assistant_format); None
+    # for a model.
     head: dict | None = None
 
     def to_json(self) -> dict:
@@ -248,9 +250,9 @@ def _parsed_tokenizer(folder: Path, *_stamps: object):
 def read_head(folder: Path, shown: Path | None = None) -> ModelFacts:
     """The facts of a draft head's folder (no tokenizer of its own: it
     drafts with the target's), after the engine's own check of its files by
-    its format (eagle3_format.read: its config, its weights' shapes against
-    it, its vocabulary map), so the library and the engine refuse the same
-    heads in the same words. A head trained here keeps its training
+    its format (eagle3_format.read, assistant_format.read: its config, its
+    weights' shapes against it, its vocabulary map or token ordering), so
+    the library and the engine refuse the same heads in the same words. A head trained here keeps its training
     checkpoint beside it (events.CHECKPOINT_FILES: the optimizer's state, as
     big as the head twice over): for resuming, not the head, so neither its
     size nor its parameters count it."""
