@@ -228,3 +228,15 @@ def small_disk(tmp_path):
     from smalldisk import mounter
 
     yield from mounter(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def real_home():
+    """SPECCHAT_HOME for the slow tests' real models: a cache kept between
+    test runs (SPECCHAT_TEST_CACHE, default <repo>/.venv/specchat-test-home),
+    so only the first run pays for importing the bundled GGUFs."""
+    repo = Path(__file__).resolve().parents[1]
+    cache = Path(os.environ.get("SPECCHAT_TEST_CACHE") or repo / ".venv" / "specchat-test-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECCHAT_HOME", str(cache))
+        yield cache

@@ -121,7 +121,8 @@ def test_a_call_written_without_its_markers_is_read_as_one(agent_tok):
     held back until the reply ends, then read as a call of an offered
     function; anything else is the answer, an ordinary one streamed as ever."""
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-    for text in (call, f"```json\n{call}\n```", f"\n```json\n[{call}]\n```\n"):
+    for text in (call, f"```json\n{call}\n```", f"\n```json\n[{call}]\n```\n",
+                 "{" + call + "}"):  # braces doubled as Qwen 2.5's template shows a call
         steps, sp = streamed(agent_tok, text)
         assert [(c.name, json.loads(c.arguments)) for c in sp.calls] == [
             ("get_weather", {"city": "Paris"})], text
@@ -136,6 +137,7 @@ def test_a_call_written_without_its_markers_is_read_as_one(agent_tok):
     # Not a call: an unknown function, arguments that are no object, prose
     # after it, JSON that does not parse: the answer, whole, at the end.
     for text in ('{"name": "rm_rf", "arguments": {}}', '{"name": "get_time", "arguments": 3}',
+                 '{{"name": "get_time", "arguments": {}}', "{{" + call + "}}",
                  f"```json\n{call}\n```\nDone.", '{"name": "get_time", "argu'):
         steps, sp = streamed(agent_tok, text)
         assert sp.calls == [] and "".join(sp.answer) == text and sp.notes == [], text

@@ -361,15 +361,6 @@ QWEN15_TEXT = ("```python\ndef reverse_string(s):\n    \"\"\"\n    Reverses the 
                "    Args:\n    s (")
 
 
-@pytest.fixture(scope="module")
-def real_home():
-    """SPECCHAT_HOME for the real imports: a cache kept between test runs."""
-    cache = Path(os.environ.get("SPECCHAT_TEST_CACHE") or REPO / ".venv" / "specchat-test-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECCHAT_HOME", str(cache))
-        yield cache
-
-
 def _greedy(folder: Path, max_tokens: int):
     import mlx.core as mx
     from specchat.engine.events import DraftSettings, GenerateRequest, Message

@@ -422,6 +422,10 @@ def _bare_calls(text: str, offered: frozenset[str]) -> list[ToolCall]:
     t = text.strip()
     fenced = _FENCE.match(t)
     t = fenced.group(1).strip() if fenced else t
+    if t.startswith("{{") and t.endswith("}}"):
+        # Qwen 2.5's template shows the call as {{"name": ..., "arguments": ...}}
+        # (its braces doubled) and the model copies it; no JSON value starts so.
+        t = t[1:-1].strip()
     if not t.startswith(("{", "[")) or records.nested_deeper(t, chat_rules.JSON_DEPTH):
         return []
     items = _json_values(t)
