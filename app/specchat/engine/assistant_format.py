@@ -157,23 +157,7 @@ class AssistantConfig:
         ordered = read.flag(config, "use_ordered_embeddings", False)
         centroids = read.size(config, "num_centroids", "", 2048)
         top_k = read.size(config, "centroid_intermediate_top_k", "", 32)
-        if ordered and vocab % centroids:
-            raise error(f"{where}: its vocabulary ({vocab:,} ids) must split evenly into its "
-                        f"{centroids:,} centroids (num_centroids)")
-        if ordered and top_k > centroids:
-            raise error(f"{where}: centroid_intermediate_top_k ({top_k:,}) must be at most "
-                        f"its {centroids:,} centroids")
-        for key, want, why in (("hidden_size_per_layer_input", 0, "read no per-layer inputs"),
-                               ("enable_moe_block", False, "have no experts")):
-            if text.get(key, DEFAULTS.get(key)):
-                got = described(text[key]) if key in text else f"{DEFAULTS[key]}, by leaving it out"
-                raise error(f"{where}: {p}{key} must be {json.dumps(want)}: an assistant's "
-                            f"layers {why}; got {got}")
-        shared = text.get("num_kv_shared_layers")
-        if shared not in (None, 0, layers):
-            raise error(f"{where}: {p}num_kv_shared_layers must be its {layers} layers (or 0, "
-                        f"which means all): every layer reads its target's cache; got "
-                        f"{described(shared)}")
+        _check_layout(text, layers, vocab, centroids, top_k if ordered else 0, where, error)
         pattern = read.size(text, "sliding_window_pattern", p, DEFAULTS["sliding_window_pattern"])
         head_dim = read.size(text, "head_dim", p, DEFAULTS["head_dim"])
         # mlx-lm gives full attention heads of global_head_dim (512 unless
@@ -200,6 +184,31 @@ class AssistantConfig:
                   "use_double_wide_mlp": double, "layer_types": list(kinds),
                   "head_dim": head_dim, "global_head_dim": global_dim,
                   "sliding_window": window})
+
+
+def _check_layout(text: dict, layers: int, vocab: int, centroids: int, top_k: int,
+                  where, error: type[SpecChatError]) -> None:
+    """What a config may state that no assistant has: a vocabulary its
+    centroids do not split evenly (``top_k`` 0: no centroids), per-layer
+    inputs, experts, or layers that do not all read the target's cache."""
+    p = "text_config."
+    if top_k and vocab % centroids:
+        raise error(f"{where}: its vocabulary ({vocab:,} ids) must split evenly into its "
+                    f"{centroids:,} centroids (num_centroids)")
+    if top_k > centroids:
+        raise error(f"{where}: centroid_intermediate_top_k ({top_k:,}) must be at most "
+                    f"its {centroids:,} centroids")
+    for key, want, why in (("hidden_size_per_layer_input", 0, "read no per-layer inputs"),
+                           ("enable_moe_block", False, "have no experts")):
+        if text.get(key, DEFAULTS.get(key)):
+            got = described(text[key]) if key in text else f"{DEFAULTS[key]}, by leaving it out"
+            raise error(f"{where}: {p}{key} must be {json.dumps(want)}: an assistant's "
+                        f"layers {why}; got {got}")
+    shared = text.get("num_kv_shared_layers")
+    if shared not in (None, 0, layers):
+        raise error(f"{where}: {p}num_kv_shared_layers must be its {layers} layers (or 0, "
+                    f"which means all): every layer reads its target's cache; got "
+                    f"{described(shared)}")
 
 
 # -- its weights -------------------------------------------------------------------------
