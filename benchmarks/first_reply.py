@@ -53,9 +53,9 @@ def main() -> int:
                                 time.perf_counter()))
         rows.append({"prompt": text, "first_token_s": first[0] - start,
                      "engine_ttft_s": r.summary.ttft_s, "prompt_tokens": r.summary.prompt_tokens,
-                     "reused": r.summary.reused_prompt_tokens})
+                     "reused": getattr(r.summary, "reused_prompt_tokens", None)})
         print(f"{text[:34]:<36} first token {rows[-1]['first_token_s']:.2f} s "
-              f"({r.summary.prompt_tokens} prompt tokens, {r.summary.reused_prompt_tokens} reused)",
+              f"({r.summary.prompt_tokens} prompt tokens, {rows[-1]['reused']} reused)",
               flush=True)
     report = {"load_s": load_s, "replies": rows, "load_before": load_avg,
               "load_after": os.getloadavg(), "mode": args.mode}
