@@ -63,7 +63,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="reasoning-lag-") as tmp:
         tmp = Path(tmp)
         thinker = build(tmp / "thinking", args.thoughts, args.answer)
-        plain = build(tmp / "plain", 0, args.thoughts + args.answer)
+        plain = build(tmp / "plain", 1, args.thoughts + args.answer)  # 0 thoughts: the short texts
         total = args.thoughts + args.answer + 8
         for run in range(args.runs):
             for kind, model, thinking in (("reasoning", thinker, True), ("plain", plain, False)):
