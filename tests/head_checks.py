@@ -10,7 +10,7 @@ accepted in part, so the rollback after a rejection really runs."""
 
 from __future__ import annotations
 
-from specchat.engine.events import GenerateRequest, GenerationResult, StepEvent
+from specchat.engine.events import DraftSettings, GenerateRequest, GenerationResult, StepEvent
 
 
 class CommittedOnly:
@@ -63,3 +63,19 @@ def accepted_in_part(result: GenerationResult, check: CommittedOnly, kind: str) 
     assert 0 < got.get("accepted", 0) < got.get("drafted", 0), result.summary.drafted_by
     assert check.cut > 0  # the head's rejections among them
     return got
+
+
+# The prompt the head tests draft on: a repeating run the tiny targets settle into.
+PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
+
+
+def steady_request(mode: str, k: int | None = None, max_tokens: int = 48) -> GenerateRequest:
+    """Adaptive K without break-even auto-off, which reads the clock: the
+    same blocks every run."""
+    return GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
+                           draft=DraftSettings(mode=mode, k=k, auto_off=False))
+
+
+def steady_generate(engine, mode: str, k: int | None = None, max_tokens: int = 48, **kw):
+    return engine.generate(steady_request(mode, k, max_tokens), **kw)
+

@@ -12,7 +12,9 @@ import json
 
 import mlx.core as mx
 import pytest
-from head_checks import accepted_in_part, generate_checked
+from head_checks import PROMPT, accepted_in_part, generate_checked
+from head_checks import steady_generate as _gen
+from head_checks import steady_request as _request
 from mlx_lm.models.cache import KVCache
 from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine.errors import EngineError
@@ -20,8 +22,6 @@ from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParam
 from specchat.engine.session import Engine
 from specchat.library import refs
 from tinymodels import build_eagle3, build_partial_eagle3
-
-PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
 
 
 @pytest.fixture(scope="module", params=["eagle3", "speculators"])
@@ -43,15 +43,6 @@ def partial_engine(request, tiny_dir, tiny_target):
     return e
 
 
-def _request(mode, k=None, max_tokens=48) -> GenerateRequest:
-    """Adaptive K without break-even auto-off, which reads the clock: the
-    same blocks every run."""
-    return GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
-                           draft=DraftSettings(mode=mode, k=k, auto_off=False))
-
-
-def _gen(engine, mode, k=None, max_tokens=48, **kw):
-    return engine.generate(_request(mode, k, max_tokens), **kw)
 
 
 def _partly_right(engine, mode, k=None, max_tokens=48):

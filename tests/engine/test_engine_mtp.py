@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from head_checks import accepted_in_part, generate_checked
+from head_checks import PROMPT, accepted_in_part, generate_checked
+from head_checks import steady_generate as _gen
+from head_checks import steady_request as _request
 from mlx_lm.models.cache import KVCache
 from sampling_checks import ALPHA, chi_square_p, exact_joint, sample_counts
 from specchat.engine import modes
 from specchat.engine.errors import EngineError
-from specchat.engine.events import DraftSettings, GenerateRequest, SamplingParams
+from specchat.engine.events import SamplingParams
 from specchat.engine.session import Engine
 from tinymodels import add_mtp, build_arch, build_partial_mtp_target
-
-PROMPT = (275, 364, 311, 78, 161, 53, 376, 40) * 3
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +48,6 @@ def partial_engine(partial_target):
     return e
 
 
-def _request(mode, k=None, max_tokens=48) -> GenerateRequest:
-    """Adaptive K without break-even auto-off, which reads the clock: the
-    same blocks every run."""
-    return GenerateRequest(prompt_ids=PROMPT, max_tokens=max_tokens,
-                           draft=DraftSettings(mode=mode, k=k, auto_off=False))
-
-
-def _gen(engine, mode, k=None, max_tokens=48, **kw):
-    return engine.generate(_request(mode, k, max_tokens), **kw)
 
 
 def test_the_mtp_head_drafts_and_the_reply_is_plain_decoding(partial_engine):
