@@ -4,8 +4,9 @@
 model's own template, its calls come back as ``tool_calls`` the SDK runs,
 their results go back as ``tool`` messages, and the second call uses what
 the first returned. (The bundled 1.5B coder makes the calls but ends its
-run without a sentence of its own: greedy, it replies with its end token
-once it has the temperature, so the test asserts the calls, not prose.)"""
+run without a sentence of its own: greedy, after the conversion it calls
+again, then replies with its end token alone; so the test asserts the
+calls and their drafting, not prose.)"""
 
 from __future__ import annotations
 
