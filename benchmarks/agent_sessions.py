@@ -101,6 +101,13 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
+    from specchat import outputs
+
+    if args.json_out:  # refused now, not after the run: never over a file already there
+        try:
+            outputs.file(args.json_out, "the report", None, "choose another --json file")
+        except outputs.Refused as exc:
+            sys.exit(f"{Path(__file__).name}: {exc}")
 
     from specchat import startup
 
@@ -133,7 +140,8 @@ def main() -> int:
     report["machine"]["load_after"] = os.getloadavg()
     print(json.dumps({k: v for k, v in report.items() if k != "ways"}, indent=2))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
+        outputs.write_json(args.json_out, report, "the report", None,
+                           "choose another --json file", indent=1)
     return 0
 
 

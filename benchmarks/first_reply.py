@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 PROMPTS = ["Write a binary search in Python.", "Explain what a mutex is.",
            "Reverse a linked list in Rust.", "What does HTTP 304 mean?"]
@@ -30,6 +29,10 @@ def main() -> int:
     p.add_argument("--mode", default="hybrid")
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
+    # Never over a file already there. Not specchat.outputs: this script
+    # also runs on checkouts from before it.
+    if args.json_out and os.path.lexists(args.json_out):
+        sys.exit(f"first_reply: {args.json_out} is already there; choose another --json file")
 
     from specchat import startup
 
@@ -63,7 +66,8 @@ def main() -> int:
                       "first": round(rows[0]["first_token_s"], 2),
                       "later": [round(r["first_token_s"], 2) for r in rows[1:]]}))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
+        with open(args.json_out, "x", encoding="utf-8") as f:  # "x": never over a file
+            f.write(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -107,6 +107,13 @@ def main() -> int:
     p.add_argument("--ks", nargs="+", type=int, default=[2, 3, 4])
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
+    from specchat import outputs
+
+    if args.json_out:  # refused now, not after the run: never over a file already there
+        try:
+            outputs.file(args.json_out, "the report", None, "choose another --json file")
+        except outputs.Refused as exc:
+            sys.exit(f"{Path(__file__).name}: {exc}")
 
     from specchat import startup
 
@@ -147,7 +154,8 @@ def main() -> int:
     print(json.dumps({"median_tokens_per_s": summary, "ids_identical": report["ids_identical"]},
                      indent=1))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
+        outputs.write_json(args.json_out, report, "the report", None,
+                           "choose another --json file", indent=1)
     return 0
 
 

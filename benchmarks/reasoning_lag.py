@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "app"))
 
 
 def build(folder: Path, thoughts: int, answer: int) -> Path:
@@ -59,6 +60,13 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
+    from specchat import outputs
+
+    if args.json_out:  # refused now, not after the run: never over a file already there
+        try:
+            outputs.file(args.json_out, "the report", None, "choose another --json file")
+        except outputs.Refused as exc:
+            sys.exit(f"{Path(__file__).name}: {exc}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="reasoning-lag-") as tmp:
         tmp = Path(tmp)
@@ -81,10 +89,12 @@ def main() -> int:
                for kind in ("reasoning", "plain")}
     print(json.dumps(summary))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(
-            {"command": " ".join(sys.argv), "machine": platform.platform(),
-             "load_average": os.getloadavg(), "settings": vars(args), "runs": rows,
-             "summary": summary}, indent=1) + "\n")
+        outputs.write_json(args.json_out, {"command": " ".join(sys.argv),
+                                           "machine": platform.platform(),
+                                           "load_average": os.getloadavg(),
+                                           "settings": vars(args), "runs": rows,
+                                           "summary": summary},
+                           "the report", None, "choose another --json file", indent=1)
     return 0
 
 
